@@ -1,0 +1,5 @@
+//! edgevirt: a single-binary virtualization appliance with a KubeVirt-compatible API.
+//! `main.rs` parses the command line and calls into the role modules here.
+
+pub mod store;
+pub mod types;

@@ -1,0 +1,494 @@
+//! The `kubevirt.io/v1` kinds edgevirt serves: `VirtualMachine` and `VirtualMachineInstance`,
+//! with KubeVirt's field names. Only the fields edgevirt implements are modelled; the specs
+//! refuse unknown fields, and [`crate::types::validate`] names KubeVirt fields that exist
+//! upstream but are not supported here yet, so nothing a user wrote is silently dropped.
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// How a VM's instance is kept running, as KubeVirt's `spec.runStrategy`.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub enum RunStrategy {
+    Always,
+    RerunOnFailure,
+    Manual,
+    #[default]
+    Halted,
+    Once,
+}
+
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "kubevirt.io",
+    version = "v1",
+    kind = "VirtualMachine",
+    namespaced,
+    status = "VirtualMachineStatus",
+    shortname = "vm",
+    shortname = "vms",
+    category = "all",
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.printableStatus"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type=='Ready')].status"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VirtualMachineSpec {
+    /// Deprecated KubeVirt switch: `true` is `Always`, `false` is `Halted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_strategy: Option<RunStrategy>,
+    pub template: VirtualMachineInstanceTemplateSpec,
+}
+
+impl VirtualMachineSpec {
+    /// The effective run strategy, folding in the older `running` field.
+    pub fn strategy(&self) -> RunStrategy {
+        match (self.run_strategy, self.running) {
+            (Some(s), _) => s,
+            (None, Some(true)) => RunStrategy::Always,
+            _ => RunStrategy::Halted,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VirtualMachineInstanceTemplateSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<TemplateMeta>,
+    pub spec: VirtualMachineInstanceSpec,
+}
+
+/// The part of `ObjectMeta` a template may carry.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateMeta {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// KubeVirt templates often carry `creationTimestamp: null`; accepted and ignored.
+    #[serde(default, skip_serializing)]
+    pub creation_timestamp: Option<serde_json::Value>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub printable_status: Option<String>,
+    #[serde(default)]
+    pub created: bool,
+    #[serde(default)]
+    pub ready: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub state_change_requests: Vec<StateChangeRequest>,
+    /// The effective run strategy, as KubeVirt reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_strategy: Option<RunStrategy>,
+}
+
+/// A pending start or stop asked through a subresource, as KubeVirt's `stateChangeRequests`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StateChangeRequest {
+    pub action: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "kubevirt.io",
+    version = "v1",
+    kind = "VirtualMachineInstance",
+    namespaced,
+    status = "VirtualMachineInstanceStatus",
+    shortname = "vmi",
+    shortname = "vmis",
+    category = "all",
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"IP","type":"string","jsonPath":".status.interfaces[0].ipAddress"}"#,
+    printcolumn = r#"{"name":"NodeName","type":"string","jsonPath":".status.nodeName"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type=='Ready')].status"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VirtualMachineInstanceSpec {
+    pub domain: DomainSpec,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub networks: Vec<Network>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DomainSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Cpu>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Memory>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    #[serde(default)]
+    pub devices: Devices,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub firmware: Option<Firmware>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<Machine>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Cpu {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cores: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sockets: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
+    /// `host-model`, `host-passthrough` or a named libvirt CPU model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Memory {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Resources {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Devices {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<Disk>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<Interface>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoattach_graphics_device: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoattach_serial_console: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Disk {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskTarget>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cdrom: Option<DiskTarget>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_order: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DiskTarget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bus: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readonly: Option<bool>,
+}
+
+/// An empty object, as KubeVirt uses for `masquerade: {}` or `pod: {}`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Empty {}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Interface {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub masquerade: Option<Empty>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge: Option<Empty>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac_address: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Firmware {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootloader: Option<Bootloader>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_boot: Option<KernelBoot>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Bootloader {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bios: Option<Empty>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efi: Option<Efi>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Efi {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secure_boot: Option<bool>,
+}
+
+/// Direct kernel boot. In edgevirt, `container.kernelPath` and `container.initrdPath` name
+/// images imported with `edgevirt image import` (not paths); `container.image` is kept for
+/// KubeVirt round-trips and is otherwise unused.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KernelBoot {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_args: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<KernelBootContainer>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KernelBootContainer {
+    #[serde(default)]
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Machine {
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub machine_type: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Volume {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_disk: Option<ContainerDisk>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_volume: Option<DataVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_init_no_cloud: Option<CloudInitNoCloud>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ContainerDisk {
+    /// The name of an imported image.
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DataVolumeSource {
+    /// The name of an imported image.
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CloudInitNoCloud {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_data: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_data_base64: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_data: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_data_base64: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Network {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodNetwork>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodNetwork {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm_network_cidr: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineInstanceStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<InterfaceStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "guestOSInfo")]
+    pub guest_os_info: Option<GuestOsInfo>,
+    /// edgevirt extension: what the guest agent last reported (served by `guestosinfo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_agent_info: Option<GuestAgentInfo>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub phase_transition_timestamps_map: BTreeMap<String, String>,
+    /// edgevirt extension: the libvirt domain this instance runs as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain_name: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_probe_time: Option<String>,
+}
+
+impl Condition {
+    pub fn new(type_: &str, ok: bool, reason: Option<&str>, message: Option<&str>) -> Self {
+        Condition {
+            type_: type_.into(),
+            status: if ok { "True" } else { "False" }.into(),
+            reason: reason.map(Into::into),
+            message: message.map(Into::into),
+            last_transition_time: Some(crate::types::now()),
+            last_probe_time: None,
+        }
+    }
+}
+
+/// Replace or add a condition, keeping its transition time when the status did not change.
+pub fn set_condition(conditions: &mut Vec<Condition>, mut c: Condition) {
+    if let Some(old) = conditions.iter_mut().find(|o| o.type_ == c.type_) {
+        if old.status == c.status {
+            c.last_transition_time = old.last_transition_time.clone();
+        }
+        *old = c;
+    } else {
+        conditions.push(c);
+    }
+}
+
+pub fn condition_true(conditions: &[Condition], type_: &str) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct InterfaceStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_address: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ip_addresses: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub info_source: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestOsInfo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pretty_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_release: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
+}
+
+/// The shape of KubeVirt's `VirtualMachineInstanceGuestAgentInfo`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestAgentInfo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_agent_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(default)]
+    pub os: GuestOsInfo,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+}
+
+/// KubeVirt's VMI phases.
+pub mod phase {
+    pub const PENDING: &str = "Pending";
+    pub const SCHEDULING: &str = "Scheduling";
+    pub const SCHEDULED: &str = "Scheduled";
+    pub const RUNNING: &str = "Running";
+    pub const SUCCEEDED: &str = "Succeeded";
+    pub const FAILED: &str = "Failed";
+    pub const UNKNOWN: &str = "Unknown";
+
+    pub fn is_final(p: &str) -> bool {
+        p == SUCCEEDED || p == FAILED
+    }
+}

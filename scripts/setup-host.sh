@@ -58,8 +58,9 @@ fi
 
 # ---------------------------------------------------------------- packages
 QEMU_VER=$(apt-cache policy qemu-system-x86 | awk '$1 == "Candidate:" {print $2}')
-[ -n "$QEMU_VER" ] && [ "$QEMU_VER" != "(none)" ] \
-    || die "no installation candidate for qemu-system-x86 (apt lists broken?)"
+if [ -z "$QEMU_VER" ] || [ "$QEMU_VER" = "(none)" ]; then
+    die "no installation candidate for qemu-system-x86 (apt lists broken?)"
+fi
 
 installed_version() {
     dpkg-query -W -f='${db:Status-Abbrev} ${Version}\n' "$1" 2>/dev/null \
@@ -136,13 +137,23 @@ set_conf stdio_handler '"file"'
 # ---------------------------------------------------------------- daemons
 libvirt_answers() { timeout 5 virsh -q -c "$URI" version >/dev/null 2>&1; }
 
+same_namespaces() { # pid: same mount and network namespace as this script?
+    [ "$(readlink "/proc/$1/ns/mnt" 2>/dev/null)" = "$(readlink /proc/self/ns/mnt)" ] &&
+    [ "$(readlink "/proc/$1/ns/net" 2>/dev/null)" = "$(readlink /proc/self/ns/net)" ]
+}
+
 running() { # name pidfile
+    # A daemon of another "host" (network + mount namespace, see HOST.md) is
+    # not ours: only count processes in our own namespaces.
     local pid
     if [ -s "$2" ] && pid=$(cat "$2" 2>/dev/null) && [ -d "/proc/$pid" ] \
-        && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$1" ]; then
+        && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$1" ] && same_namespaces "$pid"; then
         return 0
     fi
-    pgrep -x "$1" >/dev/null 2>&1
+    for pid in $(pgrep -x "$1" 2>/dev/null); do
+        same_namespaces "$pid" && return 0
+    done
+    return 1
 }
 
 started=()

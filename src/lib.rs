@@ -3,3 +3,4 @@
 
 pub mod store;
 pub mod types;
+pub mod virt;

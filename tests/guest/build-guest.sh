@@ -85,7 +85,7 @@ if [ ! -e "$KROOT/.extracted" ]; then
     mv "$KROOT.tmp" "$KROOT"
 fi
 KVER=$(ls -1 "$KROOT/lib/modules" | head -n 1)
-[ -n "$KVER" ] && [ -f "$KROOT/boot/vmlinuz-$KVER" ] || die "no kernel image in $deb"
+if [ -z "$KVER" ] || [ ! -f "$KROOT/boot/vmlinuz-$KVER" ]; then die "no kernel image in $deb"; fi
 MODDIR="$KROOT/lib/modules/$KVER"
 
 # ------------------------------------------------------------------ initramfs tree

@@ -1,0 +1,114 @@
+//! An in-memory [`Hypervisor`] for unit tests: domains are entries in a map, and each call is
+//! recorded so tests can assert on what was asked.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use super::{DomainState, Error, GuestAddress, HostFacts, Hypervisor, OwnedDomain, Result};
+
+#[derive(Default)]
+pub struct Fake {
+    pub domains: Mutex<BTreeMap<String, (DomainState, String)>>,
+    pub calls: Mutex<Vec<String>>,
+}
+
+fn dom_name(xml: &str) -> Option<String> {
+    let start = xml.find("<name>")? + 6;
+    let end = xml[start..].find("</name>")? + start;
+    Some(xml[start..end].to_string())
+}
+
+impl Fake {
+    fn record(&self, call: String) {
+        self.calls.lock().unwrap().push(call);
+    }
+
+    fn set(&self, name: &str, f: impl FnOnce(&mut DomainState)) -> Result<()> {
+        let mut d = self.domains.lock().unwrap();
+        let e = d.get_mut(name).ok_or_else(|| Error::NoDomain(name.into()))?;
+        f(&mut e.0);
+        Ok(())
+    }
+}
+
+impl Hypervisor for Fake {
+    fn create(&self, xml: &str) -> Result<()> {
+        let name = dom_name(xml).ok_or_else(|| Error::Libvirt("no <name>".into()))?;
+        self.record(format!("create {name}"));
+        let mut d = self.domains.lock().unwrap();
+        if d.contains_key(&name) {
+            return Err(Error::Libvirt(format!("domain {name} already exists")));
+        }
+        d.insert(name, (DomainState::Running, xml.to_string()));
+        Ok(())
+    }
+    fn state(&self, name: &str) -> Result<Option<DomainState>> {
+        Ok(self.domains.lock().unwrap().get(name).map(|d| d.0))
+    }
+    fn owned_domains(&self) -> Result<Vec<OwnedDomain>> {
+        Ok(self
+            .domains
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(n, (_, xml))| super::parse_metadata(n, xml))
+            .collect())
+    }
+    fn shutdown(&self, name: &str) -> Result<()> {
+        self.record(format!("shutdown {name}"));
+        self.domains
+            .lock()
+            .unwrap()
+            .remove(name)
+            .map(|_| ())
+            .ok_or_else(|| Error::NoDomain(name.into()))
+    }
+    fn destroy(&self, name: &str) -> Result<()> {
+        self.record(format!("destroy {name}"));
+        self.domains
+            .lock()
+            .unwrap()
+            .remove(name)
+            .map(|_| ())
+            .ok_or_else(|| Error::NoDomain(name.into()))
+    }
+    fn suspend(&self, name: &str) -> Result<()> {
+        self.record(format!("suspend {name}"));
+        self.set(name, |s| *s = DomainState::Paused)
+    }
+    fn resume(&self, name: &str) -> Result<()> {
+        self.record(format!("resume {name}"));
+        self.set(name, |s| *s = DomainState::Running)
+    }
+    fn reboot(&self, name: &str, agent: bool) -> Result<()> {
+        self.record(format!("reboot {name} agent={agent}"));
+        self.set(name, |_| {})
+    }
+    fn agent_command(&self, name: &str, _cmd: &str, _t: i32) -> Result<String> {
+        self.set(name, |_| {})?;
+        Err(Error::AgentUnavailable("fake has no guest agent".into()))
+    }
+    fn lease_addresses(&self, _name: &str) -> Result<Vec<GuestAddress>> {
+        Ok(vec![])
+    }
+    fn ensure_network(&self, name: &str, _xml: &str) -> Result<()> {
+        self.record(format!("network {name}"));
+        Ok(())
+    }
+    fn host_facts(&self) -> Result<HostFacts> {
+        Ok(HostFacts {
+            memory_bytes: 8 << 30,
+            cpus: 2,
+            libvirt_version: "0.0.0".into(),
+            domain_types: vec!["qemu".into()],
+        })
+    }
+    fn xml(&self, name: &str) -> Result<String> {
+        self.domains
+            .lock()
+            .unwrap()
+            .get(name)
+            .map(|d| d.1.clone())
+            .ok_or_else(|| Error::NoDomain(name.into()))
+    }
+}

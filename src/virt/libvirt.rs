@@ -1,0 +1,214 @@
+//! The libvirt implementation of [`Hypervisor`], over the `virt` crate. The only module
+//! that imports `virt`. Every call blocks; a lost connection (libvirtd restarted) is
+//! reopened once and the call retried.
+
+use std::sync::Mutex;
+
+use virt::connect::Connect;
+use virt::domain::{Domain, DomainState as LvState};
+use virt::enumutil::Enum;
+use virt::error::ErrorNumber;
+use virt::sys;
+
+use super::{DomainState, Error, GuestAddress, HostFacts, Hypervisor, METADATA_NS, OwnedDomain, Result};
+
+pub struct Libvirt {
+    uri: String,
+    conn: Mutex<Connect>,
+}
+
+fn lv(e: virt::error::Error) -> Error {
+    Error::Libvirt(e.message().to_string())
+}
+
+fn is_no_domain(e: &virt::error::Error) -> bool {
+    matches!(e.code(), Enum::Known(ErrorNumber::NoDomain))
+}
+
+fn is_conn_lost(e: &virt::error::Error) -> bool {
+    matches!(
+        e.code(),
+        Enum::Known(ErrorNumber::SystemError)
+            | Enum::Known(ErrorNumber::Rpc)
+            | Enum::Known(ErrorNumber::NoConnect)
+            | Enum::Known(ErrorNumber::InvalidConn)
+    )
+}
+
+impl Libvirt {
+    pub fn open(uri: &str) -> Result<Libvirt> {
+        let conn = Connect::open(Some(uri)).map_err(lv)?;
+        Ok(Libvirt {
+            uri: uri.to_string(),
+            conn: Mutex::new(conn),
+        })
+    }
+
+    /// Run `f` with the connection, reopening it once if libvirtd went away.
+    fn with<T>(&self, f: impl Fn(&Connect) -> std::result::Result<T, virt::error::Error>) -> Result<T> {
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match f(&conn) {
+            Ok(v) => Ok(v),
+            Err(e) if is_conn_lost(&e) && !conn.is_alive().unwrap_or(false) => {
+                tracing::warn!(uri = %self.uri, error = %e.message(), "libvirt connection lost; reconnecting");
+                let fresh = Connect::open(Some(&self.uri)).map_err(lv)?;
+                *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+                f(&fresh).map_err(lv)
+            }
+            Err(e) => Err(lv(e)),
+        }
+    }
+
+    fn domain(&self, name: &str) -> Result<Domain> {
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match conn.lookup_domain_by_name(name) {
+            Ok(d) => Ok(d),
+            Err(e) if is_no_domain(&e) => Err(Error::NoDomain(name.to_string())),
+            Err(e) if is_conn_lost(&e) => self
+                .with(|c| c.lookup_domain_by_name(name))
+                .map_err(|_| Error::NoDomain(name.to_string())),
+            Err(e) => Err(lv(e)),
+        }
+    }
+
+    fn on_domain(&self, name: &str, f: impl Fn(&Domain) -> std::result::Result<(), virt::error::Error>) -> Result<()> {
+        let d = self.domain(name)?;
+        f(&d).map_err(|e| if is_no_domain(&e) { Error::NoDomain(name.into()) } else { lv(e) })
+    }
+}
+
+impl Hypervisor for Libvirt {
+    fn create(&self, xml: &str) -> Result<()> {
+        self.with(|c| c.create_domain_xml(xml, sys::VIR_DOMAIN_NONE).map(|_| ()))
+    }
+
+    fn state(&self, name: &str) -> Result<Option<DomainState>> {
+        let d = match self.domain(name) {
+            Ok(d) => d,
+            Err(Error::NoDomain(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        match d.state() {
+            Ok((s, _)) => Ok(Some(match s {
+                Enum::Known(LvState::Running) | Enum::Known(LvState::Blocked) => DomainState::Running,
+                Enum::Known(LvState::Paused) | Enum::Known(LvState::PMSuspended) => DomainState::Paused,
+                Enum::Known(LvState::Shutdown) => DomainState::ShuttingDown,
+                Enum::Known(LvState::Shutoff) => DomainState::ShutOff,
+                Enum::Known(LvState::Crashed) => DomainState::Crashed,
+                _ => DomainState::Other,
+            })),
+            Err(e) if is_no_domain(&e) => Ok(None),
+            Err(e) => Err(lv(e)),
+        }
+    }
+
+    fn owned_domains(&self) -> Result<Vec<OwnedDomain>> {
+        let doms = self.with(|c| c.list_all_domains(0))?;
+        let mut out = Vec::new();
+        for d in doms {
+            let Ok(name) = d.name() else { continue };
+            if let Ok(meta) = d.metadata(sys::VIR_DOMAIN_METADATA_ELEMENT as i32, Some(METADATA_NS), 0)
+                && let Some(o) = super::parse_metadata(&name, &meta)
+            {
+                out.push(o);
+            }
+        }
+        Ok(out)
+    }
+
+    fn shutdown(&self, name: &str) -> Result<()> {
+        self.on_domain(name, |d| d.shutdown())
+    }
+
+    fn destroy(&self, name: &str) -> Result<()> {
+        self.on_domain(name, |d| d.destroy())
+    }
+
+    fn suspend(&self, name: &str) -> Result<()> {
+        self.on_domain(name, |d| d.suspend())
+    }
+
+    fn resume(&self, name: &str) -> Result<()> {
+        self.on_domain(name, |d| d.resume())
+    }
+
+    fn reboot(&self, name: &str, agent: bool) -> Result<()> {
+        let flags = if agent {
+            sys::VIR_DOMAIN_REBOOT_GUEST_AGENT
+        } else {
+            sys::VIR_DOMAIN_REBOOT_ACPI_POWER_BTN
+        };
+        self.on_domain(name, |d| d.reboot(flags))
+    }
+
+    fn agent_command(&self, name: &str, cmd: &str, timeout_secs: i32) -> Result<String> {
+        let d = self.domain(name)?;
+        d.qemu_agent_command(cmd, timeout_secs, 0).map_err(|e| {
+            if is_no_domain(&e) {
+                Error::NoDomain(name.into())
+            } else {
+                Error::AgentUnavailable(e.message().to_string())
+            }
+        })
+    }
+
+    fn lease_addresses(&self, name: &str) -> Result<Vec<GuestAddress>> {
+        let d = self.domain(name)?;
+        let ifaces = d
+            .interface_addresses(sys::VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE, 0)
+            .map_err(lv)?;
+        Ok(ifaces
+            .into_iter()
+            .flat_map(|i| {
+                let (iname, mac) = (i.name.clone(), i.hwaddr.clone());
+                i.addrs.into_iter().map(move |a| GuestAddress {
+                    interface: iname.clone(),
+                    mac: mac.clone(),
+                    ip: a.addr,
+                })
+            })
+            .collect())
+    }
+
+    fn ensure_network(&self, name: &str, xml: &str) -> Result<()> {
+        self.with(|c| {
+            let net = match c.lookup_network_by_name(name) {
+                Ok(n) => n,
+                Err(_) => {
+                    let n = c.define_network_xml(xml)?;
+                    let _ = n.set_autostart(true);
+                    n
+                }
+            };
+            if !net.is_active()? {
+                net.create()?;
+            }
+            Ok(())
+        })
+    }
+
+    fn host_facts(&self) -> Result<HostFacts> {
+        self.with(|c| {
+            let info = c.node_info()?;
+            let v = c.lib_version()?;
+            let caps = c.capabilities()?;
+            let mut domain_types: Vec<String> = caps
+                .match_indices("<domain type='")
+                .filter_map(|(i, m)| caps[i + m.len()..].split('\'').next().map(str::to_string))
+                .collect();
+            domain_types.sort();
+            domain_types.dedup();
+            Ok(HostFacts {
+                memory_bytes: info.memory * 1024,
+                cpus: info.cpus,
+                libvirt_version: format!("{}.{}.{}", v / 1_000_000, (v / 1000) % 1000, v % 1000),
+                domain_types,
+            })
+        })
+    }
+
+    fn xml(&self, name: &str) -> Result<String> {
+        let d = self.domain(name)?;
+        d.xml_desc(0).map_err(lv)
+    }
+}

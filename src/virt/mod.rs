@@ -1,0 +1,132 @@
+//! The hypervisor boundary: whole-domain operations behind the [`Hypervisor`] trait, with a
+//! libvirt implementation (the only module that imports the `virt` crate) and an in-memory
+//! fake for unit tests; plus the pure converter from a VMI spec to libvirt domain XML.
+//!
+//! All trait methods block; async callers run them on `spawn_blocking`.
+
+pub mod convert;
+pub mod fake;
+pub mod libvirt;
+
+use serde::{Deserialize, Serialize};
+
+/// The XML namespace of the `<metadata>` element that marks domains edgevirt created.
+pub const METADATA_NS: &str = "https://edgevirt.io/xmlns/domain/1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The domain does not exist (any more).
+    #[error("domain {0} not found")]
+    NoDomain(String),
+    /// The guest agent is not connected or did not answer.
+    #[error("guest agent unavailable: {0}")]
+    AgentUnavailable(String),
+    #[error("libvirt: {0}")]
+    Libvirt(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A domain's run state, as libvirt reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DomainState {
+    Running,
+    Paused,
+    ShuttingDown,
+    ShutOff,
+    Crashed,
+    Other,
+}
+
+/// A domain edgevirt created, found by its metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnedDomain {
+    pub name: String,
+    pub install_id: String,
+    pub vmi_uid: String,
+}
+
+/// An address libvirt knows for a guest interface.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestAddress {
+    pub interface: String,
+    pub mac: Option<String>,
+    pub ip: String,
+}
+
+/// Facts about the host libvirt runs on.
+#[derive(Clone, Debug, Default)]
+pub struct HostFacts {
+    pub memory_bytes: u64,
+    pub cpus: u32,
+    pub libvirt_version: String,
+    /// Domain types libvirt can create here, e.g. `kvm`, `qemu`.
+    pub domain_types: Vec<String>,
+}
+
+/// Whole-domain operations on one hypervisor connection.
+pub trait Hypervisor: Send + Sync + 'static {
+    /// Start a transient domain from XML.
+    fn create(&self, xml: &str) -> Result<()>;
+    /// The domain's state, or `None` if it does not exist.
+    fn state(&self, name: &str) -> Result<Option<DomainState>>;
+    /// Every domain carrying edgevirt's metadata, of any installation.
+    fn owned_domains(&self) -> Result<Vec<OwnedDomain>>;
+    /// ACPI power button.
+    fn shutdown(&self, name: &str) -> Result<()>;
+    fn destroy(&self, name: &str) -> Result<()>;
+    fn suspend(&self, name: &str) -> Result<()>;
+    fn resume(&self, name: &str) -> Result<()>;
+    /// Reboot, through the guest agent when `agent` is true, else by ACPI.
+    fn reboot(&self, name: &str, agent: bool) -> Result<()>;
+    /// Run one guest-agent JSON command and return its JSON reply.
+    fn agent_command(&self, name: &str, cmd: &str, timeout_secs: i32) -> Result<String>;
+    /// Addresses from the libvirt network's DHCP leases.
+    fn lease_addresses(&self, name: &str) -> Result<Vec<GuestAddress>>;
+    /// Define and start a network from XML unless one of that name exists; start it if inactive.
+    fn ensure_network(&self, name: &str, xml: &str) -> Result<()>;
+    fn host_facts(&self) -> Result<HostFacts>;
+    /// The live domain XML.
+    fn xml(&self, name: &str) -> Result<String>;
+}
+
+/// Parse edgevirt's metadata element out of a domain's XML metadata text.
+pub fn parse_metadata(name: &str, xml: &str) -> Option<OwnedDomain> {
+    use quick_xml::events::Event;
+    let mut reader = quick_xml::Reader::from_str(xml);
+    let (mut install, mut uid) = (None, None);
+    loop {
+        match reader.read_event() {
+            Ok(Event::Start(e)) | Ok(Event::Empty(e)) => {
+                if e.local_name().as_ref() == b"instance" {
+                    for a in e.attributes().flatten() {
+                        let v = a.unescape_value().ok()?.to_string();
+                        match a.key.local_name().as_ref() {
+                            b"install" => install = Some(v),
+                            b"vmi-uid" => uid = Some(v),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            Ok(Event::Eof) | Err(_) => break,
+            _ => {}
+        }
+    }
+    Some(OwnedDomain {
+        name: name.to_string(),
+        install_id: install?,
+        vmi_uid: uid?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn metadata_round_trip() {
+        let xml = r#"<ev:instance xmlns:ev="https://edgevirt.io/xmlns/domain/1" install="i1" vmi-uid="u1" namespace="default" name="a"/>"#;
+        let d = super::parse_metadata("dom", xml).unwrap();
+        assert_eq!((d.install_id.as_str(), d.vmi_uid.as_str()), ("i1", "u1"));
+        assert!(super::parse_metadata("dom", "<other/>").is_none());
+    }
+}

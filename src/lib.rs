@@ -4,3 +4,5 @@
 pub mod store;
 pub mod types;
 pub mod virt;
+pub mod launcher;
+pub mod api;

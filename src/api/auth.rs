@@ -1,0 +1,93 @@
+//! Authentication and roles. Bearer tokens are looked up by their SHA-256 hash; passwords
+//! are argon2 hashes. Roles: admin (everything), operator (VM actions, images), viewer (read
+//! only), agent (node registration and VMI status for its node).
+
+use argon2::password_hash::{PasswordHasher, SaltString, rand_core::OsRng};
+use argon2::{Argon2, PasswordHash, PasswordVerifier};
+use sha2::{Digest, Sha256};
+
+use super::error::ApiError;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Admin,
+    Operator,
+    Viewer,
+    Agent,
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Option<Role> {
+        Some(match s {
+            "admin" => Role::Admin,
+            "operator" => Role::Operator,
+            "viewer" => Role::Viewer,
+            "agent" => Role::Agent,
+            _ => return None,
+        })
+    }
+}
+
+/// Who made a request.
+#[derive(Clone, Debug)]
+pub struct Principal {
+    pub user: String,
+    pub role: Role,
+}
+
+/// What a request wants to do, for the role check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    /// Create, change or act on VMs, VMIs and images.
+    Operate,
+    /// Node registration and VMI/VM status from an agent.
+    AgentWrite,
+    Admin,
+}
+
+impl Principal {
+    pub fn require(&self, a: Access) -> Result<(), ApiError> {
+        let ok = match (self.role, a) {
+            (Role::Admin, _) => true,
+            (_, Access::Read) => true,
+            (Role::Operator, Access::Operate) => true,
+            (Role::Agent, Access::AgentWrite) => true,
+            _ => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!(
+                "user {:?} with role {:?} may not do this ({a:?} access needed)",
+                self.user, self.role
+            )))
+        }
+    }
+}
+
+pub fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A fresh random secret, URL-safe.
+pub fn random_secret(bytes: usize) -> String {
+    use rand::RngCore;
+    let mut b = vec![0u8; bytes];
+    rand::rng().fill_bytes(&mut b);
+    hex::encode(b)
+}
+
+pub fn hash_password(p: &str) -> String {
+    let salt = SaltString::generate(&mut OsRng);
+    Argon2::default()
+        .hash_password(p.as_bytes(), &salt)
+        .expect("argon2 hashing with default parameters cannot fail")
+        .to_string()
+}
+
+pub fn verify_password(p: &str, hash: &str) -> bool {
+    PasswordHash::new(hash)
+        .map(|h| Argon2::default().verify_password(p.as_bytes(), &h).is_ok())
+        .unwrap_or(false)
+}

@@ -1,0 +1,96 @@
+//! API errors as Kubernetes `Status` objects: the HTTP status, a machine-readable reason,
+//! and a message a person can act on. 5xx causes are logged, not shown.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::store;
+use crate::types::Invalid;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub code: StatusCode,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+impl ApiError {
+    pub fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            reason,
+            message: message.into(),
+        }
+    }
+    pub fn bad_request(m: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "BadRequest", m)
+    }
+    pub fn invalid(m: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", m)
+    }
+    pub fn not_found(m: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "NotFound", m)
+    }
+    pub fn conflict(m: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "Conflict", m)
+    }
+    pub fn forbidden(m: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "Forbidden", m)
+    }
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "a valid bearer token is required (see <data-dir>/initial-admin)",
+        )
+    }
+    pub fn internal(m: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %m, "internal error");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "internal error; see the server log",
+        )
+    }
+}
+
+impl From<store::Error> for ApiError {
+    fn from(e: store::Error) -> Self {
+        use store::Error as E;
+        match &e {
+            E::NotFound { .. } => ApiError::not_found(e.to_string()),
+            E::AlreadyExists { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "AlreadyExists", e.to_string())
+            }
+            E::Conflict => ApiError::conflict(e.to_string()),
+            E::Gone(_) => ApiError::new(StatusCode::GONE, "Expired", e.to_string()),
+            E::Invalid(m) => ApiError::invalid(m.clone()),
+            _ => ApiError::internal(e),
+        }
+    }
+}
+
+impl From<Invalid> for ApiError {
+    fn from(e: Invalid) -> Self {
+        ApiError::invalid(e.0)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code.as_u16(),
+        });
+        (self.code, Json(body)).into_response()
+    }
+}

@@ -1,0 +1,162 @@
+//! The HTTP API: Kubernetes-style paths for `kubevirt.io/v1` and `edgevirt.io/v1` kinds,
+//! KubeVirt's subresources, health endpoints. Routes are declared in one table in
+//! [`router`]; handlers parse, check access, and go through the store. Only `api`, `web` and
+//! `vnc` import axum.
+
+pub mod admission;
+pub mod auth;
+pub mod error;
+mod images;
+mod resources;
+mod subresources;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use serde_json::{Value, json};
+
+use crate::store::Store;
+use auth::{Principal, Role};
+use error::{ApiError, ApiResult};
+
+/// What handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub data_dir: PathBuf,
+    pub install_id: String,
+}
+
+impl AppState {
+    pub fn images_dir(&self) -> PathBuf {
+        self.data_dir.join("images")
+    }
+}
+
+type S = State<Arc<AppState>>;
+
+/// The whole API as one router.
+pub fn router(state: AppState) -> Router {
+    let state = Arc::new(state);
+    let authed = Router::new()
+        .route("/version", get(version))
+        .route("/apis/edgevirt.io/v1/info", get(info))
+        .route("/apis/{group}/{version}/{plural}", get(resources::list_all).post(resources::create_cluster))
+        .route(
+            "/apis/{group}/{version}/namespaces/{ns}/{plural}",
+            get(resources::list_ns).post(resources::create_ns),
+        )
+        .route(
+            "/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}",
+            get(resources::get_ns)
+                .put(resources::replace_ns)
+                .patch(resources::patch_ns)
+                .delete(resources::delete_ns),
+        )
+        .route(
+            "/apis/{group}/{version}/{plural}/{name}",
+            get(resources::get_cluster)
+                .put(resources::replace_cluster)
+                .patch(resources::patch_cluster)
+                .delete(resources::delete_cluster),
+        )
+        .route(
+            "/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}/{sub}",
+            put(subresources::put_ns).patch(subresources::patch_ns).get(subresources::get_ns),
+        )
+        .route(
+            "/apis/{group}/{version}/{plural}/{name}/{sub}",
+            put(subresources::put_cluster)
+                .patch(subresources::patch_cluster)
+                .get(subresources::get_cluster),
+        )
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .merge(authed)
+        .fallback(|| async { ApiError::not_found("no such path") })
+        .with_state(state)
+}
+
+async fn readyz(State(st): S) -> Response {
+    match st.store.current_rv().await {
+        Ok(_) => "ok".into_response(),
+        Err(e) => ApiError::internal(e).into_response(),
+    }
+}
+
+async fn version() -> impl IntoResponse {
+    axum::Json(json!({
+        "major": "1",
+        "minor": "34",
+        "gitVersion": format!("v1.34.0-edgevirt.{}", env!("CARGO_PKG_VERSION")),
+        "platform": "linux/amd64",
+        "edgevirtVersion": env!("CARGO_PKG_VERSION"),
+    }))
+}
+
+async fn info(State(st): S) -> impl IntoResponse {
+    axum::Json(json!({"installId": st.install_id, "version": env!("CARGO_PKG_VERSION")}))
+}
+
+/// Check the bearer token; put the [`Principal`] into the request.
+async fn authenticate(State(st): S, mut req: Request, next: Next) -> Response {
+    let token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(token) = token else {
+        return ApiError::unauthorized().into_response();
+    };
+    match st.store.token(&auth::token_hash(token)).await {
+        Ok(Some((user, role))) => match Role::parse(&role) {
+            Some(role) => {
+                req.extensions_mut().insert(Principal { user, role });
+                next.run(req).await
+            }
+            None => ApiError::unauthorized().into_response(),
+        },
+        Ok(None) => ApiError::unauthorized().into_response(),
+        Err(e) => ApiError::internal(e).into_response(),
+    }
+}
+
+/// Decode a request body as JSON or YAML (by content type, falling back on a sniff).
+pub fn parse_body(headers: &HeaderMap, body: &Bytes) -> ApiResult<Value> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if body.is_empty() {
+        return Err(ApiError::bad_request("the request body is empty"));
+    }
+    let text = std::str::from_utf8(body)
+        .map_err(|_| ApiError::bad_request("the request body is not UTF-8"))?;
+    let v: Value = if ct.contains("yaml") {
+        serde_yaml_ng::from_str(text)
+            .map_err(|e| ApiError::bad_request(format!("the body is not valid YAML: {e}")))?
+    } else {
+        match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(je) if !ct.contains("json") => serde_yaml_ng::from_str(text).map_err(|e| {
+                ApiError::bad_request(format!("the body is neither JSON ({je}) nor YAML ({e})"))
+            })?,
+            Err(e) => return Err(ApiError::bad_request(format!("the body is not valid JSON: {e}"))),
+        }
+    };
+    if !v.is_object() {
+        return Err(ApiError::bad_request("the body must be an object"));
+    }
+    Ok(v)
+}

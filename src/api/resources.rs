@@ -1,0 +1,522 @@
+//! Generic handlers for stored kinds: list (with selectors, paging, watch), get, create,
+//! replace, patch, delete. Kind-specific checks live in [`super::admission`].
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::auth::{Access, Principal};
+use super::error::{ApiError, ApiResult};
+use super::{AppState, S, admission, parse_body};
+use crate::store::{FieldSelector, LabelSelector, rv_of};
+use crate::types::Kind;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListParams {
+    label_selector: Option<String>,
+    field_selector: Option<String>,
+    watch: Option<String>,
+    resource_version: Option<String>,
+    limit: Option<usize>,
+    #[serde(rename = "continue")]
+    continue_: Option<String>,
+    timeout_seconds: Option<u64>,
+    dry_run: Option<String>,
+}
+
+/// Map a path's group, version and plural onto a kind this server stores.
+pub fn kind_for(group: &str, version: &str, plural: &str) -> ApiResult<Kind> {
+    let version_ok = version == "v1" || (group == "kubevirt.io" && version == "v1alpha3");
+    match Kind::from_plural(group, plural) {
+        Some(k) if version_ok => Ok(k),
+        _ => Err(ApiError::not_found(format!(
+            "the server could not find the requested resource ({plural}.{group}/{version})"
+        ))),
+    }
+}
+
+fn check_scope(kind: Kind, namespaced_path: bool) -> ApiResult<()> {
+    if kind.namespaced() != namespaced_path {
+        return Err(ApiError::not_found(format!(
+            "{} is {}namespaced",
+            kind.plural(),
+            if kind.namespaced() { "" } else { "not " }
+        )));
+    }
+    Ok(())
+}
+
+pub async fn list_all(
+    State(st): S,
+    Extension(p): Extension<Principal>,
+    Path((group, version, plural)): Path<(String, String, String)>,
+    Query(q): Query<ListParams>,
+) -> ApiResult<Response> {
+    let kind = kind_for(&group, &version, &plural)?;
+    list(st, p, kind, None, q).await
+}
+
+pub async fn list_ns(
+    State(st): S,
+    Extension(p): Extension<Principal>,
+    Path((group, version, ns, plural)): Path<(String, String, String, String)>,
+    Query(q): Query<ListParams>,
+) -> ApiResult<Response> {
+    let kind = kind_for(&group, &version, &plural)?;
+    check_scope(kind, true)?;
+    list(st, p, kind, Some(ns), q).await
+}
+
+async fn list(st: Arc<AppState>, p: Principal, kind: Kind, ns: Option<String>, q: ListParams) -> ApiResult<Response> {
+    p.require(Access::Read)?;
+    let labels = LabelSelector::parse(q.label_selector.as_deref().unwrap_or(""))?;
+    let fields = FieldSelector::parse(q.field_selector.as_deref().unwrap_or(""))?;
+    if matches!(q.watch.as_deref(), Some("true") | Some("1")) {
+        return watch(st, kind, ns, labels, fields, q).await;
+    }
+    let (mut items, rv) = st.store.list(kind, ns.as_deref(), &labels, &fields).await?;
+    let mut cont = None;
+    if let Some(after) = q.continue_.as_deref().filter(|c| !c.is_empty()) {
+        let key = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(after)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or_else(|| ApiError::bad_request("invalid continue token"))?;
+        items.retain(|o| obj_key(o) > key);
+    }
+    if let Some(limit) = q.limit.filter(|l| *l > 0)
+        && items.len() > limit
+    {
+        items.truncate(limit);
+        cont = items.last().map(|o| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(obj_key(o).as_bytes())
+        });
+    }
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if let Some(c) = cont {
+        meta["continue"] = json!(c);
+    }
+    Ok(Json(json!({
+        "apiVersion": kind.api_version(),
+        "kind": format!("{}List", kind.name()),
+        "metadata": meta,
+        "items": items,
+    }))
+    .into_response())
+}
+
+fn obj_key(o: &Value) -> String {
+    format!(
+        "{}/{}",
+        o["metadata"]["namespace"].as_str().unwrap_or(""),
+        o["metadata"]["name"].as_str().unwrap_or("")
+    )
+}
+
+/// Stream changes as newline-delimited watch events; resumes from `resourceVersion`.
+async fn watch(
+    st: Arc<AppState>,
+    kind: Kind,
+    ns: Option<String>,
+    labels: LabelSelector,
+    fields: FieldSelector,
+    q: ListParams,
+) -> ApiResult<Response> {
+    let mut rx = st.store.subscribe();
+    let since: u64 = match q.resource_version.as_deref() {
+        None | Some("") | Some("0") => 0,
+        Some(v) => v
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {v:?}")))?,
+    };
+    let wanted = {
+        let ns = ns.clone();
+        move |k: Kind, o: &Value| {
+            k == kind
+                && ns
+                    .as_deref()
+                    .is_none_or(|ns| o["metadata"]["namespace"].as_str() == Some(ns))
+                && labels.matches(o)
+                && fields.matches(o)
+        }
+    };
+    let mut initial = Vec::new();
+    let mut last = since;
+    if since == 0 {
+        let (items, rv) = st
+            .store
+            .list(kind, ns.as_deref(), &LabelSelector::default(), &FieldSelector::default())
+            .await?;
+        for o in items.into_iter().filter(|o| wanted(kind, o)) {
+            initial.push(json!({"type": "ADDED", "object": o}));
+        }
+        last = rv;
+    } else {
+        for ev in st.store.events_since(since).await? {
+            if wanted(ev.kind, &ev.object) {
+                initial.push(json!({"type": ev.event_type, "object": ev.object}));
+            }
+            last = ev.rv;
+        }
+    }
+    let (tx, out) = tokio::sync::mpsc::channel::<Bytes>(64);
+    let timeout = Duration::from_secs(q.timeout_seconds.unwrap_or(1800).min(3600));
+    tokio::spawn(async move {
+        let line = |v: &Value| {
+            let mut b = serde_json::to_vec(v).unwrap_or_default();
+            b.push(b'\n');
+            Bytes::from(b)
+        };
+        for ev in &initial {
+            if tx.send(line(ev)).await.is_err() {
+                return;
+            }
+        }
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = &mut deadline => return,
+                _ = tx.closed() => return,
+                ev = rx.recv() => match ev {
+                    Ok(ev) if ev.rv > last && wanted(ev.kind, &ev.object) => {
+                        last = ev.rv;
+                        if tx.send(line(&json!({"type": ev.event_type, "object": ev.object}))).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    // A watcher that fell behind is closed; the client re-lists and resumes.
+                    Err(_) => return,
+                }
+            }
+        }
+    });
+    let stream = futures::stream::unfold(out, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+pub async fn get_ns(
+    State(st): S,
+    Extension(p): Extension<Principal>,
+    Path((group, version, ns, plural, name)): Path<(String, String, String, String, String)>,
+) -> ApiResult<Json<Value>> {
+    let kind = kind_for(&group, &version, &plural)?;
+    check_scope(kind, true)?;
+    p.require(Access::Read)?;
+    Ok(Json(st.store.must_get(kind, &ns, &name).await?))
+}
+
+pub async fn get_cluster(
+    State(st): S,
+    Extension(p): Extension<Principal>,
+    Path((group, version, plural, name)): Path<(String, String, String, String)>,
+) -> ApiResult<Json<Value>> {
+    let kind = kind_for(&group, &version, &plural)?;
+    check_scope(kind, false)?;
+    p.require(Access::Read)?;
+    Ok(Json(st.store.must_get(kind, "", &name).await?))
+}
+
+fn write_access(kind: Kind) -> Access {
+    match kind {
+        Kind::Node => Access::AgentWrite,
+        _ => Access::Operate,
+    }
+}
+
+fn dry_run(q: &ListParams) -> bool {
+    q.dry_run.as_deref() == Some("All")
+}
+
+pub async fn create_ns(
+    State(st): S,
+    Extension(p): Extension<Principal>,
+    Path((group, version, ns, plural)): Path<(String, String, String, String)>,
+    Query(q): Query<ListParams>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let kind = kind_for(&group, &version, &plural)?;
+    check_scope(kind, true)?;
+    create(st, p, kind, ns, q, headers, body).await
+}
+
+pub async fn create_cluster(
+    State(st): S,
+    Extension(p): Extension<Principal>,
+    Path((group, version, plural)): Path<(String, String, String)>,
+    Query(q): Query<ListParams>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let kind = kind_for(&group, &version, &plural)?;
+    check_scope(kind, false)?;
+    create(st, p, kind, String::new(), q, headers, body).await
+}
+
+async fn create(
+    st: Arc<AppState>,
+    p: Principal,
+    kind: Kind,
+    ns: String,
+    q: ListParams,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    p.require(write_access(kind))?;
+    let obj = parse_body(&headers, &body)?;
+    let obj = admission::admit(&st.store, kind, &ns, obj, None).await?;
+    if dry_run(&q) {
+        return Ok((StatusCode::CREATED, Json(obj)).into_response());
+    }
+    let created = st.store.create(kind, obj, false).await?;
+    tracing::info!(kind = kind.name(), namespace = %ns, name = %created["metadata"]["name"].as_str().unwrap_or(""), user = %p.user, "created");
+    Ok((StatusCode::CREATED, Json(created)).into_response())
+}
+
+pub async fn replace_ns(
+    State(st): S,
+    Extension(p): Extension<Principal>,
+    Path((group, version, ns, plural, name)): Path<(String, String, String, String, String)>,
+    Query(q): Query<ListParams>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let kind = kind_for(&group, &version, &plural)?;
+    check_scope(kind, true)?;
+    replace(st, p, kind, ns, name, q, headers, body).await
+}
+
+pub async fn replace_cluster(
+    State(st): S,
+    Extension(p): Extension<Principal>,
+    Path((group, version, plural, name)): Path<(String, String, String, String)>,
+    Query(q): Query<ListParams>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let kind = kind_for(&group, &version, &plural)?;
+    check_scope(kind, false)?;
+    replace(st, p, kind, String::new(), name, q, headers, body).await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn replace(
+    st: Arc<AppState>,
+    p: Principal,
+    kind: Kind,
+    ns: String,
+    name: String,
+    q: ListParams,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    p.require(write_access(kind))?;
+    let obj = parse_body(&headers, &body)?;
+    if obj["metadata"]["name"].as_str() != Some(name.as_str()) {
+        return Err(ApiError::bad_request(format!(
+            "metadata.name must be {name:?}, the name in the path"
+        )));
+    }
+    let expected = match obj["metadata"].get("resourceVersion") {
+        Some(Value::String(s)) if !s.is_empty() => Some(
+            s.parse::<u64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {s:?}")))?,
+        ),
+        _ => None,
+    };
+    let existing = st.store.get(kind, &ns, &name).await?;
+    let Some(existing) = existing else {
+        // PUT of a missing node registers it (agents upsert their Node).
+        if kind == Kind::Node {
+            let obj = admission::admit(&st.store, kind, &ns, obj, None).await?;
+            return Ok(Json(st.store.create(kind, obj, false).await?));
+        }
+        return Err(ApiError::not_found(format!("{} {name:?} not found", kind.name())));
+    };
+    if let Some(want) = expected
+        && rv_of(&existing) != Some(want)
+    {
+        return Err(crate::store::Error::Conflict.into());
+    }
+    let obj = admission::admit(&st.store, kind, &ns, obj, Some(&existing)).await?;
+    if dry_run(&q) {
+        return Ok(Json(obj));
+    }
+    Ok(Json(st.store.replace(kind, obj, expected.or(rv_of(&existing))).await?))
+}
+
+/// Apply a PATCH body (merge, strategic-merge treated as merge, or JSON patch) to `target`.
+pub fn apply_patch(headers: &HeaderMap, body: &Bytes, target: &mut Value) -> ApiResult<()> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if ct.starts_with("application/json-patch+json") {
+        let patch: json_patch::Patch = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
+        json_patch::patch(target, &patch)
+            .map_err(|e| ApiError::invalid(format!("the JSON patch does not apply: {e}")))?;
+    } else if ct.starts_with("application/merge-patch+json")
+        || ct.starts_with("application/strategic-merge-patch+json")
+    {
+        let patch: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid merge patch: {e}")))?;
+        json_patch::merge(target, &patch);
+    } else {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!(
+                "PATCH content type {ct:?} is not supported; use application/merge-patch+json \
+                 or application/json-patch+json"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub async fn patch_ns(
+    State(st): S,
+    Extension(p): Extension<Principal>,
+    Path((group, version, ns, plural, name)): Path<(String, String, String, String, String)>,
+    Query(q): Query<ListParams>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let kind = kind_for(&group, &version, &plural)?;
+    check_scope(kind, true)?;
+    patch(st, p, kind, ns, name, q, headers, body).await
+}
+
+pub async fn patch_cluster(
+    State(st): S,
+    Extension(p): Extension<Principal>,
+    Path((group, version, plural, name)): Path<(String, String, String, String)>,
+    Query(q): Query<ListParams>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let kind = kind_for(&group, &version, &plural)?;
+    check_scope(kind, false)?;
+    patch(st, p, kind, String::new(), name, q, headers, body).await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn patch(
+    st: Arc<AppState>,
+    p: Principal,
+    kind: Kind,
+    ns: String,
+    name: String,
+    q: ListParams,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    if p.require(write_access(kind)).is_err() {
+        p.require(Access::AgentWrite)?;
+    }
+    let existing = st.store.must_get(kind, &ns, &name).await?;
+    let mut obj = existing.clone();
+    apply_patch(&headers, &body, &mut obj)?;
+    let obj = if p.role == super::auth::Role::Agent {
+        // Agents patch metadata (finalizers, annotations) of objects they manage.
+        let mut o = existing.clone();
+        o["metadata"] = obj["metadata"].clone();
+        o
+    } else {
+        admission::admit(&st.store, kind, &ns, obj, Some(&existing)).await?
+    };
+    if dry_run(&q) {
+        return Ok(Json(obj));
+    }
+    let expected = rv_of(&existing);
+    Ok(Json(st.store.replace(kind, obj, expected).await?))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DeleteOptions {
+    #[serde(default)]
+    preconditions: Option<Preconditions>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Preconditions {
+    uid: Option<String>,
+}
+
+pub async fn delete_ns(
+    State(st): S,
+    Extension(p): Extension<Principal>,
+    Path((group, version, ns, plural, name)): Path<(String, String, String, String, String)>,
+    Query(q): Query<ListParams>,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let kind = kind_for(&group, &version, &plural)?;
+    check_scope(kind, true)?;
+    delete(st, p, kind, ns, name, q, body).await
+}
+
+pub async fn delete_cluster(
+    State(st): S,
+    Extension(p): Extension<Principal>,
+    Path((group, version, plural, name)): Path<(String, String, String, String)>,
+    Query(q): Query<ListParams>,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let kind = kind_for(&group, &version, &plural)?;
+    check_scope(kind, false)?;
+    delete(st, p, kind, String::new(), name, q, body).await
+}
+
+async fn delete(
+    st: Arc<AppState>,
+    p: Principal,
+    kind: Kind,
+    ns: String,
+    name: String,
+    q: ListParams,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    p.require(if kind == Kind::Node { Access::Admin } else { Access::Operate })?;
+    let opts: DeleteOptions = if body.is_empty() {
+        DeleteOptions::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?
+    };
+    let existing = st.store.must_get(kind, &ns, &name).await?;
+    if kind == Kind::Image {
+        super::images::check_unused(&st, &name).await?;
+    }
+    if dry_run(&q) {
+        return Ok(Json(existing));
+    }
+    let uid = opts.preconditions.and_then(|p| p.uid);
+    let out = st.store.delete(kind, &ns, &name, uid.as_deref()).await?;
+    if kind == Kind::Image
+        && let Some(file) = existing["status"]["file"].as_str()
+    {
+        let _ = std::fs::remove_file(st.images_dir().join(file));
+    }
+    tracing::info!(kind = kind.name(), namespace = %ns, %name, user = %p.user, "deleted");
+    Ok(Json(out))
+}

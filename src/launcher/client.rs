@@ -1,0 +1,69 @@
+//! The agent's side of the launcher protocol: connect, negotiate, call.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+
+use super::protocol::{self, Envelope, Info, Request, Response, Status};
+
+pub struct LauncherClient {
+    reader: BufReader<tokio::net::unix::OwnedReadHalf>,
+    writer: tokio::net::unix::OwnedWriteHalf,
+    pub version: u32,
+    pub info: Info,
+}
+
+impl LauncherClient {
+    /// Connect and negotiate the protocol version.
+    pub async fn connect(socket: &Path) -> anyhow::Result<LauncherClient> {
+        let stream = tokio::time::timeout(Duration::from_secs(2), UnixStream::connect(socket))
+            .await
+            .context("connecting to launcher timed out")??;
+        let (r, w) = stream.into_split();
+        let mut c = LauncherClient {
+            reader: BufReader::new(r),
+            writer: w,
+            version: protocol::VERSIONS[0],
+            info: Info::default(),
+        };
+        let info: Info = serde_json::from_value(c.call(Request::Info).await?)?;
+        let Some(v) = protocol::negotiate(&info.versions) else {
+            bail!(
+                "launcher speaks protocol versions {:?}, this agent {:?}",
+                info.versions,
+                protocol::VERSIONS
+            );
+        };
+        c.version = v;
+        c.info = info;
+        Ok(c)
+    }
+
+    pub async fn call(&mut self, request: Request) -> anyhow::Result<serde_json::Value> {
+        let mut line = serde_json::to_vec(&Envelope {
+            version: self.version,
+            request,
+        })?;
+        line.push(b'\n');
+        self.writer.write_all(&line).await?;
+        let mut buf = String::new();
+        let n = tokio::time::timeout(Duration::from_secs(30), self.reader.read_line(&mut buf))
+            .await
+            .context("launcher did not answer")??;
+        if n == 0 {
+            bail!("launcher closed the connection");
+        }
+        let resp: Response = serde_json::from_str(&buf)?;
+        if !resp.ok {
+            bail!(resp.error.unwrap_or_else(|| "launcher refused".into()));
+        }
+        Ok(resp.result)
+    }
+
+    pub async fn status(&mut self) -> anyhow::Result<Status> {
+        Ok(serde_json::from_value(self.call(Request::Status).await?)?)
+    }
+}

@@ -1,0 +1,310 @@
+//! The launcher role: one process per VM that owns one libvirt domain.
+//!
+//! Started detached by the agent (`edgevirt launcher ...`, a hidden subcommand), it creates
+//! the domain from the XML the agent wrote, or adopts it if it already runs (after a launcher
+//! crash or upgrade), serves the versioned protocol of [`protocol`] on a unix socket, keeps a
+//! cached status fed by domain state and the guest agent, and exits when its domain is gone.
+//! It never touches any other domain, and it never stops its domain because it is exiting.
+
+pub mod client;
+pub mod protocol;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::RwLock;
+
+use crate::types::kubevirt::{GuestAgentInfo, GuestOsInfo};
+use crate::virt::{DomainState, GuestAddress, Hypervisor};
+use protocol::{Envelope, Info, Request, Response, Status};
+
+/// What the launcher is told on its command line.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub socket: PathBuf,
+    pub libvirt_uri: String,
+    pub domain_name: String,
+    pub vmi_uid: String,
+    /// The domain XML to create when the domain does not exist yet.
+    pub xml_file: PathBuf,
+}
+
+struct Launcher {
+    cfg: Config,
+    hv: Arc<dyn Hypervisor>,
+    status: RwLock<Status>,
+}
+
+/// Run the launcher until its domain is gone.
+pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    let uri = cfg.libvirt_uri.clone();
+    let hv: Arc<dyn Hypervisor> =
+        Arc::new(tokio::task::spawn_blocking(move || crate::virt::libvirt::Libvirt::open(&uri)).await??);
+    run_with(cfg, hv).await
+}
+
+/// Run with a given hypervisor (the fake in unit tests).
+pub async fn run_with(cfg: Config, hv: Arc<dyn Hypervisor>) -> anyhow::Result<()> {
+    let l = Arc::new(Launcher {
+        cfg: cfg.clone(),
+        hv,
+        status: RwLock::new(Status::default()),
+    });
+    let state = l.blocking(|hv, name| hv.state(name)).await?;
+    match state {
+        Some(_) => tracing::info!(domain = %cfg.domain_name, "adopting running domain"),
+        None => {
+            let xml = std::fs::read_to_string(&cfg.xml_file)?;
+            tracing::info!(domain = %cfg.domain_name, "creating domain");
+            let hv = l.hv.clone();
+            tokio::task::spawn_blocking(move || hv.create(&xml)).await??;
+        }
+    }
+    let _ = std::fs::remove_file(&cfg.socket);
+    let listener = UnixListener::bind(&cfg.socket)?;
+    l.refresh(true).await;
+
+    let poller = {
+        let l = l.clone();
+        tokio::spawn(async move {
+            let mut tick = 0u64;
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                tick += 1;
+                // The guest agent is asked every 2 s; domain state every 0.5 s.
+                if !l.refresh(tick % 4 == 0).await {
+                    return;
+                }
+            }
+        })
+    };
+    let server = {
+        let l = l.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let l = l.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = l.serve(stream).await {
+                        tracing::debug!(error = %e, "launcher connection ended");
+                    }
+                });
+            }
+        })
+    };
+    let _ = poller.await;
+    server.abort();
+    let _ = std::fs::remove_file(&cfg.socket);
+    tracing::info!(domain = %cfg.domain_name, "domain is gone; launcher exits");
+    Ok(())
+}
+
+impl Launcher {
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn Hypervisor, &str) -> crate::virt::Result<T> + Send + 'static,
+    ) -> crate::virt::Result<T> {
+        let hv = self.hv.clone();
+        let name = self.cfg.domain_name.clone();
+        tokio::task::spawn_blocking(move || f(hv.as_ref(), &name))
+            .await
+            .unwrap_or_else(|e| Err(crate::virt::Error::Libvirt(format!("task failed: {e}"))))
+    }
+
+    /// Update the cached status; false once the domain is gone.
+    async fn refresh(&self, with_agent: bool) -> bool {
+        let state = match self.blocking(|hv, n| hv.state(n)).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading domain state failed");
+                return true;
+            }
+        };
+        let gone = state.is_none();
+        {
+            let mut st = self.status.write().await;
+            st.state = state;
+        }
+        if gone {
+            return false;
+        }
+        if with_agent && state == Some(DomainState::Running) {
+            let (guest, addrs) = self.blocking(guest_info).await.unwrap_or((None, vec![]));
+            let mut st = self.status.write().await;
+            st.agent_connected = guest.is_some();
+            if let Some(g) = guest {
+                st.guest = Some(g);
+            }
+            if !addrs.is_empty() {
+                st.addresses = addrs;
+                st.address_source = Some("guest-agent".into());
+            } else if let Ok(leases) = self.blocking(|hv, n| hv.lease_addresses(n)).await
+                && !leases.is_empty()
+            {
+                st.addresses = leases;
+                st.address_source = Some("dhcp-lease".into());
+            }
+        }
+        true
+    }
+
+    async fn serve(&self, stream: UnixStream) -> anyhow::Result<()> {
+        let (r, mut w) = stream.into_split();
+        let mut lines = BufReader::new(r).lines();
+        while let Some(line) = lines.next_line().await? {
+            let resp = match serde_json::from_str::<Envelope>(&line) {
+                Ok(env) if !protocol::VERSIONS.contains(&env.version) && env.request != Request::Info => {
+                    Response {
+                        ok: false,
+                        error: Some(format!(
+                            "protocol version {} not supported; this launcher speaks {:?}",
+                            env.version,
+                            protocol::VERSIONS
+                        )),
+                        result: Value::Null,
+                    }
+                }
+                Ok(env) => self.handle(env.request).await,
+                Err(e) => Response {
+                    ok: false,
+                    error: Some(format!("bad request: {e}")),
+                    result: Value::Null,
+                },
+            };
+            let mut out = serde_json::to_vec(&resp)?;
+            out.push(b'\n');
+            w.write_all(&out).await?;
+        }
+        Ok(())
+    }
+
+    async fn handle(&self, req: Request) -> Response {
+        let res: Result<Value, String> = match req {
+            Request::Info => Ok(serde_json::to_value(Info {
+                versions: protocol::VERSIONS.to_vec(),
+                launcher_version: env!("CARGO_PKG_VERSION").into(),
+                domain_name: self.cfg.domain_name.clone(),
+                vmi_uid: self.cfg.vmi_uid.clone(),
+                pid: std::process::id(),
+            })
+            .unwrap_or_default()),
+            Request::Status => Ok(serde_json::to_value(&*self.status.read().await).unwrap_or_default()),
+            Request::Pause => self.act(|hv, n| hv.suspend(n)).await,
+            Request::Unpause => self.act(|hv, n| hv.resume(n)).await,
+            Request::Destroy => self.act(|hv, n| hv.destroy(n)).await,
+            Request::SoftReboot => {
+                let agent = self.status.read().await.agent_connected;
+                self.act(move |hv, n| hv.reboot(n, agent)).await
+            }
+            Request::Shutdown { grace_secs } => {
+                let r = self.act(|hv, n| hv.shutdown(n)).await;
+                let hv = self.hv.clone();
+                let name = self.cfg.domain_name.clone();
+                tokio::spawn(async move {
+                    let deadline = tokio::time::Instant::now() + Duration::from_secs(grace_secs);
+                    loop {
+                        let (hv2, n2) = (hv.clone(), name.clone());
+                        let state = tokio::task::spawn_blocking(move || hv2.state(&n2)).await;
+                        if !matches!(state, Ok(Ok(Some(_)))) {
+                            return;
+                        }
+                        if tokio::time::Instant::now() >= deadline {
+                            tracing::info!(domain = %name, "grace period over; destroying");
+                            let (hv2, n2) = (hv.clone(), name.clone());
+                            let _ = tokio::task::spawn_blocking(move || hv2.destroy(&n2)).await;
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                });
+                r
+            }
+        };
+        match res {
+            Ok(result) => Response {
+                ok: true,
+                error: None,
+                result,
+            },
+            Err(e) => Response {
+                ok: false,
+                error: Some(e),
+                result: Value::Null,
+            },
+        }
+    }
+
+    async fn act(
+        &self,
+        f: impl FnOnce(&dyn Hypervisor, &str) -> crate::virt::Result<()> + Send + 'static,
+    ) -> Result<Value, String> {
+        let r = self.blocking(f).await.map_err(|e| e.to_string());
+        self.refresh(false).await;
+        r.map(|_| Value::Null)
+    }
+}
+
+fn agent_json(hv: &dyn Hypervisor, name: &str, cmd: &str) -> crate::virt::Result<Value> {
+    let out = hv.agent_command(name, &format!(r#"{{"execute":"{cmd}"}}"#), 2)?;
+    let v: Value = serde_json::from_str(&out)
+        .map_err(|e| crate::virt::Error::AgentUnavailable(format!("bad reply: {e}")))?;
+    Ok(v["return"].clone())
+}
+
+fn s(v: &Value, k: &str) -> Option<String> {
+    v[k].as_str().map(str::to_string)
+}
+
+/// Ask the guest agent what it knows: OS, hostname, timezone, addresses.
+fn guest_info(hv: &dyn Hypervisor, name: &str) -> crate::virt::Result<(Option<GuestAgentInfo>, Vec<GuestAddress>)> {
+    if agent_json(hv, name, "guest-ping").is_err() {
+        return Ok((None, vec![]));
+    }
+    let os = agent_json(hv, name, "guest-get-osinfo").unwrap_or_default();
+    let host = agent_json(hv, name, "guest-get-host-name").unwrap_or_default();
+    let tz = agent_json(hv, name, "guest-get-timezone").unwrap_or_default();
+    let info = agent_json(hv, name, "guest-info").unwrap_or_default();
+    let ifaces = agent_json(hv, name, "guest-network-get-interfaces").unwrap_or_default();
+    let mut addrs = Vec::new();
+    for i in ifaces.as_array().into_iter().flatten() {
+        let iname = s(i, "name").unwrap_or_default();
+        if iname == "lo" {
+            continue;
+        }
+        for a in i["ip-addresses"].as_array().into_iter().flatten() {
+            if a["ip-address-type"] == "ipv4"
+                && let Some(ip) = s(a, "ip-address")
+            {
+                addrs.push(GuestAddress {
+                    interface: iname.clone(),
+                    mac: s(i, "hardware-address"),
+                    ip,
+                });
+            }
+        }
+    }
+    let guest = GuestAgentInfo {
+        guest_agent_version: s(&info, "version"),
+        hostname: s(&host, "host-name"),
+        os: GuestOsInfo {
+            id: s(&os, "id"),
+            name: s(&os, "name"),
+            pretty_name: s(&os, "pretty-name"),
+            version: s(&os, "version"),
+            version_id: s(&os, "version-id"),
+            kernel_release: s(&os, "kernel-release"),
+            kernel_version: s(&os, "kernel-version"),
+            machine: s(&os, "machine"),
+        },
+        timezone: s(&tz, "zone").map(|z| format!("{z}, {}", tz["offset"].as_i64().unwrap_or(0))),
+    };
+    Ok((Some(guest), addrs))
+}
+
+/// The socket path of a VMI's launcher inside the launchers folder.
+pub fn socket_path(dir: &Path, vmi_uid: &str) -> PathBuf {
+    dir.join(format!("{vmi_uid}.sock"))
+}

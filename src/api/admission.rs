@@ -10,10 +10,7 @@ use crate::types::kubevirt::{VirtualMachineInstanceSpec, VirtualMachineSpec};
 use crate::types::{Kind, check_name, decode};
 use crate::virt::convert;
 
-/// The finalizer that keeps a VM until its volumes are removed.
-pub const VOLUMES_FINALIZER: &str = "edgevirt.io/volumes";
-/// The finalizer that keeps a VMI until its domain is gone.
-pub const LAUNCHER_FINALIZER: &str = "edgevirt.io/launcher";
+pub use crate::types::annotations::{LAUNCHER_FINALIZER, VOLUMES_FINALIZER};
 
 /// Check and canonicalize an object for `kind` about to be created (no `existing`) or to
 /// replace `existing`.

@@ -19,10 +19,7 @@ use super::{AppState, S, images};
 use crate::types::kubevirt::{Condition, RunStrategy, VirtualMachineSpec, condition_true, phase};
 use crate::types::{Kind, check_name};
 
-/// Annotation holding the desired pause state of a VMI (`"true"` when paused).
-pub const PAUSED_ANNOTATION: &str = "edgevirt.io/paused";
-/// Annotation holding the latest soft-reboot request (a counter).
-pub const SOFTREBOOT_ANNOTATION: &str = "edgevirt.io/softreboot-requested";
+use crate::types::annotations::{PAUSED_ANNOTATION, SOFTREBOOT_ANNOTATION};
 
 type NsPath = Path<(String, String, String, String, String, String)>;
 type ClusterPath = Path<(String, String, String, String, String)>;

@@ -2,6 +2,22 @@
 //! names, the KubeVirt fields edgevirt does not support yet, quantities.
 
 pub mod edgevirt;
+
+/// Annotations and finalizers edgevirt uses to record intent on objects.
+pub mod annotations {
+    /// Keeps a VM until its volumes are removed.
+    pub const VOLUMES_FINALIZER: &str = "edgevirt.io/volumes";
+    /// Keeps a VMI until its domain is gone.
+    pub const LAUNCHER_FINALIZER: &str = "edgevirt.io/launcher";
+    /// On a VM: the node that holds its volumes.
+    pub const VOLUMES_NODE_ANNOTATION: &str = "edgevirt.io/volumes-node";
+    /// On a VMI: the desired pause state (`"true"` when paused).
+    pub const PAUSED_ANNOTATION: &str = "edgevirt.io/paused";
+    /// On a VMI: the latest soft-reboot request (a counter).
+    pub const SOFTREBOOT_ANNOTATION: &str = "edgevirt.io/softreboot-requested";
+    /// On a VMI: the last soft-reboot request the agent carried out.
+    pub const SOFTREBOOT_DONE_ANNOTATION: &str = "edgevirt.io/softreboot-done";
+}
 pub mod kubevirt;
 
 use serde::de::DeserializeOwned;

@@ -1,0 +1,198 @@
+//! The agent role: one per host. Registers the node with its facts and heartbeats, syncs the
+//! VMIs bound to it, prepares their disks, starts one detached launcher per VMI (so VMs
+//! outlive the agent), re-adopts running launchers at start-up by scanning their sockets,
+//! turns launcher status into VMI status, and removes domains of this installation that no
+//! VMI owns any more. It talks to the controller only over the API, with its own token.
+
+mod prepare;
+mod sync;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use serde_json::json;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::Client;
+use crate::launcher::client::LauncherClient;
+use crate::types::now;
+use crate::virt::Hypervisor;
+
+/// The agent's settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub node_name: String,
+    pub data_dir: PathBuf,
+    pub libvirt_uri: String,
+    /// `auto`, `kvm` or `qemu`.
+    pub accel: String,
+    pub controller_url: String,
+    pub token: String,
+    pub ca_file: Option<PathBuf>,
+    /// This executable, started again as `edgevirt launcher`.
+    pub exe: PathBuf,
+    pub nat_network: String,
+    /// The NAT network's /24, written as its first three octets, e.g. `10.77.0`.
+    pub nat_prefix: String,
+}
+
+/// State the sync loop keeps between ticks (all of it can be rebuilt after a restart).
+pub struct Agent {
+    pub cfg: Config,
+    pub api: Client,
+    pub hv: Arc<dyn Hypervisor>,
+    pub accel: String,
+    pub install_id: String,
+    /// Open launcher connections by VMI uid.
+    pub launchers: Mutex<HashMap<String, LauncherClient>>,
+    /// Launchers started recently and not connected yet: uid → start time.
+    pub starting: Mutex<HashMap<String, Instant>>,
+    /// Launchers that exited with an error before their domain ran: uid → message.
+    pub failed_starts: Arc<Mutex<HashMap<String, String>>>,
+    /// VMIs whose deletion shutdown was asked: uid → when.
+    pub stopping: Mutex<HashMap<String, Instant>>,
+}
+
+impl Agent {
+    pub fn launchers_dir(&self) -> PathBuf {
+        self.cfg.data_dir.join("run/launchers")
+    }
+    pub fn run_dir(&self, vmi_uid: &str) -> PathBuf {
+        self.cfg.data_dir.join("run/vmi").join(vmi_uid)
+    }
+    pub fn images_dir(&self) -> PathBuf {
+        self.cfg.data_dir.join("images")
+    }
+    pub fn volumes_dir(&self, owner_uid: &str) -> PathBuf {
+        self.cfg.data_dir.join("volumes").join(owner_uid)
+    }
+    pub fn log_dir(&self) -> PathBuf {
+        self.cfg.data_dir.join("log")
+    }
+}
+
+/// Pick the accelerator: `kvm` when asked or when `/dev/kvm` is usable and libvirt offers it.
+pub fn resolve_accel(wanted: &str, domain_types: &[String]) -> anyhow::Result<String> {
+    let kvm_ok = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok()
+        && domain_types.iter().any(|t| t == "kvm");
+    match wanted {
+        "kvm" if !kvm_ok => anyhow::bail!("--accel kvm was asked but /dev/kvm is not usable or libvirt offers no kvm domains"),
+        "kvm" => Ok("kvm".into()),
+        "qemu" => Ok("qemu".into()),
+        "auto" => Ok(if kvm_ok { "kvm" } else { "qemu" }.into()),
+        other => anyhow::bail!("unknown accelerator {other:?}: use auto, kvm or qemu"),
+    }
+}
+
+/// Run the agent until cancelled. Never stops a VM on the way out.
+pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
+    let uri = cfg.libvirt_uri.clone();
+    let hv: Arc<dyn Hypervisor> = Arc::new(
+        tokio::task::spawn_blocking(move || crate::virt::libvirt::Libvirt::open(&uri))
+            .await?
+            .with_context(|| format!("connecting to libvirt at {}", cfg.libvirt_uri))?,
+    );
+    let api = Client::new(&cfg.controller_url, &cfg.token, cfg.ca_file.as_deref(), false)?;
+    let info = loop {
+        match api.get("/apis/edgevirt.io/v1/info").await {
+            Ok(v) => break v,
+            Err(e) => {
+                tracing::warn!(error = %e, "controller not reachable yet; retrying");
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                }
+            }
+        }
+    };
+    let install_id = info["installId"].as_str().unwrap_or_default().to_string();
+    let hv2 = hv.clone();
+    let facts = tokio::task::spawn_blocking(move || hv2.host_facts()).await??;
+    let accel = resolve_accel(&cfg.accel, &facts.domain_types)?;
+    for d in ["run/launchers", "run/vmi", "images", "volumes", "log"] {
+        std::fs::create_dir_all(cfg.data_dir.join(d))?;
+    }
+    let agent = Arc::new(Agent {
+        cfg: cfg.clone(),
+        api,
+        hv,
+        accel: accel.clone(),
+        install_id,
+        launchers: Mutex::new(HashMap::new()),
+        starting: Mutex::new(HashMap::new()),
+        failed_starts: Arc::new(Mutex::new(HashMap::new())),
+        stopping: Mutex::new(HashMap::new()),
+    });
+    prepare::ensure_network(&agent).await?;
+    register(&agent, &facts).await?;
+    sync::adopt_launchers(&agent).await;
+    tracing::info!(node = %cfg.node_name, %accel, "agent started");
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut last_beat = Instant::now();
+    let mut n = 0u64;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => {
+                tracing::info!("agent stopping; running VMs and their launchers stay up");
+                return Ok(());
+            }
+            _ = tick.tick() => {}
+        }
+        n += 1;
+        if last_beat.elapsed() >= Duration::from_secs(10) {
+            last_beat = Instant::now();
+            if let Err(e) = heartbeat(&agent).await {
+                tracing::warn!(error = %e, "heartbeat failed");
+            }
+        }
+        if let Err(e) = sync::sync_all(&agent, n % 5 == 0).await {
+            tracing::warn!(error = %e, "sync failed");
+        }
+    }
+}
+
+async fn register(agent: &Agent, facts: &crate::virt::HostFacts) -> anyhow::Result<()> {
+    let cfg = &agent.cfg;
+    let path = format!("/apis/edgevirt.io/v1/nodes/{}", cfg.node_name);
+    let existing = agent.api.get_opt(&path).await?;
+    let mut node = existing.unwrap_or_else(|| json!({"metadata": {"name": cfg.node_name}, "spec": {}}));
+    node["apiVersion"] = json!("edgevirt.io/v1");
+    node["kind"] = json!("Node");
+    if let Some(m) = node["metadata"].as_object_mut() {
+        m.remove("resourceVersion");
+    }
+    node["status"] = json!({
+        "cpu": crate::cpu::host_cpu(),
+        "memoryBytes": facts.memory_bytes,
+        "accelerator": agent.accel,
+        "version": env!("CARGO_PKG_VERSION"),
+        "libvirtVersion": facts.libvirt_version,
+        "lastHeartbeatTime": now(),
+        "conditions": [{"type": "Ready", "status": "True", "reason": "AgentReady", "lastTransitionTime": now()}],
+    });
+    agent.api.put(&path, &node).await?;
+    Ok(())
+}
+
+async fn heartbeat(agent: &Agent) -> anyhow::Result<()> {
+    let path = format!("/apis/edgevirt.io/v1/nodes/{}/status", agent.cfg.node_name);
+    let cur = agent.api.get(&format!("/apis/edgevirt.io/v1/nodes/{}", agent.cfg.node_name)).await?;
+    let ready = cur["status"]["conditions"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+    let mut patch = json!({"status": {"lastHeartbeatTime": now()}});
+    if !ready {
+        patch["status"]["conditions"] =
+            json!([{"type": "Ready", "status": "True", "reason": "AgentReady", "lastTransitionTime": now()}]);
+    }
+    agent.api.merge_patch(&path, &patch).await?;
+    Ok(())
+}

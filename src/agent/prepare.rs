@@ -1,0 +1,270 @@
+//! Getting a VMI ready to run on this node: images present locally, a qcow2 overlay per VM
+//! disk, the cloud-init NoCloud disk, the domain XML, and the detached launcher process.
+//! Every path is derived from uids; nothing a user typed becomes a path.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+
+use super::Agent;
+use crate::types::annotations::VOLUMES_NODE_ANNOTATION;
+use crate::types::kubevirt::VirtualMachineInstanceSpec;
+use crate::virt::convert::{self, ResolvedDisk};
+
+/// The libvirt domain name of a VMI: readable, and unique through the uid.
+pub fn domain_name(ns: &str, name: &str, uid: &str) -> String {
+    format!("ev-{ns}-{name}-{}", &uid[..8.min(uid.len())])
+}
+
+/// Create the NAT network `pod` networks map onto, if missing.
+pub async fn ensure_network(agent: &Agent) -> anyhow::Result<()> {
+    let name = agent.cfg.nat_network.clone();
+    let p = &agent.cfg.nat_prefix;
+    let short: String = name.chars().filter(|c| c.is_ascii_alphanumeric()).take(10).collect();
+    let xml = format!(
+        "<network xmlns:dnsmasq='http://libvirt.org/schemas/network/dnsmasq/1.0'>\n  <name>{name}</name>\n  \
+         <forward mode='nat'/>\n  <bridge name='evbr-{short}' stp='on' delay='0'/>\n  \
+         <ip address='{p}.1' netmask='255.255.255.0'>\n    <dhcp>\n      <range start='{p}.10' end='{p}.250'/>\n    </dhcp>\n  </ip>\n  \
+         <dnsmasq:options>\n    <dnsmasq:option value='no-ping'/>\n  </dnsmasq:options>\n</network>\n"
+    );
+    let hv = agent.hv.clone();
+    tokio::task::spawn_blocking(move || hv.ensure_network(&name, &xml))
+        .await?
+        .context("creating the NAT network")?;
+    Ok(())
+}
+
+/// The uid of the VM owning a VMI, or the VMI's own uid for a standalone VMI.
+pub fn owner_uid(vmi: &Value) -> String {
+    vmi["metadata"]["ownerReferences"]
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["kind"] == "VirtualMachine"))
+        .and_then(|r| r["uid"].as_str())
+        .or(vmi["metadata"]["uid"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Make sure an imported image is present in this node's images folder; its local path.
+async fn local_image(agent: &Agent, name: &str) -> anyhow::Result<(PathBuf, String)> {
+    let img = agent
+        .api
+        .get(&format!("/apis/edgevirt.io/v1/images/{name}"))
+        .await
+        .with_context(|| format!("looking up image {name:?}"))?;
+    let file = img["status"]["file"].as_str().context("image has no file")?;
+    if file.contains('/') || file.starts_with('.') {
+        bail!("image {name:?} has an invalid file name");
+    }
+    let format = img["status"]["format"].as_str().unwrap_or("raw").to_string();
+    let path = agent.images_dir().join(file);
+    if !path.exists() {
+        let tmp = agent.images_dir().join(format!(".download-{file}"));
+        let resp = agent
+            .api
+            .request(reqwest::Method::GET, &format!("/apis/edgevirt.io/v1/images/{name}/data"))
+            .send()
+            .await?
+            .error_for_status()?;
+        let bytes = resp.bytes().await?;
+        tokio::fs::write(&tmp, &bytes).await?;
+        tokio::fs::rename(&tmp, &path).await?;
+        tracing::info!(image = %name, "fetched image from the controller");
+    }
+    Ok((path, format))
+}
+
+async fn run_tool(cmd: &str, args: &[&str]) -> anyhow::Result<()> {
+    let out = tokio::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .await
+        .with_context(|| format!("running {cmd}"))?;
+    if !out.status.success() {
+        bail!("{cmd} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+/// Everything on disk a VMI needs; returns the path of its domain XML.
+pub async fn prepare(agent: &Agent, vmi: &Value) -> anyhow::Result<PathBuf> {
+    let uid = vmi["metadata"]["uid"].as_str().context("VMI without uid")?.to_string();
+    let ns = vmi["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
+    let name = vmi["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let spec: VirtualMachineInstanceSpec = serde_json::from_value(vmi["spec"].clone())?;
+    let owner = owner_uid(vmi);
+    let run_dir = agent.run_dir(&uid);
+    tokio::fs::create_dir_all(&run_dir).await?;
+    let vol_dir = agent.volumes_dir(&owner);
+
+    let mut disks = BTreeMap::new();
+    let mut made_volume = false;
+    for v in &spec.volumes {
+        let image = v
+            .container_disk
+            .as_ref()
+            .map(|c| c.image.clone())
+            .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()));
+        if let Some(image) = image {
+            let (base, format) = local_image(agent, &image).await?;
+            tokio::fs::create_dir_all(&vol_dir).await?;
+            crate::types::check_name("volume name", &v.name)?;
+            let overlay = vol_dir.join(format!("{}.qcow2", v.name));
+            if !overlay.exists() {
+                let tmp = vol_dir.join(format!(".{}.qcow2.tmp", v.name));
+                run_tool(
+                    "qemu-img",
+                    &[
+                        "create", "-q", "-f", "qcow2", "-F", &format, "-b",
+                        &base.to_string_lossy(), &tmp.to_string_lossy(),
+                    ],
+                )
+                .await?;
+                tokio::fs::rename(&tmp, &overlay).await?;
+                made_volume = true;
+            }
+            disks.insert(
+                v.name.clone(),
+                ResolvedDisk {
+                    path: overlay.to_string_lossy().into_owned(),
+                    format: "qcow2".into(),
+                },
+            );
+        } else if let Some(ci) = &v.cloud_init_no_cloud {
+            let iso = cloud_init_iso(&run_dir, &uid, &name, &v.name, ci).await?;
+            disks.insert(
+                v.name.clone(),
+                ResolvedDisk {
+                    path: iso.to_string_lossy().into_owned(),
+                    format: "raw".into(),
+                },
+            );
+        }
+    }
+    if made_volume {
+        let path = format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines/{name}");
+        let patch = json!({"metadata": {"annotations": {VOLUMES_NODE_ANNOTATION: agent.cfg.node_name}}});
+        if let Err(e) = agent.api.merge_patch(&path, &patch).await
+            && !crate::client::is_status(&e, reqwest::StatusCode::NOT_FOUND)
+        {
+            return Err(e);
+        }
+    }
+    let kb = spec
+        .domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.kernel_boot.as_ref())
+        .and_then(|k| k.container.clone());
+    let mut kernel = None;
+    let mut initrd = None;
+    if let Some(c) = kb {
+        if let Some(k) = &c.kernel_path {
+            kernel = Some(local_image(agent, k).await?.0.to_string_lossy().into_owned());
+        }
+        if let Some(i) = &c.initrd_path {
+            initrd = Some(local_image(agent, i).await?.0.to_string_lossy().into_owned());
+        }
+    }
+    let ctx = convert::Context {
+        domain_name: domain_name(&ns, &name, &uid),
+        domain_uuid: uid.clone(),
+        install_id: agent.install_id.clone(),
+        vmi_uid: uid.clone(),
+        namespace: ns,
+        vmi_name: name,
+        accel: agent.accel.clone(),
+        nat_network: agent.cfg.nat_network.clone(),
+        mac_seed: owner,
+        vnc_socket: Some(run_dir.join("vnc.sock").to_string_lossy().into_owned()),
+        disks,
+        kernel,
+        initrd,
+    };
+    let xml = convert::domain_xml(&spec, &ctx)?;
+    let path = run_dir.join("domain.xml");
+    tokio::fs::write(&path, xml).await?;
+    Ok(path)
+}
+
+async fn cloud_init_iso(
+    run_dir: &Path,
+    uid: &str,
+    hostname: &str,
+    vol: &str,
+    ci: &crate::types::kubevirt::CloudInitNoCloud,
+) -> anyhow::Result<PathBuf> {
+    use base64::Engine;
+    let b64 = |s: &Option<String>| -> anyhow::Result<Option<String>> {
+        s.as_ref()
+            .map(|s| {
+                base64::engine::general_purpose::STANDARD
+                    .decode(s.trim())
+                    .context("invalid base64 in cloudInitNoCloud")
+                    .and_then(|b| String::from_utf8(b).context("cloud-init data is not UTF-8"))
+            })
+            .transpose()
+    };
+    let user = ci.user_data.clone().or(b64(&ci.user_data_base64)?).unwrap_or_default();
+    let net = ci.network_data.clone().or(b64(&ci.network_data_base64)?);
+    let dir = run_dir.join(format!("cloudinit-{vol}"));
+    tokio::fs::create_dir_all(&dir).await?;
+    tokio::fs::write(dir.join("user-data"), user).await?;
+    tokio::fs::write(
+        dir.join("meta-data"),
+        format!("instance-id: {uid}\nlocal-hostname: {hostname}\n"),
+    )
+    .await?;
+    let mut files = vec!["user-data", "meta-data"];
+    if let Some(n) = net {
+        tokio::fs::write(dir.join("network-config"), n).await?;
+        files.push("network-config");
+    }
+    let iso = run_dir.join(format!("{vol}.iso"));
+    let iso_s = iso.to_string_lossy().into_owned();
+    let mut args = vec!["-quiet", "-output", &iso_s, "-volid", "cidata", "-joliet", "-rock"];
+    let paths: Vec<String> = files.iter().map(|f| dir.join(f).to_string_lossy().into_owned()).collect();
+    args.extend(paths.iter().map(String::as_str));
+    run_tool("genisoimage", &args).await?;
+    Ok(iso)
+}
+
+/// Start a launcher for a VMI as a detached process (its own session), logging to a file.
+pub fn spawn_launcher(agent: &Agent, uid: &str, domain: &str, xml: &Path) -> anyhow::Result<tokio::process::Child> {
+    let socket = crate::launcher::socket_path(&agent.launchers_dir(), uid);
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(agent.log_dir().join(format!("launcher-{uid}.log")))?;
+    let mut cmd = tokio::process::Command::new(&agent.cfg.exe);
+    cmd.arg("launcher")
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--libvirt-uri")
+        .arg(&agent.cfg.libvirt_uri)
+        .arg("--domain-name")
+        .arg(domain)
+        .arg("--vmi-uid")
+        .arg(uid)
+        .arg("--xml-file")
+        .arg(xml)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(false);
+    // SAFETY: setsid() is async-signal-safe and touches no memory of the parent; it puts the
+    // launcher in its own session so signals to the agent's group do not reach it.
+    unsafe {
+        cmd.as_std_mut().pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("starting the launcher")?;
+    tracing::info!(vmi = %uid, %domain, pid = child.id().unwrap_or(0), "started launcher");
+    Ok(child)
+}

@@ -1,0 +1,265 @@
+//! The command line: `serve` (the roles), the hidden `launcher` role, and client commands
+//! for VMs, VMIs and images. Settings come from flags, `EDGEVIRT_*` environment variables and
+//! a TOML file, in that order of precedence.
+
+mod output;
+mod vm;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+
+use crate::client::Client;
+use crate::server::{self, Role};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "edgevirt",
+    version,
+    about = "A single-binary virtualization appliance for edge sites, with a KubeVirt-compatible API",
+    long_about = "edgevirt runs VMs on libvirt/KVM hosts. `edgevirt serve` runs the appliance \
+                  (controller, agent, or both); the other commands are clients of its API.\n\n\
+                  Client settings: --server/--token, or EDGEVIRT_SERVER/EDGEVIRT_TOKEN, or \
+                  ~/.config/edgevirt/client.toml (server, token, ca_cert). On the appliance \
+                  itself, as root, the token in /var/lib/edgevirt/initial-admin is used."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the appliance: API and controller, agent, or both (the default).
+    Serve(ServeArgs),
+    /// Manage virtual machines.
+    Vm(vm::VmArgs),
+    /// Inspect virtual machine instances (the running side of a VM).
+    Vmi(vm::VmiArgs),
+    /// Import, list and delete images (disks, kernels, initrds).
+    Image(vm::ImageArgs),
+    /// Per-VM launcher process (started by the agent, not by hand).
+    #[command(hide = true)]
+    Launcher(LauncherArgs),
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Which roles this process runs.
+    #[arg(long, env = "EDGEVIRT_ROLE", value_enum)]
+    role: Option<Role>,
+    /// Where the database, images, volumes and logs live [default: /var/lib/edgevirt].
+    #[arg(long, env = "EDGEVIRT_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Address for the API [default: 127.0.0.1:8080]. Non-loopback addresses require TLS.
+    #[arg(long, env = "EDGEVIRT_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// libvirt connection [default: qemu:///system].
+    #[arg(long, env = "EDGEVIRT_LIBVIRT_URI")]
+    libvirt_uri: Option<String>,
+    /// Accelerator: auto (kvm where /dev/kvm works, else qemu), kvm, or qemu (TCG).
+    #[arg(long, env = "EDGEVIRT_ACCEL", value_parser = ["auto", "kvm", "qemu"])]
+    accel: Option<String>,
+    /// Controller URL (agent role).
+    #[arg(long, env = "EDGEVIRT_CONTROLLER")]
+    controller: Option<String>,
+    /// Token the agent presents to the controller (agent role).
+    #[arg(long, env = "EDGEVIRT_JOIN_TOKEN")]
+    join_token: Option<String>,
+    /// TLS certificate (PEM); with --tls-key. Generated when listening beyond loopback.
+    #[arg(long, env = "EDGEVIRT_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    #[arg(long, env = "EDGEVIRT_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// This host's node name [default: the hostname].
+    #[arg(long, env = "EDGEVIRT_NODE_NAME")]
+    node_name: Option<String>,
+    /// The libvirt NAT network for `pod` networks [default: edgevirt].
+    #[arg(long, env = "EDGEVIRT_NAT_NETWORK")]
+    nat_network: Option<String>,
+    /// First three octets of the NAT network's /24 [default: 10.77.0].
+    #[arg(long, env = "EDGEVIRT_NAT_PREFIX")]
+    nat_prefix: Option<String>,
+    /// TOML settings file [default: /etc/edgevirt/edgevirt.toml if it exists].
+    #[arg(long, env = "EDGEVIRT_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+/// The `serve` keys of the TOML file (same names as the flags, with underscores).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSettings {
+    role: Option<Role>,
+    data_dir: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    libvirt_uri: Option<String>,
+    accel: Option<String>,
+    controller: Option<String>,
+    join_token: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    node_name: Option<String>,
+    nat_network: Option<String>,
+    nat_prefix: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct LauncherArgs {
+    #[arg(long)]
+    socket: PathBuf,
+    #[arg(long)]
+    libvirt_uri: String,
+    #[arg(long)]
+    domain_name: String,
+    #[arg(long)]
+    vmi_uid: String,
+    #[arg(long)]
+    xml_file: PathBuf,
+}
+
+/// Options every client command takes.
+#[derive(Args, Debug, Clone)]
+pub struct ClientOpts {
+    /// API URL [default: http://127.0.0.1:8080].
+    #[arg(long, global = true, env = "EDGEVIRT_SERVER")]
+    server: Option<String>,
+    /// Bearer token.
+    #[arg(long, global = true, env = "EDGEVIRT_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// CA certificate (PEM) to trust for the server.
+    #[arg(long, global = true, env = "EDGEVIRT_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+    /// Do not verify the server's TLS certificate.
+    #[arg(long, global = true)]
+    insecure_skip_tls_verify: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ClientFile {
+    server: Option<String>,
+    token: Option<String>,
+    ca_cert: Option<PathBuf>,
+}
+
+impl ClientOpts {
+    pub fn client(&self) -> anyhow::Result<Client> {
+        let file: ClientFile = std::env::var_os("HOME")
+            .map(|h| PathBuf::from(h).join(".config/edgevirt/client.toml"))
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .map(|t| toml::from_str(&t))
+            .transpose()
+            .context("reading ~/.config/edgevirt/client.toml")?
+            .unwrap_or_default();
+        let server = self
+            .server
+            .clone()
+            .or(file.server)
+            .unwrap_or_else(|| "http://127.0.0.1:8080".into());
+        let token = self.token.clone().or(file.token).or_else(|| {
+            std::fs::read_to_string("/var/lib/edgevirt/initial-admin")
+                .ok()
+                .and_then(|t| t.lines().find_map(|l| l.strip_prefix("token=").map(str::to_string)))
+        });
+        let token = token.context(
+            "no API token: pass --token, set EDGEVIRT_TOKEN, or put token = \"...\" in \
+             ~/.config/edgevirt/client.toml (the first one is in <data-dir>/initial-admin)",
+        )?;
+        let ca = self.ca_cert.clone().or(file.ca_cert);
+        Client::new(&server, &token, ca.as_deref(), self.insecure_skip_tls_verify)
+    }
+}
+
+fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
+    let path = a.config.clone().or_else(|| {
+        let p = PathBuf::from("/etc/edgevirt/edgevirt.toml");
+        p.exists().then_some(p)
+    });
+    let f: FileSettings = match &path {
+        Some(p) => toml::from_str(
+            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        )
+        .with_context(|| format!("parsing {}", p.display()))?,
+        None => FileSettings::default(),
+    };
+    let hostname = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into())
+        .to_lowercase();
+    let node_name = a.node_name.or(f.node_name).unwrap_or(hostname);
+    crate::types::check_name("node name", &node_name).map_err(|e| anyhow::anyhow!("{e}; set --node-name"))?;
+    Ok(server::Settings {
+        role: a.role.or(f.role).unwrap_or(Role::All),
+        data_dir: a.data_dir.or(f.data_dir).unwrap_or_else(|| "/var/lib/edgevirt".into()),
+        listen: a
+            .listen
+            .or(f.listen)
+            .unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid default")),
+        libvirt_uri: a.libvirt_uri.or(f.libvirt_uri).unwrap_or_else(|| "qemu:///system".into()),
+        accel: a.accel.or(f.accel).unwrap_or_else(|| "auto".into()),
+        controller: a.controller.or(f.controller),
+        join_token: a.join_token.or(f.join_token),
+        tls_cert: a.tls_cert.or(f.tls_cert),
+        tls_key: a.tls_key.or(f.tls_key),
+        node_name,
+        nat_network: a.nat_network.or(f.nat_network).unwrap_or_else(|| "edgevirt".into()),
+        nat_prefix: a.nat_prefix.or(f.nat_prefix).unwrap_or_else(|| "10.77.0".into()),
+    })
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("EDGEVIRT_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,tower_http=warn,sqlx=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Parse the command line and run it.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(32)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let r: anyhow::Result<()> = rt.block_on(async move {
+        match cli.command {
+            Command::Serve(a) => server::run(serve_settings(a)?).await,
+            Command::Launcher(a) => {
+                crate::launcher::run(crate::launcher::Config {
+                    socket: a.socket,
+                    libvirt_uri: a.libvirt_uri,
+                    domain_name: a.domain_name,
+                    vmi_uid: a.vmi_uid,
+                    xml_file: a.xml_file,
+                })
+                .await
+            }
+            Command::Vm(a) => vm::run_vm(a).await,
+            Command::Vmi(a) => vm::run_vmi(a).await,
+            Command::Image(a) => vm::run_image(a).await,
+        }
+    });
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! A small client for edgevirt's own API, used by the CLI and by agents talking to their
+//! controller. Errors carry the server's `Status` message.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+/// An error answer from the server: its HTTP status and `Status.message`.
+#[derive(Debug, thiserror::Error)]
+#[error("{message} (HTTP {code})")]
+pub struct ServerError {
+    pub code: u16,
+    pub reason: String,
+    pub message: String,
+}
+
+impl Client {
+    /// `ca_file`: PEM certificate to trust (e.g. the appliance's self-signed one);
+    /// `insecure`: skip TLS verification entirely (for first contact only).
+    pub fn new(base: &str, token: &str, ca_file: Option<&std::path::Path>, insecure: bool) -> anyhow::Result<Client> {
+        crate::tls::install_crypto_provider();
+        let mut b = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .pool_idle_timeout(Duration::from_secs(30));
+        if let Some(ca) = ca_file {
+            let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+            b = b.add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
+        }
+        if insecure {
+            b = b.danger_accept_invalid_certs(true);
+        }
+        Ok(Client {
+            http: b.build()?,
+            base: base.trim_end_matches('/').to_string(),
+            token: token.to_string(),
+        })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}{}", self.base, path))
+            .bearer_auth(&self.token)
+    }
+
+    /// Send and decode a JSON answer, turning error statuses into [`ServerError`].
+    pub async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("cannot reach edgevirt at {}", self.base))?;
+        let code = resp.status();
+        let bytes = resp.bytes().await?;
+        if !code.is_success() {
+            let v: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            return Err(ServerError {
+                code: code.as_u16(),
+                reason: v["reason"].as_str().unwrap_or("").to_string(),
+                message: v["message"]
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned()),
+            }
+            .into());
+        }
+        if bytes.is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_slice(&bytes).context("the server's answer is not JSON")
+    }
+
+    pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        self.send(self.request(Method::GET, path)).await
+    }
+
+    /// GET that maps 404 to `None`.
+    pub async fn get_opt(&self, path: &str) -> anyhow::Result<Option<Value>> {
+        match self.get(path).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if is_status(&e, StatusCode::NOT_FOUND) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.send(self.request(Method::POST, path).json(body)).await
+    }
+
+    pub async fn put(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.send(self.request(Method::PUT, path).json(body)).await
+    }
+
+    pub async fn merge_patch(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.send(
+            self.request(Method::PATCH, path)
+                .header("content-type", "application/merge-patch+json")
+                .body(serde_json::to_vec(body)?),
+        )
+        .await
+    }
+
+    pub async fn delete(&self, path: &str) -> anyhow::Result<Value> {
+        self.send(self.request(Method::DELETE, path)).await
+    }
+}
+
+/// Whether an error is a [`ServerError`] with this status.
+pub fn is_status(e: &anyhow::Error, code: StatusCode) -> bool {
+    e.downcast_ref::<ServerError>()
+        .is_some_and(|s| s.code == code.as_u16())
+}
+
+/// Fail unless the server answered with a success.
+pub fn ensure_ok(v: anyhow::Result<Value>) -> anyhow::Result<Value> {
+    match v {
+        Ok(v) => Ok(v),
+        Err(e) => bail!(e),
+    }
+}

@@ -1,0 +1,180 @@
+//! The controller role: reconcilers that drive VMs to VMIs by run strategy, a scheduler that
+//! binds VMIs to Ready nodes, and node leases. Each reconcile works from the current stored
+//! state and is idempotent; a per-object queue is fed by store events and a periodic resync,
+//! and a failed reconcile is retried with backoff.
+
+mod scheduler;
+mod vm;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{FieldSelector, LabelSelector, Store};
+use crate::types::Kind;
+
+/// What a reconcile asks for next.
+#[derive(Debug, PartialEq)]
+pub enum Action {
+    Done,
+    RequeueAfter(Duration),
+}
+
+pub type Key = (Kind, String, String);
+
+/// How long a node may go without a heartbeat before it is NotReady.
+pub const NODE_LEASE: Duration = Duration::from_secs(40);
+
+/// A deduplicating work queue of object keys.
+#[derive(Default)]
+struct Queue {
+    pending: std::sync::Mutex<BTreeSet<(String, String, String)>>,
+    delayed: std::sync::Mutex<HashMap<(String, String, String), Instant>>,
+    notify: Notify,
+}
+
+impl Queue {
+    fn push(&self, k: &Key) {
+        self.pending
+            .lock()
+            .unwrap()
+            .insert((k.0.name().to_string(), k.1.clone(), k.2.clone()));
+        self.notify.notify_one();
+    }
+    fn push_after(&self, k: &Key, d: Duration) {
+        self.delayed
+            .lock()
+            .unwrap()
+            .insert((k.0.name().to_string(), k.1.clone(), k.2.clone()), Instant::now() + d);
+    }
+    fn take(&self) -> Vec<Key> {
+        let now = Instant::now();
+        let mut p = self.pending.lock().unwrap();
+        let mut d = self.delayed.lock().unwrap();
+        let due: Vec<_> = d.iter().filter(|(_, t)| **t <= now).map(|(k, _)| k.clone()).collect();
+        for k in due {
+            d.remove(&k);
+            p.insert(k);
+        }
+        std::mem::take(&mut *p)
+            .into_iter()
+            .filter_map(|(k, ns, n)| Kind::from_name(&k).map(|k| (k, ns, n)))
+            .collect()
+    }
+}
+
+pub struct Context {
+    pub store: Store,
+}
+
+/// Run the controller until cancelled.
+pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> {
+    let ctx = Arc::new(Context { store: store.clone() });
+    let queue = Arc::new(Queue::default());
+    let mut events = store.subscribe();
+    resync(&ctx, &queue).await;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut last_resync = Instant::now();
+    let mut failures: HashMap<Key, u32> = HashMap::new();
+    tracing::info!("controller started");
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            ev = events.recv() => match ev {
+                Ok(ev) => {
+                    let ns = ev.namespace.clone();
+                    let name = ev.object["metadata"]["name"].as_str().unwrap_or("").to_string();
+                    match ev.kind {
+                        Kind::VirtualMachine => queue.push(&(Kind::VirtualMachine, ns, name)),
+                        Kind::VirtualMachineInstance => {
+                            queue.push(&(Kind::VirtualMachineInstance, ns.clone(), name.clone()));
+                            queue.push(&(Kind::VirtualMachine, ns, name));
+                        }
+                        Kind::Node => {
+                            // A node that became ready again may take pending VMIs.
+                            enqueue_unscheduled(&ctx, &queue).await;
+                        }
+                        Kind::Image => {}
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => resync(&ctx, &queue).await,
+                Err(_) => return Ok(()),
+            },
+            _ = queue.notify.notified() => {},
+            _ = tick.tick() => {
+                if last_resync.elapsed() > Duration::from_secs(10) {
+                    last_resync = Instant::now();
+                    resync(&ctx, &queue).await;
+                    if let Err(e) = scheduler::check_leases(&ctx).await {
+                        tracing::warn!(error = %e, "checking node leases failed");
+                    }
+                    let _ = ctx.store.prune_events().await;
+                }
+            },
+        }
+        for key in queue.take() {
+            let r = match key.0 {
+                Kind::VirtualMachine => vm::reconcile_vm(&ctx, &key.1, &key.2).await,
+                Kind::VirtualMachineInstance => vm::reconcile_vmi(&ctx, &key.1, &key.2).await,
+                _ => Ok(Action::Done),
+            };
+            match r {
+                Ok(Action::Done) => {
+                    failures.remove(&key);
+                }
+                Ok(Action::RequeueAfter(d)) => {
+                    failures.remove(&key);
+                    queue.push_after(&key, d);
+                }
+                Err(e) => {
+                    let n = failures.entry(key.clone()).or_insert(0);
+                    *n += 1;
+                    let backoff = Duration::from_millis(200 * 2u64.pow((*n).min(7)));
+                    tracing::warn!(kind = key.0.name(), namespace = %key.1, name = %key.2, error = %e, retry_in = ?backoff, "reconcile failed");
+                    queue.push_after(&key, backoff);
+                }
+            }
+        }
+    }
+}
+
+async fn resync(ctx: &Context, queue: &Queue) {
+    for kind in [Kind::VirtualMachine, Kind::VirtualMachineInstance] {
+        if let Ok((items, _)) = ctx
+            .store
+            .list(kind, None, &LabelSelector::default(), &FieldSelector::default())
+            .await
+        {
+            for o in items {
+                queue.push(&(
+                    kind,
+                    o["metadata"]["namespace"].as_str().unwrap_or("").to_string(),
+                    o["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                ));
+            }
+        }
+    }
+}
+
+async fn enqueue_unscheduled(ctx: &Context, queue: &Queue) {
+    let f = FieldSelector::parse("status.phase=Pending").expect("valid selector");
+    if let Ok((items, _)) = ctx
+        .store
+        .list(Kind::VirtualMachineInstance, None, &LabelSelector::default(), &f)
+        .await
+    {
+        for o in items {
+            queue.push(&(
+                Kind::VirtualMachineInstance,
+                o["metadata"]["namespace"].as_str().unwrap_or("").to_string(),
+                o["metadata"]["name"].as_str().unwrap_or("").to_string(),
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,126 @@
+//! Reconciler tests against a real SQLite store (no libvirt): run strategies, requests,
+//! scheduling, leases.
+
+use serde_json::json;
+
+use super::*;
+use crate::types::kubevirt::phase;
+
+async fn ctx() -> (tempfile::TempDir, Context) {
+    let d = tempfile::tempdir().unwrap();
+    let store = Store::open(&d.path().join("db")).await.unwrap();
+    (d, Context { store })
+}
+
+async fn add_node(ctx: &Context, name: &str, mem: u64) {
+    ctx.store
+        .create(
+            Kind::Node,
+            json!({"metadata": {"name": name}, "spec": {}, "status": {
+                "memoryBytes": mem, "lastHeartbeatTime": crate::types::now(),
+                "conditions": [{"type": "Ready", "status": "True"}]}}),
+            false,
+        )
+        .await
+        .unwrap();
+}
+
+async fn add_vm(ctx: &Context, name: &str, strategy: &str) {
+    ctx.store
+        .create(
+            Kind::VirtualMachine,
+            json!({"metadata": {"name": name, "namespace": "default"}, "spec": {
+                "runStrategy": strategy,
+                "template": {"spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {}}}}}}),
+            false,
+        )
+        .await
+        .unwrap();
+}
+
+async fn vmi_phase(ctx: &Context, name: &str) -> Option<String> {
+    ctx.store
+        .get(Kind::VirtualMachineInstance, "default", name)
+        .await
+        .unwrap()
+        .map(|v| v["status"]["phase"].as_str().unwrap_or("").to_string())
+}
+
+#[tokio::test]
+async fn always_creates_and_schedules_halted_removes() {
+    let (_d, ctx) = ctx().await;
+    add_node(&ctx, "n1", 4 << 30).await;
+    add_vm(&ctx, "a", "Always").await;
+    vm::reconcile_vm(&ctx, "default", "a").await.unwrap();
+    assert_eq!(vmi_phase(&ctx, "a").await.as_deref(), Some(phase::PENDING));
+    vm::reconcile_vmi(&ctx, "default", "a").await.unwrap();
+    let vmi = ctx.store.get(Kind::VirtualMachineInstance, "default", "a").await.unwrap().unwrap();
+    assert_eq!(vmi["status"]["phase"], phase::SCHEDULED);
+    assert_eq!(vmi["status"]["nodeName"], "n1");
+    ctx.store
+        .update(Kind::VirtualMachine, "default", "a", |o| {
+            o["spec"]["runStrategy"] = json!("Halted");
+            Ok(())
+        })
+        .await
+        .unwrap();
+    vm::reconcile_vm(&ctx, "default", "a").await.unwrap();
+    let vmi = ctx.store.get(Kind::VirtualMachineInstance, "default", "a").await.unwrap().unwrap();
+    assert!(vmi["metadata"]["deletionTimestamp"].is_string(), "VMI not being deleted");
+    let vm = ctx.store.get(Kind::VirtualMachine, "default", "a").await.unwrap().unwrap();
+    assert_eq!(vm["status"]["printableStatus"], "Stopping");
+}
+
+#[tokio::test]
+async fn manual_waits_for_start_request_and_unschedulable_is_reported() {
+    let (_d, ctx) = ctx().await;
+    add_node(&ctx, "small", 512 << 20).await;
+    add_vm(&ctx, "m", "Manual").await;
+    vm::reconcile_vm(&ctx, "default", "m").await.unwrap();
+    assert_eq!(vmi_phase(&ctx, "m").await, None);
+    ctx.store
+        .update(Kind::VirtualMachine, "default", "m", |o| {
+            o["status"]["stateChangeRequests"] = json!([{"action": "Start"}]);
+            Ok(())
+        })
+        .await
+        .unwrap();
+    vm::reconcile_vm(&ctx, "default", "m").await.unwrap();
+    assert_eq!(vmi_phase(&ctx, "m").await.as_deref(), Some(phase::PENDING));
+    let a = vm::reconcile_vmi(&ctx, "default", "m").await.unwrap();
+    assert!(matches!(a, Action::RequeueAfter(_)));
+    let vmi = ctx.store.get(Kind::VirtualMachineInstance, "default", "m").await.unwrap().unwrap();
+    let msg = vmi["status"]["conditions"][0]["message"].as_str().unwrap();
+    assert!(msg.contains("insufficient memory"), "{msg}");
+    vm::reconcile_vm(&ctx, "default", "m").await.unwrap();
+    let vm = ctx.store.get(Kind::VirtualMachine, "default", "m").await.unwrap().unwrap();
+    assert_eq!(vm["status"]["printableStatus"], "ErrorUnschedulable");
+    assert_eq!(vm["status"]["stateChangeRequests"], json!([]));
+}
+
+#[tokio::test]
+async fn silent_node_turns_instances_unknown() {
+    let (_d, ctx) = ctx().await;
+    ctx.store
+        .create(
+            Kind::Node,
+            json!({"metadata": {"name": "old"}, "spec": {}, "status": {
+                "memoryBytes": 8u64 << 30, "lastHeartbeatTime": "2020-01-01T00:00:00Z",
+                "conditions": [{"type": "Ready", "status": "True"}]}}),
+            false,
+        )
+        .await
+        .unwrap();
+    ctx.store
+        .create(
+            Kind::VirtualMachineInstance,
+            json!({"metadata": {"name": "v", "namespace": "default"}, "spec": {"domain": {"devices": {}}},
+                   "status": {"phase": "Running", "nodeName": "old"}}),
+            false,
+        )
+        .await
+        .unwrap();
+    scheduler::check_leases(&ctx).await.unwrap();
+    assert_eq!(vmi_phase(&ctx, "v").await.as_deref(), Some(phase::UNKNOWN));
+    assert!(ctx.store.get(Kind::VirtualMachineInstance, "default", "v").await.unwrap().is_some());
+}

@@ -1,0 +1,221 @@
+//! `edgevirt serve`: opens the store, creates the first admin on first start, and runs the
+//! roles asked for (API + controller, agent, or all) until SIGTERM/SIGINT. Stopping never
+//! stops a VM: launchers and QEMU are separate processes that outlive this one.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{self, AppState, auth};
+use crate::store::Store;
+use crate::tls;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    All,
+    Controller,
+    Agent,
+}
+
+/// Settings of `serve`, after flags, environment and config file are merged.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub role: Role,
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub libvirt_uri: String,
+    pub accel: String,
+    pub controller: Option<String>,
+    pub join_token: Option<String>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub node_name: String,
+    pub nat_network: String,
+    pub nat_prefix: String,
+}
+
+/// What the first start writes for the administrator.
+pub const INITIAL_ADMIN_FILE: &str = "initial-admin";
+
+pub async fn run(s: Settings) -> anyhow::Result<()> {
+    tls::install_crypto_provider();
+    std::fs::create_dir_all(&s.data_dir)
+        .with_context(|| format!("creating data dir {}", s.data_dir.display()))?;
+    let cancel = CancellationToken::new();
+    {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("installing SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+            tracing::info!("signal received; shutting down (VMs keep running)");
+            cancel.cancel();
+        });
+    }
+    match s.role {
+        Role::Agent => {
+            let controller = s
+                .controller
+                .clone()
+                .context("--role agent needs --controller URL and --join-token TOKEN")?;
+            let token = s.join_token.clone().context("--role agent needs --join-token TOKEN")?;
+            let cfg = agent_config(&s, controller, token, None)?;
+            crate::agent::run(cfg, cancel).await
+        }
+        Role::Controller | Role::All => serve_controller(s, cancel).await,
+    }
+}
+
+fn agent_config(s: &Settings, url: String, token: String, ca: Option<PathBuf>) -> anyhow::Result<crate::agent::Config> {
+    Ok(crate::agent::Config {
+        node_name: s.node_name.clone(),
+        data_dir: s.data_dir.clone(),
+        libvirt_uri: s.libvirt_uri.clone(),
+        accel: s.accel.clone(),
+        controller_url: url,
+        token,
+        ca_file: ca,
+        exe: std::env::current_exe().context("finding this executable")?,
+        nat_network: s.nat_network.clone(),
+        nat_prefix: s.nat_prefix.clone(),
+    })
+}
+
+async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Result<()> {
+    let store = Store::open(&s.data_dir.join("edgevirt.db")).await?;
+    let install_id = store
+        .setting_init("installId", &uuid::Uuid::new_v4().to_string())
+        .await?;
+    first_start(&store, &s.data_dir).await?;
+
+    let tls_files = if s.listen.ip().is_loopback() && s.tls_cert.is_none() {
+        None
+    } else {
+        match (&s.tls_cert, &s.tls_key) {
+            (Some(c), Some(k)) => Some((c.clone(), k.clone())),
+            (None, None) => Some(tls::ensure_self_signed(
+                &s.data_dir,
+                &[s.listen.ip().to_string(), "127.0.0.1".into(), s.node_name.clone()],
+            )?),
+            _ => bail!("set both tls_cert and tls_key, or neither"),
+        }
+    };
+    let scheme = if tls_files.is_some() { "https" } else { "http" };
+    let app = api::router(AppState {
+        store: store.clone(),
+        data_dir: s.data_dir.clone(),
+        install_id,
+    })
+    .layer(tower_http::trace::TraceLayer::new_for_http());
+
+    let listener = std::net::TcpListener::bind(s.listen)
+        .with_context(|| format!("listening on {}", s.listen))?;
+    listener.set_nonblocking(true)?;
+    let local = listener.local_addr()?;
+    println!("edgevirt {} ({:?} role) serving the API on {scheme}://{local}", env!("CARGO_PKG_VERSION"), s.role);
+    println!("first admin credentials: {}", s.data_dir.join(INITIAL_ADMIN_FILE).display());
+
+    let mut tasks = tokio::task::JoinSet::new();
+    {
+        let store = store.clone();
+        let cancel = cancel.clone();
+        tasks.spawn(async move { crate::controller::run(store, cancel).await });
+    }
+    if s.role == Role::All {
+        let token = local_agent_token(&store, &s.data_dir).await?;
+        let host = if local.ip().is_unspecified() { "127.0.0.1".to_string() } else { local.ip().to_string() };
+        let url = format!("{scheme}://{}", SocketAddr::new(host.parse()?, local.port()));
+        let ca = tls_files.as_ref().map(|(c, _)| c.clone());
+        let cfg = agent_config(&s, url, token, ca)?;
+        let cancel = cancel.clone();
+        tasks.spawn(async move { crate::agent::run(cfg, cancel).await });
+    }
+    {
+        let cancel = cancel.clone();
+        tasks.spawn(async move {
+            match tls_files {
+                None => {
+                    let l = tokio::net::TcpListener::from_std(listener)?;
+                    axum::serve(l, app)
+                        .with_graceful_shutdown(async move { cancel.cancelled().await })
+                        .await?;
+                }
+                Some((cert, key)) => {
+                    let cfg = axum_server::tls_rustls::RustlsConfig::from_pem_file(&cert, &key)
+                        .await
+                        .context("loading the TLS certificate")?;
+                    let handle = axum_server::Handle::new();
+                    let h2 = handle.clone();
+                    tokio::spawn(async move {
+                        cancel.cancelled().await;
+                        h2.graceful_shutdown(Some(Duration::from_secs(5)));
+                    });
+                    axum_server::from_tcp_rustls(listener, cfg)?
+                        .handle(handle)
+                        .serve(app.into_make_service())
+                        .await?;
+                }
+            }
+            Ok(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                cancel.cancel();
+                return Err(e);
+            }
+            Err(e) => {
+                cancel.cancel();
+                bail!("a role task failed: {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Create the `admin` user and an admin token on first start; write them to a 0600 file.
+async fn first_start(store: &Store, data_dir: &Path) -> anyhow::Result<()> {
+    let password = auth::random_secret(12);
+    if !store
+        .create_user("admin", &auth::hash_password(&password), "admin")
+        .await?
+    {
+        return Ok(());
+    }
+    let token = auth::random_secret(24);
+    store
+        .add_token(&auth::token_hash(&token), "admin", "admin", "initial admin token")
+        .await?;
+    let path = data_dir.join(INITIAL_ADMIN_FILE);
+    tls::write_private(
+        &path,
+        format!("username=admin\npassword={password}\ntoken={token}\n").as_bytes(),
+    )?;
+    println!("created user admin; its password and API token are in {} (mode 0600)", path.display());
+    Ok(())
+}
+
+/// The token the built-in agent uses in the all-in-one role, created once.
+async fn local_agent_token(store: &Store, data_dir: &Path) -> anyhow::Result<String> {
+    let path = data_dir.join("agent-token");
+    if let Ok(t) = std::fs::read_to_string(&path)
+        && store.token(&auth::token_hash(t.trim())).await?.is_some()
+    {
+        return Ok(t.trim().to_string());
+    }
+    let token = auth::random_secret(24);
+    store
+        .add_token(&auth::token_hash(&token), "local-agent", "agent", "built-in agent")
+        .await?;
+    tls::write_private(&path, token.as_bytes())?;
+    Ok(token)
+}

@@ -205,17 +205,25 @@ impl Launcher {
                 let name = self.cfg.domain_name.clone();
                 tokio::spawn(async move {
                     let deadline = tokio::time::Instant::now() + Duration::from_secs(grace_secs);
+                    let mut last_press = tokio::time::Instant::now();
                     loop {
                         let (hv2, n2) = (hv.clone(), name.clone());
                         let state = tokio::task::spawn_blocking(move || hv2.state(&n2)).await;
                         if !matches!(state, Ok(Ok(Some(_)))) {
                             return;
                         }
-                        if tokio::time::Instant::now() >= deadline {
+                        let now = tokio::time::Instant::now();
+                        if now >= deadline {
                             tracing::info!(domain = %name, "grace period over; destroying");
                             let (hv2, n2) = (hv.clone(), name.clone());
                             let _ = tokio::task::spawn_blocking(move || hv2.destroy(&n2)).await;
                             return;
+                        }
+                        // A guest still booting may miss the first ACPI press: repeat it.
+                        if now >= last_press + Duration::from_secs(5) {
+                            last_press = now;
+                            let (hv2, n2) = (hv.clone(), name.clone());
+                            let _ = tokio::task::spawn_blocking(move || hv2.shutdown(&n2)).await;
                         }
                         tokio::time::sleep(Duration::from_millis(250)).await;
                     }

@@ -37,6 +37,8 @@ fn is_conn_lost(e: &virt::error::Error) -> bool {
 
 impl Libvirt {
     pub fn open(uri: &str) -> Result<Libvirt> {
+        // Errors reach callers as values; keep libvirt from also printing them to stderr.
+        virt::error::clear_error_callback();
         let conn = Connect::open(Some(uri)).map_err(lv)?;
         Ok(Libvirt {
             uri: uri.to_string(),
@@ -174,13 +176,16 @@ impl Hypervisor for Libvirt {
         self.with(|c| {
             let net = match c.lookup_network_by_name(name) {
                 Ok(n) => n,
-                Err(_) => {
-                    let n = c.define_network_xml(xml)?;
-                    let _ = n.set_autostart(true);
-                    n
-                }
+                // Another agent on this host may define it at the same moment.
+                Err(_) => match c.define_network_xml(xml) {
+                    Ok(n) => {
+                        let _ = n.set_autostart(true);
+                        n
+                    }
+                    Err(_) => c.lookup_network_by_name(name)?,
+                },
             };
-            if !net.is_active()? {
+            if !net.is_active()? && net.create().is_err() && !net.is_active()? {
                 net.create()?;
             }
             Ok(())

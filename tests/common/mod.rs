@@ -1,0 +1,361 @@
+//! Shared harness for the end-to-end tests: runs the real `edgevirt` binary against the real
+//! libvirtd (`qemu:///system`) with the test guest built by `tests/guest/build-guest.sh`.
+//! Every appliance gets its own data dir (so its own installation id) and cleans up the
+//! domains and launchers it created when dropped.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+pub const NAT_NETWORK: &str = "evtest";
+pub const NAT_PREFIX: &str = "10.213.50";
+
+pub fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_edgevirt")
+}
+
+/// The test guest's folder: `EDGEVIRT_TEST_GUEST` or `target/test-guest`.
+pub fn guest_dir() -> PathBuf {
+    let d = std::env::var_os("EDGEVIRT_TEST_GUEST")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-guest"));
+    assert!(
+        d.join("vmlinuz").exists() && d.join("initrd.img").exists(),
+        "the test guest is missing in {}: run tests/guest/build-guest.sh {} (scripts/test.sh does)",
+        d.display(),
+        d.display()
+    );
+    d
+}
+
+pub fn virsh(args: &[&str]) -> (bool, String) {
+    let out = Command::new("virsh")
+        .arg("-c")
+        .arg("qemu:///system")
+        .args(args)
+        .output()
+        .expect("running virsh");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+    )
+}
+
+pub fn domstate(dom: &str) -> Option<String> {
+    let (ok, out) = virsh(&["domstate", dom]);
+    ok.then_some(out)
+}
+
+/// The libvirt domain id (it changes whenever a domain is started again).
+pub fn domid(dom: &str) -> Option<String> {
+    let (ok, out) = virsh(&["domid", dom]);
+    ok.then_some(out)
+}
+
+/// Seconds since the guest booted, read through the guest agent (`cat /proc/uptime`).
+pub fn guest_uptime(dom: &str) -> Option<f64> {
+    let cmd = r#"{"execute":"guest-exec","arguments":{"path":"/bin/cat","arg":["/proc/uptime"],"capture-output":true}}"#;
+    let (ok, out) = virsh(&["qemu-agent-command", dom, cmd]);
+    if !ok {
+        return None;
+    }
+    let pid = serde_json::from_str::<Value>(&out).ok()?["return"]["pid"].as_i64()?;
+    for _ in 0..50 {
+        let status = format!(r#"{{"execute":"guest-exec-status","arguments":{{"pid":{pid}}}}}"#);
+        let (ok, out) = virsh(&["qemu-agent-command", dom, &status]);
+        if !ok {
+            return None;
+        }
+        let v: Value = serde_json::from_str(&out).ok()?;
+        if v["return"]["exited"] == true {
+            use base64::Engine;
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(v["return"]["out-data"].as_str()?)
+                .ok()?;
+            return String::from_utf8(data).ok()?.split_whitespace().next()?.parse().ok();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+/// Poll `f` until it returns `Some`, or panic with `what` after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub struct Appliance {
+    pub dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    pub child: Option<Child>,
+    pub url: String,
+    pub token: String,
+    pub http: reqwest::Client,
+    pub install_id: String,
+    extra: Vec<String>,
+}
+
+impl Appliance {
+    /// Start `edgevirt serve` (all roles unless `extra` says otherwise) in a fresh data dir.
+    pub async fn start(extra: &[&str]) -> Appliance {
+        edgevirt::tls::install_crypto_provider();
+        let tmp = tempfile::Builder::new().prefix("evtest-").tempdir_in("/var/tmp").unwrap();
+        let dir = tmp.path().to_path_buf();
+        let mut a = Appliance {
+            dir,
+            _tmp: Some(tmp),
+            child: None,
+            url: String::new(),
+            token: String::new(),
+            http: reqwest::Client::new(),
+            install_id: String::new(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        a.spawn().await;
+        a
+    }
+
+    /// (Re)start the serve process on the same data dir.
+    pub async fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("serve.log"))
+            .unwrap();
+        let mut child = Command::new(exe())
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .args(["--listen", "127.0.0.1:0", "--accel", "qemu"])
+            .args(["--nat-network", NAT_NETWORK, "--nat-prefix", NAT_PREFIX])
+            .args(["--node-name", "testnode"])
+            .args(&self.extra)
+            .env("EDGEVIRT_LOG", "info,edgevirt=debug,tower_http=warn,sqlx=warn")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("starting edgevirt serve");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.split("serving the API on ").nth(1)
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(url.trim().to_string());
+                }
+            }
+        });
+        self.url = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("edgevirt did not start; see {}/serve.log", self.dir.display()));
+        self.child = Some(child);
+        let creds = std::fs::read_to_string(self.dir.join("initial-admin")).unwrap();
+        self.token = creds
+            .lines()
+            .find_map(|l| l.strip_prefix("token="))
+            .unwrap()
+            .to_string();
+        let (_, info) = self.get("/apis/edgevirt.io/v1/info").await;
+        self.install_id = info["installId"].as_str().unwrap().to_string();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// `kill -9` the serve process.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<(&str, Vec<u8>)>) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}{}", self.url, path))
+            .bearer_auth(&self.token);
+        if let Some((ct, b)) = body {
+            req = req.header("content-type", ct).body(b);
+        }
+        let resp = req.send().await.expect("request");
+        let code = resp.status().as_u16();
+        let bytes = resp.bytes().await.unwrap();
+        (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.call(reqwest::Method::GET, path, None).await
+    }
+
+    pub async fn post_yaml(&self, path: &str, yaml: &str) -> (u16, Value) {
+        self.call(reqwest::Method::POST, path, Some(("application/yaml", yaml.as_bytes().to_vec())))
+            .await
+    }
+
+    pub async fn put_json(&self, path: &str, v: &Value) -> (u16, Value) {
+        self.call(reqwest::Method::PUT, path, Some(("application/json", serde_json::to_vec(v).unwrap())))
+            .await
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        self.call(reqwest::Method::DELETE, path, None).await
+    }
+
+    pub async fn import(&self, name: &str, file: &Path) {
+        let data = std::fs::read(file).unwrap();
+        let (code, v) = self
+            .call(
+                reqwest::Method::PUT,
+                &format!("/apis/edgevirt.io/v1/images/{name}/upload"),
+                Some(("application/octet-stream", data)),
+            )
+            .await;
+        assert_eq!(code, 201, "importing {name}: {v}");
+    }
+
+    /// Import the test guest's kernel and initrd as `test-kernel` and `test-initrd`.
+    pub async fn import_guest(&self) {
+        let g = guest_dir();
+        self.import("test-kernel", &g.join("vmlinuz")).await;
+        self.import("test-initrd", &g.join("initrd.img")).await;
+    }
+
+    pub async fn vm(&self, name: &str) -> Option<Value> {
+        let (c, v) = self.get(&format!("/apis/kubevirt.io/v1/namespaces/default/virtualmachines/{name}")).await;
+        (c == 200).then_some(v)
+    }
+
+    pub async fn vmi(&self, name: &str) -> Option<Value> {
+        let (c, v) = self
+            .get(&format!("/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances/{name}"))
+            .await;
+        (c == 200).then_some(v)
+    }
+
+    pub async fn action(&self, name: &str, action: &str) -> u16 {
+        let path = format!("/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachines/{name}/{action}");
+        self.put_json(&path, &json!({})).await.0
+    }
+
+    /// Wait until the VM's instance is Running (optionally with a different uid).
+    pub async fn wait_running(&self, name: &str, not_uid: Option<&str>, timeout: Duration) -> Value {
+        wait_for(&format!("VMI {name} Running"), timeout, || async {
+            self.vmi(name).await.filter(|v| {
+                v["status"]["phase"] == "Running"
+                    && v["metadata"].get("deletionTimestamp").is_none()
+                    && not_uid.is_none_or(|u| v["metadata"]["uid"] != u)
+            })
+        })
+        .await
+    }
+
+    /// Names of libvirt domains this installation created, with their VMI uids.
+    pub fn our_domains(&self) -> Vec<(String, String)> {
+        let (_, names) = virsh(&["list", "--all", "--name"]);
+        let mut out = Vec::new();
+        for n in names.lines().map(str::trim).filter(|n| !n.is_empty()) {
+            let (ok, xml) = virsh(&["dumpxml", n]);
+            // libvirt may rewrite the metadata's quotes; accept both.
+            let xml = xml.replace('"', "'");
+            if ok && xml.contains(&format!("install='{}'", self.install_id)) {
+                let uid = xml
+                    .split("vmi-uid='")
+                    .nth(1)
+                    .and_then(|s| s.split('\'').next())
+                    .unwrap_or("")
+                    .to_string();
+                out.push((n.to_string(), uid));
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Appliance {
+    fn drop(&mut self) {
+        self.kill9();
+        // Launchers of this data dir, then the domains of this installation.
+        let _ = Command::new("pkill")
+            .arg("-9")
+            .arg("-f")
+            .arg(format!("launcher --socket {}", self.dir.display()))
+            .status();
+        if !self.install_id.is_empty() {
+            for (d, _) in self.our_domains() {
+                virsh(&["destroy", &d]);
+            }
+        }
+        if std::thread::panicking() {
+            // Keep the data dir (logs) of a failed test for inspection.
+            if let Some(t) = self._tmp.take() {
+                eprintln!("keeping {} for inspection", t.keep().display());
+            }
+        }
+    }
+}
+
+/// A VirtualMachine booting the test guest directly from kernel and initrd.
+pub fn vm_yaml(name: &str, strategy: &str, extra_disk: bool) -> String {
+    let (disks, volumes) = if extra_disk {
+        (
+            "\n          disks:\n            - name: data\n              disk: {bus: virtio}",
+            "\n      volumes:\n        - name: data\n          containerDisk: {image: test-disk}",
+        )
+    } else {
+        ("", "")
+    };
+    format!(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: {name}
+  labels: {{app: {name}}}
+spec:
+  runStrategy: {strategy}
+  template:
+    metadata:
+      labels: {{app: {name}}}
+    spec:
+      terminationGracePeriodSeconds: 10
+      domain:
+        cpu: {{cores: 1}}
+        memory: {{guest: 192Mi}}
+        devices:{disks}
+          interfaces:
+            - name: default
+              masquerade: {{}}
+        firmware:
+          kernelBoot:
+            kernelArgs: console=ttyS0 edgevirt.hostname={name}
+            container:
+              image: test-guest
+              kernelPath: test-kernel
+              initrdPath: test-initrd
+      networks:
+        - name: default
+          pod: {{}}{volumes}
+"#
+    )
+}
+
+pub const VMS: &str = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines";

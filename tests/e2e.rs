@@ -1,0 +1,352 @@
+//! End-to-end tests on a real libvirtd (`qemu:///system`) with real TCG guests. They need
+//! root, libvirtd and the test guest, so plain `cargo test` skips them (`#[ignore]`);
+//! `scripts/test.sh` runs them with `--include-ignored --test-threads=1`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+const BOOT: Duration = Duration::from_secs(120);
+
+#[tokio::test]
+#[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
+async fn vm_lifecycle_on_a_real_guest() {
+    let a = Appliance::start(&[]).await;
+    a.import_guest().await;
+    let disk = a.dir.join("blank.qcow2");
+    assert!(std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2"])
+        .arg(&disk)
+        .arg("32M")
+        .status()
+        .unwrap()
+        .success());
+    a.import("test-disk", &disk).await;
+    let (code, v) = a.post_yaml(VMS, &vm_yaml("life", "Always", true)).await;
+    assert_eq!(code, 201, "{v}");
+
+    // Running, with the node, an address from the NAT network and guest agent details.
+    let vmi = a.wait_running("life", None, BOOT).await;
+    assert_eq!(vmi["status"]["nodeName"], "testnode");
+    let vmi = wait_for("an IPv4 address and guest OS info", BOOT, || async {
+        a.vmi("life").await.filter(|v| {
+            v["status"]["interfaces"][0]["ipAddress"]
+                .as_str()
+                .is_some_and(|ip| ip.starts_with(&format!("{NAT_PREFIX}.")))
+                && v["status"]["guestOSInfo"]["kernelRelease"].is_string()
+        })
+    })
+    .await;
+    let kernel = std::fs::read_to_string(guest_dir().join("kernel-version")).unwrap_or_default();
+    let release = vmi["status"]["guestOSInfo"]["kernelRelease"].as_str().unwrap();
+    assert!(kernel.contains(release) || release.contains(kernel.trim()), "kernel {release:?} vs {kernel:?}");
+    let (code, info) = a
+        .get("/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/life/guestosinfo")
+        .await;
+    assert_eq!(code, 200, "{info}");
+    assert_eq!(info["hostname"], "life");
+    let vm = a.vm("life").await.unwrap();
+    assert_eq!(vm["status"]["printableStatus"], "Running");
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    assert_eq!(domstate(&dom).as_deref(), Some("running"));
+    let overlay = a
+        .dir
+        .join("volumes")
+        .join(vm["metadata"]["uid"].as_str().unwrap())
+        .join("data.qcow2");
+    assert!(overlay.exists(), "no overlay at {}", overlay.display());
+
+    // pause / unpause are visible in libvirt.
+    assert_eq!(a.action("life", "pause").await, 202);
+    wait_for("domain paused", Duration::from_secs(20), || async {
+        (domstate(&dom).as_deref() == Some("paused")).then_some(())
+    })
+    .await;
+    wait_for("VM Paused", Duration::from_secs(20), || async {
+        a.vm("life").await.filter(|v| v["status"]["printableStatus"] == "Paused")
+    })
+    .await;
+    assert_eq!(a.action("life", "pause").await, 409, "pausing twice must be refused");
+    assert_eq!(a.action("life", "unpause").await, 202);
+    wait_for("domain running again", Duration::from_secs(20), || async {
+        (domstate(&dom).as_deref() == Some("running")).then_some(())
+    })
+    .await;
+
+    // softreboot: the guest restarts inside the same domain (its uptime resets).
+    let up = wait_for("guest uptime", BOOT, || async { guest_uptime(&dom) }).await;
+    let id = domid(&dom);
+    assert_eq!(a.action("life", "softreboot").await, 202);
+    wait_for("guest rebooted", BOOT, || async {
+        guest_uptime(&dom).filter(|u| *u < up).map(|_| ())
+    })
+    .await;
+    assert_eq!(domid(&dom), id, "soft reboot must not restart the domain");
+
+    // stop: Halted, domain gone.
+    assert_eq!(a.action("life", "stop").await, 202);
+    wait_for("VM Stopped", BOOT, || async {
+        a.vm("life").await.filter(|v| v["status"]["printableStatus"] == "Stopped")
+    })
+    .await;
+    assert_eq!(a.vm("life").await.unwrap()["spec"]["runStrategy"], "Halted");
+    assert!(domstate(&dom).is_none(), "domain {dom} still exists after stop");
+    assert!(a.vmi("life").await.is_none());
+
+    // start: Running again, a new instance.
+    assert_eq!(a.action("life", "start").await, 202);
+    let first = a.wait_running("life", Some(vmi["metadata"]["uid"].as_str().unwrap()), BOOT).await;
+
+    // restart: a new VMI.
+    assert_eq!(a.action("life", "restart").await, 202);
+    let second = a.wait_running("life", first["metadata"]["uid"].as_str(), BOOT).await;
+    assert_ne!(first["metadata"]["uid"], second["metadata"]["uid"]);
+
+    // rename (stopped) keeps the disk.
+    assert_eq!(a.action("life", "stop").await, 202);
+    wait_for("VM Stopped", BOOT, || async {
+        a.vm("life").await.filter(|v| v["status"]["printableStatus"] == "Stopped")
+    })
+    .await;
+    let path = "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachines/life/rename";
+    let (code, v) = a.put_json(path, &json!({"newName": "renamed"})).await;
+    assert_eq!(code, 200, "{v}");
+    assert!(a.vm("life").await.is_none());
+    assert_eq!(a.vm("renamed").await.unwrap()["metadata"]["uid"], vm["metadata"]["uid"]);
+    assert_eq!(a.action("renamed", "start").await, 202);
+    let renamed = a.wait_running("renamed", None, BOOT).await;
+    let rdom = renamed["status"]["domainName"].as_str().unwrap();
+    let (_, xml) = virsh(&["dumpxml", rdom]);
+    assert!(xml.contains(&overlay.display().to_string()), "renamed VM does not use its old disk");
+
+    // delete removes domain, overlay and rows.
+    let (code, _) = a.delete(&format!("{VMS}/renamed")).await;
+    assert_eq!(code, 200);
+    wait_for("VM, VMI and domain gone", BOOT, || async {
+        (a.vm("renamed").await.is_none() && a.vmi("renamed").await.is_none() && domstate(rdom).is_none())
+            .then_some(())
+    })
+    .await;
+    assert!(!overlay.exists(), "overlay {} left behind", overlay.display());
+    assert!(a.our_domains().is_empty());
+}
+
+#[tokio::test]
+#[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
+async fn vms_survive_kill9_of_agent_and_launcher() {
+    let ctl = Appliance::start(&["--role", "controller"]).await;
+    ctl.import_guest().await;
+    let agent_dir = tempfile::Builder::new().prefix("evtest-agent-").tempdir_in("/var/tmp").unwrap();
+    let spawn_agent = || {
+        std::process::Command::new(exe())
+            .args(["serve", "--role", "agent", "--accel", "qemu", "--node-name", "testnode"])
+            .arg("--data-dir")
+            .arg(agent_dir.path())
+            .args(["--controller", &ctl.url, "--join-token", &ctl.token])
+            .args(["--nat-network", NAT_NETWORK, "--nat-prefix", NAT_PREFIX])
+            .stdout(std::process::Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(agent_dir.path().join("agent.log"))
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap()
+    };
+    struct Killer(std::process::Child, String);
+    impl Drop for Killer {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+            let _ = std::process::Command::new("pkill").args(["-9", "-f", &self.1]).status();
+        }
+    }
+    let launcher_pattern = format!("launcher --socket {}", agent_dir.path().display());
+    let mut agent = Killer(spawn_agent(), launcher_pattern.clone());
+    let (code, v) = ctl.post_yaml(VMS, &vm_yaml("sturdy", "Always", false)).await;
+    assert_eq!(code, 201, "{v}");
+    let vmi = ctl.wait_running("sturdy", None, BOOT).await;
+    let uid = vmi["metadata"]["uid"].as_str().unwrap().to_string();
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    let up1 = wait_for("guest uptime", BOOT, || async { guest_uptime(&dom) }).await;
+    let id = domid(&dom).unwrap();
+    let launcher_pid = || {
+        let out = std::process::Command::new("pgrep").args(["-f", &launcher_pattern]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let lpid = launcher_pid();
+    assert!(!lpid.is_empty(), "no launcher process");
+
+    // kill -9 the agent: the guest keeps running.
+    let _ = agent.0.kill();
+    let _ = agent.0.wait();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(domstate(&dom).as_deref(), Some("running"));
+    assert_eq!(launcher_pid(), lpid, "the launcher died with the agent");
+    // A restarted agent adopts the launcher; the VMI stays Running with no restart.
+    agent.0 = spawn_agent();
+    wait_for("agent adopted the launcher", Duration::from_secs(60), || async {
+        std::fs::read_to_string(agent_dir.path().join("agent.log"))
+            .ok()
+            .filter(|l| l.contains("adopted launcher"))
+    })
+    .await;
+    let up2 = guest_uptime(&dom).unwrap();
+    assert!(up2 > up1, "guest uptime reset: {up1} then {up2}");
+    assert_eq!(domid(&dom).unwrap(), id);
+    assert_eq!(launcher_pid(), lpid);
+    let v = ctl.vmi("sturdy").await.unwrap();
+    assert_eq!((v["metadata"]["uid"].as_str(), v["status"]["phase"].as_str()), (Some(uid.as_str()), Some("Running")));
+
+    // kill -9 the launcher: the guest keeps running, a new launcher adopts the domain.
+    assert!(std::process::Command::new("kill").args(["-9", &lpid]).status().unwrap().success());
+    let new_pid = wait_for("a new launcher", Duration::from_secs(60), || async {
+        let p = launcher_pid();
+        (!p.is_empty() && p != lpid).then_some(p)
+    })
+    .await;
+    assert_ne!(new_pid, lpid);
+    assert_eq!(domstate(&dom).as_deref(), Some("running"));
+    assert_eq!(domid(&dom).unwrap(), id, "the domain was restarted");
+    let up3 = guest_uptime(&dom).unwrap();
+    assert!(up3 > up2, "guest uptime reset: {up2} then {up3}");
+    // Status still flows through the new launcher: pause shows up.
+    assert_eq!(ctl.action("sturdy", "pause").await, 202);
+    wait_for("domain paused via the new launcher", Duration::from_secs(30), || async {
+        (domstate(&dom).as_deref() == Some("paused")).then_some(())
+    })
+    .await;
+    let v = ctl.vmi("sturdy").await.unwrap();
+    assert_eq!(v["metadata"]["uid"].as_str(), Some(uid.as_str()));
+
+    let (code, _) = ctl.delete(&format!("{VMS}/sturdy")).await;
+    assert_eq!(code, 200);
+    wait_for("domain gone", BOOT, || async { domstate(&dom).is_none().then_some(()) }).await;
+    drop(agent);
+}
+
+#[tokio::test]
+#[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
+async fn kill9_during_concurrent_creates_loses_nothing_and_leaks_nothing() {
+    let mut a = Appliance::start(&[]).await;
+    a.import_guest().await;
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let (url, token, acked) = (a.url.clone(), a.token.clone(), acked.clone());
+        let yaml = vm_yaml(&format!("burst-{i}"), "Always", false)
+            .replace("memory: {guest: 192Mi}", "memory: {guest: 128Mi}")
+            .replace("terminationGracePeriodSeconds: 10", "terminationGracePeriodSeconds: 0");
+        tasks.push(tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(format!("{url}{VMS}"))
+                .bearer_auth(token)
+                .header("content-type", "application/yaml")
+                .body(yaml)
+                .send()
+                .await;
+            if let Ok(r) = r
+                && r.status().as_u16() == 201
+            {
+                acked.lock().unwrap().push(format!("burst-{i}"));
+            }
+        }));
+    }
+    // Kill the whole process once some creates were acknowledged, while others are in flight.
+    wait_for("some acknowledged creates", Duration::from_secs(30), || async {
+        (acked.lock().unwrap().len() >= 5).then_some(())
+    })
+    .await;
+    a.kill9();
+    for t in tasks {
+        let _ = t.await;
+    }
+    let acked = acked.lock().unwrap().clone();
+    a.spawn().await;
+    let (code, list) = a.get(VMS).await;
+    assert_eq!(code, 200);
+    let names: Vec<String> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    for n in &acked {
+        assert_eq!(names.iter().filter(|x| *x == n).count(), 1, "acknowledged VM {n} is not there exactly once");
+    }
+    // After recovery every VM runs once, and no domain exists that the store does not know.
+    for n in &names {
+        a.wait_running(n, None, Duration::from_secs(300)).await;
+    }
+    let (_, vmis) = a.get("/apis/kubevirt.io/v1/virtualmachineinstances").await;
+    let uids: Vec<String> = vmis["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["metadata"]["uid"].as_str().unwrap().to_string())
+        .collect();
+    let doms = a.our_domains();
+    for (d, uid) in &doms {
+        assert!(uids.contains(uid), "domain {d} belongs to no VMI in the store");
+    }
+    assert_eq!(doms.len(), names.len(), "one domain per VM: {doms:?}");
+    for n in &names {
+        a.delete(&format!("{VMS}/{n}")).await;
+    }
+    wait_for("all domains gone", Duration::from_secs(180), || async {
+        a.our_domains().is_empty().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs root and libvirtd: run scripts/test.sh"]
+async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
+    let a = Appliance::start(&["--role", "controller"]).await;
+    a.import_guest().await;
+    let (code, _) = a.post_yaml(VMS, &vm_yaml("good", "Halted", false)).await;
+    assert_eq!(code, 201);
+    // Let the controller settle the VM's status first: that write is not under test.
+    wait_for("VM status", Duration::from_secs(30), || async {
+        a.vm("good").await.filter(|v| v["status"]["printableStatus"] == "Stopped")
+    })
+    .await;
+    let (_, before) = a.get(VMS).await;
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("malformed YAML", "metadata: {name: [unclosed".into(), 400, "not valid YAML"),
+        ("unknown field", vm_yaml("x1", "Always", false).replace("      domain:", "      domain:\n        bogusField: 1"), 422, "unknown field"),
+        ("unsupported KubeVirt field", vm_yaml("x2", "Always", false).replace("      domain:", "      dnsPolicy: None\n      domain:"), 422, "does not support yet"),
+        ("name not DNS-1123", vm_yaml("Bad_Name", "Always", false), 422, "RFC 1123"),
+        ("disk path typed by the user", vm_yaml("x3", "Always", true).replace("image: test-disk", "image: /etc/shadow"), 422, "never to paths"),
+        ("kernel path typed by the user", vm_yaml("x4", "Always", false).replace("kernelPath: test-kernel", "kernelPath: /boot/vmlinuz"), 422, "not paths"),
+        ("hostDisk", vm_yaml("x5", "Always", true).replace("containerDisk: {image: test-disk}", "hostDisk: {path: /etc/shadow, type: Disk}"), 422, "does not support yet"),
+        ("same name twice", vm_yaml("good", "Halted", false), 409, "already exists"),
+        ("missing image", vm_yaml("x6", "Always", true), 422, "does not exist"),
+        ("no memory", vm_yaml("x7", "Always", false).replace("memory: {guest: 192Mi}", "cpu: {cores: 1}"), 422, "memory"),
+    ];
+    for (what, body, want, msg) in cases {
+        let (code, v) = a.post_yaml(VMS, &body).await;
+        assert_eq!(code, want, "{what}: {v}");
+        assert_eq!(v["kind"], "Status", "{what}: not a Status: {v}");
+        assert!(v["message"].as_str().unwrap_or("").contains(msg), "{what}: message {:?} lacks {msg:?}", v["message"]);
+    }
+    let (_, after) = a.get(VMS).await;
+    assert_eq!(before["metadata"]["resourceVersion"], after["metadata"]["resourceVersion"], "a refused write changed the store");
+    assert_eq!(after["items"].as_array().unwrap().len(), 1);
+    // Without a token nothing is served but /healthz.
+    let r = reqwest::get(format!("{}{VMS}", a.url)).await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let r = reqwest::get(format!("{}/healthz", a.url)).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    // A stale resourceVersion is a conflict.
+    let mut vm = a.vm("good").await.unwrap();
+    vm["metadata"]["resourceVersion"] = json!("1");
+    vm["spec"]["runStrategy"] = json!("Always");
+    let (code, v) = a.put_json(&format!("{VMS}/good"), &vm).await;
+    assert_eq!(code, 409, "{v}");
+}

@@ -26,7 +26,12 @@ pub struct ServerError {
 impl Client {
     /// `ca_file`: PEM certificate to trust (e.g. the appliance's self-signed one);
     /// `insecure`: skip TLS verification entirely (for first contact only).
-    pub fn new(base: &str, token: &str, ca_file: Option<&std::path::Path>, insecure: bool) -> anyhow::Result<Client> {
+    pub fn new(
+        base: &str,
+        token: &str,
+        ca_file: Option<&std::path::Path>,
+        insecure: bool,
+    ) -> anyhow::Result<Client> {
         crate::tls::install_crypto_provider();
         let mut b = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))

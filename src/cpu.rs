@@ -7,7 +7,9 @@ use crate::types::edgevirt::CpuFacts;
 pub fn parse_cpuinfo(text: &str) -> CpuFacts {
     let mut f = CpuFacts::default();
     for line in text.lines() {
-        let Some((k, v)) = line.split_once(':') else { continue };
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
         match k.trim() {
             "vendor_id" if f.vendor.is_empty() => f.vendor = v.trim().to_string(),
             "model name" if f.model.is_empty() => f.model = v.trim().to_string(),

@@ -31,6 +31,7 @@ pub struct Settings {
     pub accel: String,
     pub controller: Option<String>,
     pub join_token: Option<String>,
+    pub controller_ca: Option<PathBuf>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub node_name: String,
@@ -49,8 +50,9 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     {
         let cancel = cancel.clone();
         tokio::spawn(async move {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .expect("installing SIGTERM handler");
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("installing SIGTERM handler");
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {},
                 _ = term.recv() => {},
@@ -65,15 +67,23 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
                 .controller
                 .clone()
                 .context("--role agent needs --controller URL and --join-token TOKEN")?;
-            let token = s.join_token.clone().context("--role agent needs --join-token TOKEN")?;
-            let cfg = agent_config(&s, controller, token, None)?;
+            let token = s
+                .join_token
+                .clone()
+                .context("--role agent needs --join-token TOKEN")?;
+            let cfg = agent_config(&s, controller, token, s.controller_ca.clone())?;
             crate::agent::run(cfg, cancel).await
         }
         Role::Controller | Role::All => serve_controller(s, cancel).await,
     }
 }
 
-fn agent_config(s: &Settings, url: String, token: String, ca: Option<PathBuf>) -> anyhow::Result<crate::agent::Config> {
+fn agent_config(
+    s: &Settings,
+    url: String,
+    token: String,
+    ca: Option<PathBuf>,
+) -> anyhow::Result<crate::agent::Config> {
     Ok(crate::agent::Config {
         node_name: s.node_name.clone(),
         data_dir: s.data_dir.clone(),
@@ -102,7 +112,11 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
             (Some(c), Some(k)) => Some((c.clone(), k.clone())),
             (None, None) => Some(tls::ensure_self_signed(
                 &s.data_dir,
-                &[s.listen.ip().to_string(), "127.0.0.1".into(), s.node_name.clone()],
+                &[
+                    s.listen.ip().to_string(),
+                    "127.0.0.1".into(),
+                    s.node_name.clone(),
+                ],
             )?),
             _ => bail!("set both tls_cert and tls_key, or neither"),
         }
@@ -119,8 +133,15 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
         .with_context(|| format!("listening on {}", s.listen))?;
     listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
-    println!("edgevirt {} ({:?} role) serving the API on {scheme}://{local}", env!("CARGO_PKG_VERSION"), s.role);
-    println!("first admin credentials: {}", s.data_dir.join(INITIAL_ADMIN_FILE).display());
+    println!(
+        "edgevirt {} ({:?} role) serving the API on {scheme}://{local}",
+        env!("CARGO_PKG_VERSION"),
+        s.role
+    );
+    println!(
+        "first admin credentials: {}",
+        s.data_dir.join(INITIAL_ADMIN_FILE).display()
+    );
 
     let mut tasks = tokio::task::JoinSet::new();
     {
@@ -130,8 +151,15 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
     }
     if s.role == Role::All {
         let token = local_agent_token(&store, &s.data_dir).await?;
-        let host = if local.ip().is_unspecified() { "127.0.0.1".to_string() } else { local.ip().to_string() };
-        let url = format!("{scheme}://{}", SocketAddr::new(host.parse()?, local.port()));
+        let host = if local.ip().is_unspecified() {
+            "127.0.0.1".to_string()
+        } else {
+            local.ip().to_string()
+        };
+        let url = format!(
+            "{scheme}://{}",
+            SocketAddr::new(host.parse()?, local.port())
+        );
         let ca = tls_files.as_ref().map(|(c, _)| c.clone());
         let cfg = agent_config(&s, url, token, ca)?;
         let cancel = cancel.clone();
@@ -193,14 +221,22 @@ async fn first_start(store: &Store, data_dir: &Path) -> anyhow::Result<()> {
     }
     let token = auth::random_secret(24);
     store
-        .add_token(&auth::token_hash(&token), "admin", "admin", "initial admin token")
+        .add_token(
+            &auth::token_hash(&token),
+            "admin",
+            "admin",
+            "initial admin token",
+        )
         .await?;
     let path = data_dir.join(INITIAL_ADMIN_FILE);
     tls::write_private(
         &path,
         format!("username=admin\npassword={password}\ntoken={token}\n").as_bytes(),
     )?;
-    println!("created user admin; its password and API token are in {} (mode 0600)", path.display());
+    println!(
+        "created user admin; its password and API token are in {} (mode 0600)",
+        path.display()
+    );
     Ok(())
 }
 
@@ -214,7 +250,12 @@ async fn local_agent_token(store: &Store, data_dir: &Path) -> anyhow::Result<Str
     }
     let token = auth::random_secret(24);
     store
-        .add_token(&auth::token_hash(&token), "local-agent", "agent", "built-in agent")
+        .add_token(
+            &auth::token_hash(&token),
+            "local-agent",
+            "agent",
+            "built-in agent",
+        )
         .await?;
     tls::write_private(&path, token.as_bytes())?;
     Ok(token)

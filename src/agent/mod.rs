@@ -84,7 +84,9 @@ pub fn resolve_accel(wanted: &str, domain_types: &[String]) -> anyhow::Result<St
         .is_ok()
         && domain_types.iter().any(|t| t == "kvm");
     match wanted {
-        "kvm" if !kvm_ok => anyhow::bail!("--accel kvm was asked but /dev/kvm is not usable or libvirt offers no kvm domains"),
+        "kvm" if !kvm_ok => anyhow::bail!(
+            "--accel kvm was asked but /dev/kvm is not usable or libvirt offers no kvm domains"
+        ),
         "kvm" => Ok("kvm".into()),
         "qemu" => Ok("qemu".into()),
         "auto" => Ok(if kvm_ok { "kvm" } else { "qemu" }.into()),
@@ -100,7 +102,12 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             .await?
             .with_context(|| format!("connecting to libvirt at {}", cfg.libvirt_uri))?,
     );
-    let api = Client::new(&cfg.controller_url, &cfg.token, cfg.ca_file.as_deref(), false)?;
+    let api = Client::new(
+        &cfg.controller_url,
+        &cfg.token,
+        cfg.ca_file.as_deref(),
+        false,
+    )?;
     let info = loop {
         match api.get("/apis/edgevirt.io/v1/info").await {
             Ok(v) => break v,
@@ -153,7 +160,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
                 tracing::warn!(error = %e, "heartbeat failed");
             }
         }
-        if let Err(e) = sync::sync_all(&agent, n % 5 == 0).await {
+        if let Err(e) = sync::sync_all(&agent, n.is_multiple_of(5)).await {
             tracing::warn!(error = %e, "sync failed");
         }
     }
@@ -163,7 +170,8 @@ async fn register(agent: &Agent, facts: &crate::virt::HostFacts) -> anyhow::Resu
     let cfg = &agent.cfg;
     let path = format!("/apis/edgevirt.io/v1/nodes/{}", cfg.node_name);
     let existing = agent.api.get_opt(&path).await?;
-    let mut node = existing.unwrap_or_else(|| json!({"metadata": {"name": cfg.node_name}, "spec": {}}));
+    let mut node =
+        existing.unwrap_or_else(|| json!({"metadata": {"name": cfg.node_name}, "spec": {}}));
     node["apiVersion"] = json!("edgevirt.io/v1");
     node["kind"] = json!("Node");
     if let Some(m) = node["metadata"].as_object_mut() {
@@ -184,14 +192,20 @@ async fn register(agent: &Agent, facts: &crate::virt::HostFacts) -> anyhow::Resu
 
 async fn heartbeat(agent: &Agent) -> anyhow::Result<()> {
     let path = format!("/apis/edgevirt.io/v1/nodes/{}/status", agent.cfg.node_name);
-    let cur = agent.api.get(&format!("/apis/edgevirt.io/v1/nodes/{}", agent.cfg.node_name)).await?;
-    let ready = cur["status"]["conditions"]
-        .as_array()
-        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+    let cur = agent
+        .api
+        .get(&format!(
+            "/apis/edgevirt.io/v1/nodes/{}",
+            agent.cfg.node_name
+        ))
+        .await?;
+    let ready = cur["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    });
     let mut patch = json!({"status": {"lastHeartbeatTime": now()}});
     if !ready {
-        patch["status"]["conditions"] =
-            json!([{"type": "Ready", "status": "True", "reason": "AgentReady", "lastTransitionTime": now()}]);
+        patch["status"]["conditions"] = json!([{"type": "Ready", "status": "True", "reason": "AgentReady", "lastTransitionTime": now()}]);
     }
     agent.api.merge_patch(&path, &patch).await?;
     Ok(())

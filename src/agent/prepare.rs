@@ -24,7 +24,11 @@ pub fn domain_name(ns: &str, name: &str, uid: &str) -> String {
 pub async fn ensure_network(agent: &Agent) -> anyhow::Result<()> {
     let name = agent.cfg.nat_network.clone();
     let p = &agent.cfg.nat_prefix;
-    let short: String = name.chars().filter(|c| c.is_ascii_alphanumeric()).take(10).collect();
+    let short: String = name
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(10)
+        .collect();
     let xml = format!(
         "<network xmlns:dnsmasq='http://libvirt.org/schemas/network/dnsmasq/1.0'>\n  <name>{name}</name>\n  \
          <forward mode='nat'/>\n  <bridge name='evbr-{short}' stp='on' delay='0'/>\n  \
@@ -56,22 +60,35 @@ async fn local_image(agent: &Agent, name: &str) -> anyhow::Result<(PathBuf, Stri
         .get(&format!("/apis/edgevirt.io/v1/images/{name}"))
         .await
         .with_context(|| format!("looking up image {name:?}"))?;
-    let file = img["status"]["file"].as_str().context("image has no file")?;
+    let file = img["status"]["file"]
+        .as_str()
+        .context("image has no file")?;
     if file.contains('/') || file.starts_with('.') {
         bail!("image {name:?} has an invalid file name");
     }
-    let format = img["status"]["format"].as_str().unwrap_or("raw").to_string();
+    let format = img["status"]["format"]
+        .as_str()
+        .unwrap_or("raw")
+        .to_string();
     let path = agent.images_dir().join(file);
     if !path.exists() {
         let tmp = agent.images_dir().join(format!(".download-{file}"));
         let resp = agent
             .api
-            .request(reqwest::Method::GET, &format!("/apis/edgevirt.io/v1/images/{name}/data"))
+            .request(
+                reqwest::Method::GET,
+                &format!("/apis/edgevirt.io/v1/images/{name}/data"),
+            )
             .send()
             .await?
             .error_for_status()?;
-        let bytes = resp.bytes().await?;
-        tokio::fs::write(&tmp, &bytes).await?;
+        // Stream to disk: images can be far larger than memory.
+        let mut file = tokio::fs::File::create(&tmp).await?;
+        let mut body = resp.bytes_stream();
+        while let Some(chunk) = futures::StreamExt::next(&mut body).await {
+            tokio::io::AsyncWriteExt::write_all(&mut file, &chunk?).await?;
+        }
+        file.sync_all().await?;
         tokio::fs::rename(&tmp, &path).await?;
         tracing::info!(image = %name, "fetched image from the controller");
     }
@@ -85,16 +102,28 @@ async fn run_tool(cmd: &str, args: &[&str]) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("running {cmd}"))?;
     if !out.status.success() {
-        bail!("{cmd} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{cmd} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }
 
 /// Everything on disk a VMI needs; returns the path of its domain XML.
 pub async fn prepare(agent: &Agent, vmi: &Value) -> anyhow::Result<PathBuf> {
-    let uid = vmi["metadata"]["uid"].as_str().context("VMI without uid")?.to_string();
-    let ns = vmi["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
-    let name = vmi["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let uid = vmi["metadata"]["uid"]
+        .as_str()
+        .context("VMI without uid")?
+        .to_string();
+    let ns = vmi["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default")
+        .to_string();
+    let name = vmi["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let spec: VirtualMachineInstanceSpec = serde_json::from_value(vmi["spec"].clone())?;
     let owner = owner_uid(vmi);
     let run_dir = agent.run_dir(&uid);
@@ -119,8 +148,15 @@ pub async fn prepare(agent: &Agent, vmi: &Value) -> anyhow::Result<PathBuf> {
                 run_tool(
                     "qemu-img",
                     &[
-                        "create", "-q", "-f", "qcow2", "-F", &format, "-b",
-                        &base.to_string_lossy(), &tmp.to_string_lossy(),
+                        "create",
+                        "-q",
+                        "-f",
+                        "qcow2",
+                        "-F",
+                        &format,
+                        "-b",
+                        &base.to_string_lossy(),
+                        &tmp.to_string_lossy(),
                     ],
                 )
                 .await?;
@@ -147,7 +183,8 @@ pub async fn prepare(agent: &Agent, vmi: &Value) -> anyhow::Result<PathBuf> {
     }
     if made_volume {
         let path = format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines/{name}");
-        let patch = json!({"metadata": {"annotations": {VOLUMES_NODE_ANNOTATION: agent.cfg.node_name}}});
+        let patch =
+            json!({"metadata": {"annotations": {VOLUMES_NODE_ANNOTATION: agent.cfg.node_name}}});
         if let Err(e) = agent.api.merge_patch(&path, &patch).await
             && !crate::client::is_status(&e, reqwest::StatusCode::NOT_FOUND)
         {
@@ -164,10 +201,22 @@ pub async fn prepare(agent: &Agent, vmi: &Value) -> anyhow::Result<PathBuf> {
     let mut initrd = None;
     if let Some(c) = kb {
         if let Some(k) = &c.kernel_path {
-            kernel = Some(local_image(agent, k).await?.0.to_string_lossy().into_owned());
+            kernel = Some(
+                local_image(agent, k)
+                    .await?
+                    .0
+                    .to_string_lossy()
+                    .into_owned(),
+            );
         }
         if let Some(i) = &c.initrd_path {
-            initrd = Some(local_image(agent, i).await?.0.to_string_lossy().into_owned());
+            initrd = Some(
+                local_image(agent, i)
+                    .await?
+                    .0
+                    .to_string_lossy()
+                    .into_owned(),
+            );
         }
     }
     let ctx = convert::Context {
@@ -209,7 +258,11 @@ async fn cloud_init_iso(
             })
             .transpose()
     };
-    let user = ci.user_data.clone().or(b64(&ci.user_data_base64)?).unwrap_or_default();
+    let user = ci
+        .user_data
+        .clone()
+        .or(b64(&ci.user_data_base64)?)
+        .unwrap_or_default();
     let net = ci.network_data.clone().or(b64(&ci.network_data_base64)?);
     let dir = run_dir.join(format!("cloudinit-{vol}"));
     tokio::fs::create_dir_all(&dir).await?;
@@ -226,15 +279,25 @@ async fn cloud_init_iso(
     }
     let iso = run_dir.join(format!("{vol}.iso"));
     let iso_s = iso.to_string_lossy().into_owned();
-    let mut args = vec!["-quiet", "-output", &iso_s, "-volid", "cidata", "-joliet", "-rock"];
-    let paths: Vec<String> = files.iter().map(|f| dir.join(f).to_string_lossy().into_owned()).collect();
+    let mut args = vec![
+        "-quiet", "-output", &iso_s, "-volid", "cidata", "-joliet", "-rock",
+    ];
+    let paths: Vec<String> = files
+        .iter()
+        .map(|f| dir.join(f).to_string_lossy().into_owned())
+        .collect();
     args.extend(paths.iter().map(String::as_str));
     run_tool("genisoimage", &args).await?;
     Ok(iso)
 }
 
 /// Start a launcher for a VMI as a detached process (its own session), logging to a file.
-pub fn spawn_launcher(agent: &Agent, uid: &str, domain: &str, xml: &Path) -> anyhow::Result<tokio::process::Child> {
+pub fn spawn_launcher(
+    agent: &Agent,
+    uid: &str,
+    domain: &str,
+    xml: &Path,
+) -> anyhow::Result<tokio::process::Child> {
     let socket = crate::launcher::socket_path(&agent.launchers_dir(), uid);
     let log = std::fs::OpenOptions::new()
         .create(true)

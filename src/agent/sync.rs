@@ -8,12 +8,12 @@ use serde_json::{Value, json};
 
 use super::Agent;
 use super::prepare::{domain_name, prepare, spawn_launcher};
+use crate::launcher::client::LauncherClient;
+use crate::launcher::protocol::{Request, Status};
 use crate::types::annotations::{
     LAUNCHER_FINALIZER, PAUSED_ANNOTATION, SOFTREBOOT_ANNOTATION, SOFTREBOOT_DONE_ANNOTATION,
     VOLUMES_FINALIZER, VOLUMES_NODE_ANNOTATION,
 };
-use crate::launcher::client::LauncherClient;
-use crate::launcher::protocol::{Request, Status};
 use crate::types::kubevirt::phase;
 use crate::types::now;
 use crate::virt::DomainState;
@@ -27,7 +27,9 @@ fn vmi_path(ns: &str, name: &str) -> String {
 
 /// Connect to every launcher socket found on disk (after an agent restart).
 pub async fn adopt_launchers(agent: &Agent) {
-    let Ok(mut dir) = tokio::fs::read_dir(agent.launchers_dir()).await else { return };
+    let Ok(mut dir) = tokio::fs::read_dir(agent.launchers_dir()).await else {
+        return;
+    };
     while let Ok(Some(e)) = dir.next_entry().await {
         let path = e.path();
         if path.extension().is_none_or(|x| x != "sock") {
@@ -36,7 +38,11 @@ pub async fn adopt_launchers(agent: &Agent) {
         match LauncherClient::connect(&path).await {
             Ok(c) => {
                 tracing::info!(vmi = %c.info.vmi_uid, domain = %c.info.domain_name, pid = c.info.pid, version = c.version, "adopted launcher");
-                agent.launchers.lock().await.insert(c.info.vmi_uid.clone(), c);
+                agent
+                    .launchers
+                    .lock()
+                    .await
+                    .insert(c.info.vmi_uid.clone(), c);
             }
             Err(err) => {
                 tracing::info!(socket = %path.display(), error = %err, "removing stale launcher socket");
@@ -91,7 +97,10 @@ pub async fn sync_all(agent: &Agent, housekeeping: bool) -> anyhow::Result<()> {
     let vmis = list["items"].as_array().cloned().unwrap_or_default();
     let mut known = HashSet::new();
     for vmi in &vmis {
-        let uid = vmi["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+        let uid = vmi["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         known.insert(uid.clone());
         if let Err(e) = sync_vmi(agent, vmi).await {
             tracing::warn!(vmi = %vmi["metadata"]["name"].as_str().unwrap_or(""), error = %e, "syncing VMI failed");
@@ -122,7 +131,10 @@ async fn sync_vmi(agent: &Agent, vmi: &Value) -> anyhow::Result<()> {
     let ns = meta["namespace"].as_str().unwrap_or_default().to_string();
     let name = meta["name"].as_str().unwrap_or_default().to_string();
     let dom = domain_name(&ns, &name, &uid);
-    let cur_phase = vmi["status"]["phase"].as_str().unwrap_or(phase::PENDING).to_string();
+    let cur_phase = vmi["status"]["phase"]
+        .as_str()
+        .unwrap_or(phase::PENDING)
+        .to_string();
     let status = launcher_status(agent, &uid).await;
 
     if meta.get("deletionTimestamp").is_some() {
@@ -138,7 +150,16 @@ async fn sync_vmi(agent: &Agent, vmi: &Value) -> anyhow::Result<()> {
         let state = tokio::task::spawn_blocking(move || hv.state(&d2)).await??;
         let started = agent.starting.lock().await.get(&uid).copied();
         if let Some(msg) = agent.failed_starts.lock().await.remove(&uid) {
-            return set_final(agent, &ns, &name, vmi, phase::FAILED, "LauncherFailed", &msg).await;
+            return set_final(
+                agent,
+                &ns,
+                &name,
+                vmi,
+                phase::FAILED,
+                "LauncherFailed",
+                &msg,
+            )
+            .await;
         }
         if started.is_some_and(|t| t.elapsed() < START_TIMEOUT) {
             return Ok(());
@@ -153,16 +174,43 @@ async fn sync_vmi(agent: &Agent, vmi: &Value) -> anyhow::Result<()> {
                 start_launcher(agent, &uid, &dom, &xml).await;
             }
             (None, phase::SCHEDULED) => {
-                return set_final(agent, &ns, &name, vmi, phase::FAILED, "LauncherFailed", "the launcher did not start in time").await;
+                return set_final(
+                    agent,
+                    &ns,
+                    &name,
+                    vmi,
+                    phase::FAILED,
+                    "LauncherFailed",
+                    "the launcher did not start in time",
+                )
+                .await;
             }
             (None, _) => {
-                return set_final(agent, &ns, &name, vmi, phase::SUCCEEDED, "DomainGone", "the domain has stopped").await;
+                return set_final(
+                    agent,
+                    &ns,
+                    &name,
+                    vmi,
+                    phase::SUCCEEDED,
+                    "DomainGone",
+                    "the domain has stopped",
+                )
+                .await;
             }
         }
         return Ok(());
     };
     let Some(state) = status.state else {
-        return set_final(agent, &ns, &name, vmi, phase::SUCCEEDED, "GuestShutdown", "the guest powered off").await;
+        return set_final(
+            agent,
+            &ns,
+            &name,
+            vmi,
+            phase::SUCCEEDED,
+            "GuestShutdown",
+            "the guest powered off",
+        )
+        .await;
     };
 
     // Desired pause state and soft-reboot requests.
@@ -174,12 +222,17 @@ async fn sync_vmi(agent: &Agent, vmi: &Value) -> anyhow::Result<()> {
         launcher_call(agent, &uid, Request::Unpause).await?;
     }
     let asked = annotations[SOFTREBOOT_ANNOTATION].as_str().unwrap_or("");
-    let done = annotations[SOFTREBOOT_DONE_ANNOTATION].as_str().unwrap_or("");
+    let done = annotations[SOFTREBOOT_DONE_ANNOTATION]
+        .as_str()
+        .unwrap_or("");
     if !asked.is_empty() && asked != done && state == DomainState::Running {
         launcher_call(agent, &uid, Request::SoftReboot).await?;
         agent
             .api
-            .merge_patch(&vmi_path(&ns, &name), &json!({"metadata": {"annotations": {SOFTREBOOT_DONE_ANNOTATION: asked}}}))
+            .merge_patch(
+                &vmi_path(&ns, &name),
+                &json!({"metadata": {"annotations": {SOFTREBOOT_DONE_ANNOTATION: asked}}}),
+            )
             .await?;
         tracing::info!(%dom, "soft reboot");
     }
@@ -189,7 +242,10 @@ async fn sync_vmi(agent: &Agent, vmi: &Value) -> anyhow::Result<()> {
     if new != vmi["status"] {
         agent
             .api
-            .put(&format!("{}/status", vmi_path(&ns, &name)), &json!({"status": new}))
+            .put(
+                &format!("{}/status", vmi_path(&ns, &name)),
+                &json!({"status": new}),
+            )
             .await?;
     }
     Ok(())
@@ -198,7 +254,11 @@ async fn sync_vmi(agent: &Agent, vmi: &Value) -> anyhow::Result<()> {
 async fn start_launcher(agent: &Agent, uid: &str, dom: &str, xml: &std::path::Path) {
     match spawn_launcher(agent, uid, dom, xml) {
         Ok(mut child) => {
-            agent.starting.lock().await.insert(uid.to_string(), Instant::now());
+            agent
+                .starting
+                .lock()
+                .await
+                .insert(uid.to_string(), Instant::now());
             let uid = uid.to_string();
             let log = agent.log_dir().join(format!("launcher-{uid}.log"));
             let fails = agent.failed_starts.clone();
@@ -209,7 +269,12 @@ async fn start_launcher(agent: &Agent, uid: &str, dom: &str, xml: &std::path::Pa
                 {
                     let tail = std::fs::read_to_string(&log)
                         .ok()
-                        .and_then(|t| t.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_string))
+                        .and_then(|t| {
+                            t.lines()
+                                .rev()
+                                .find(|l| !l.trim().is_empty())
+                                .map(str::to_string)
+                        })
                         .unwrap_or_else(|| format!("launcher exited with {st}"));
                     fails.lock().await.insert(uid, tail);
                 }
@@ -243,7 +308,10 @@ fn running_status(agent: &Agent, vmi: &Value, s: &Status) -> Value {
                 None => by_mac.push((a.mac.clone(), a.interface.clone(), vec![a.ip.clone()])),
             }
         }
-        let spec_ifaces = vmi["spec"]["domain"]["devices"]["interfaces"].as_array().cloned().unwrap_or_default();
+        let spec_ifaces = vmi["spec"]["domain"]["devices"]["interfaces"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         by_mac
             .into_iter()
             .enumerate()
@@ -267,9 +335,28 @@ fn running_status(agent: &Agent, vmi: &Value, s: &Status) -> Value {
         st["guestAgentInfo"] = serde_json::to_value(g).unwrap_or_default();
     }
     let mut conds: Vec<Value> = st["conditions"].as_array().cloned().unwrap_or_default();
-    set(&mut conds, "Ready", !paused, if paused { "Paused" } else { "" });
-    set(&mut conds, "AgentConnected", s.agent_connected, if s.agent_connected { "" } else { "GuestAgentNotConnected" });
-    set(&mut conds, "Paused", paused, if paused { "PausedByUser" } else { "" });
+    set(
+        &mut conds,
+        "Ready",
+        !paused,
+        if paused { "Paused" } else { "" },
+    );
+    set(
+        &mut conds,
+        "AgentConnected",
+        s.agent_connected,
+        if s.agent_connected {
+            ""
+        } else {
+            "GuestAgentNotConnected"
+        },
+    );
+    set(
+        &mut conds,
+        "Paused",
+        paused,
+        if paused { "PausedByUser" } else { "" },
+    );
     st["conditions"] = json!(conds);
     st
 }
@@ -278,31 +365,64 @@ fn set(conds: &mut Vec<Value>, t: &str, ok: bool, reason: &str) {
     let status = if ok { "True" } else { "False" };
     match conds.iter_mut().find(|c| c["type"] == t) {
         Some(c) if c["status"] == status => {}
-        Some(c) => *c = json!({"type": t, "status": status, "reason": reason, "lastTransitionTime": now()}),
-        None => conds.push(json!({"type": t, "status": status, "reason": reason, "lastTransitionTime": now()})),
+        Some(c) => {
+            *c = json!({"type": t, "status": status, "reason": reason, "lastTransitionTime": now()})
+        }
+        None => conds.push(
+            json!({"type": t, "status": status, "reason": reason, "lastTransitionTime": now()}),
+        ),
     }
 }
 
-async fn set_final(agent: &Agent, ns: &str, name: &str, vmi: &Value, p: &str, reason: &str, msg: &str) -> anyhow::Result<()> {
+async fn set_final(
+    agent: &Agent,
+    ns: &str,
+    name: &str,
+    vmi: &Value,
+    p: &str,
+    reason: &str,
+    msg: &str,
+) -> anyhow::Result<()> {
     let mut st = vmi["status"].clone();
     st["phase"] = json!(p);
     st["reason"] = json!(reason);
     st["phaseTransitionTimestampsMap"][p] = json!(now());
     let mut conds: Vec<Value> = st["conditions"].as_array().cloned().unwrap_or_default();
     set(&mut conds, "Ready", false, reason);
-    set(&mut conds, "AgentConnected", false, "GuestAgentNotConnected");
+    set(
+        &mut conds,
+        "AgentConnected",
+        false,
+        "GuestAgentNotConnected",
+    );
     st["conditions"] = json!(conds);
     tracing::info!(namespace = %ns, %name, phase = %p, %reason, %msg, "VMI finished");
-    agent.api.put(&format!("{}/status", vmi_path(ns, name)), &json!({"status": st})).await?;
+    agent
+        .api
+        .put(
+            &format!("{}/status", vmi_path(ns, name)),
+            &json!({"status": st}),
+        )
+        .await?;
     Ok(())
 }
 
 /// Stop a deleted VMI's domain gracefully, then let the VMI go.
-async fn finish_deletion(agent: &Agent, vmi: &Value, uid: &str, dom: &str, status: Option<Status>) -> anyhow::Result<()> {
-    let grace = vmi["spec"]["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
+async fn finish_deletion(
+    agent: &Agent,
+    vmi: &Value,
+    uid: &str,
+    dom: &str,
+    status: Option<Status>,
+) -> anyhow::Result<()> {
+    let grace = vmi["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .unwrap_or(30);
     let hv = agent.hv.clone();
     let d2 = dom.to_string();
-    let exists = tokio::task::spawn_blocking(move || hv.state(&d2)).await??.is_some();
+    let exists = tokio::task::spawn_blocking(move || hv.state(&d2))
+        .await??
+        .is_some();
     if exists {
         let mut stopping = agent.stopping.lock().await;
         match stopping.get(uid) {
@@ -343,7 +463,10 @@ async fn finish_deletion(agent: &Agent, vmi: &Value, uid: &str, dom: &str, statu
     let name = vmi["metadata"]["name"].as_str().unwrap_or_default();
     agent
         .api
-        .merge_patch(&vmi_path(ns, name), &json!({"metadata": {"finalizers": finalizers}}))
+        .merge_patch(
+            &vmi_path(ns, name),
+            &json!({"metadata": {"finalizers": finalizers}}),
+        )
         .await?;
     tracing::info!(domain = %dom, "VMI released");
     Ok(())
@@ -351,21 +474,23 @@ async fn finish_deletion(agent: &Agent, vmi: &Value, uid: &str, dom: &str, statu
 
 /// Remove the volumes of deleted VMs whose disks live on this node.
 async fn cleanup_deleted_vms(agent: &Agent) -> anyhow::Result<()> {
-    let list = agent.api.get("/apis/kubevirt.io/v1/virtualmachines").await?;
+    let list = agent
+        .api
+        .get("/apis/kubevirt.io/v1/virtualmachines")
+        .await?;
     for vm in list["items"].as_array().into_iter().flatten() {
         let meta = &vm["metadata"];
         if meta.get("deletionTimestamp").is_none()
-            || meta["annotations"][VOLUMES_NODE_ANNOTATION].as_str() != Some(agent.cfg.node_name.as_str())
+            || meta["annotations"][VOLUMES_NODE_ANNOTATION].as_str()
+                != Some(agent.cfg.node_name.as_str())
         {
             continue;
         }
-        let (ns, name) = (meta["namespace"].as_str().unwrap_or(""), meta["name"].as_str().unwrap_or(""));
-        if agent
-            .api
-            .get_opt(&vmi_path(ns, name))
-            .await?
-            .is_some()
-        {
+        let (ns, name) = (
+            meta["namespace"].as_str().unwrap_or(""),
+            meta["name"].as_str().unwrap_or(""),
+        );
+        if agent.api.get_opt(&vmi_path(ns, name)).await?.is_some() {
             continue;
         }
         let uid = meta["uid"].as_str().unwrap_or_default();

@@ -59,7 +59,9 @@ pub async fn admit(
     for key in ["labels", "annotations"] {
         if let Some(m) = obj["metadata"].get(key)
             && !m.is_null()
-            && !m.as_object().is_some_and(|m| m.values().all(Value::is_string))
+            && !m
+                .as_object()
+                .is_some_and(|m| m.values().all(Value::is_string))
         {
             return Err(ApiError::invalid(format!(
                 "metadata.{key} must map strings to strings"
@@ -144,7 +146,11 @@ fn add_finalizer(obj: &mut Value, f: &str) {
 
 /// The checks of a VMI spec shared by VMs and standalone VMIs: structure, then that every
 /// image it names was imported.
-async fn check_vmi_spec(store: &Store, spec: &VirtualMachineInstanceSpec, at: &str) -> ApiResult<()> {
+async fn check_vmi_spec(
+    store: &Store,
+    spec: &VirtualMachineInstanceSpec,
+    at: &str,
+) -> ApiResult<()> {
     convert::validate(spec).map_err(|e| ApiError::invalid(format!("{at}: {}", e.0)))?;
     for image in referenced_images(spec) {
         if store.get(Kind::Image, "", &image).await?.is_none() {

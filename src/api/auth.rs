@@ -48,13 +48,13 @@ pub enum Access {
 
 impl Principal {
     pub fn require(&self, a: Access) -> Result<(), ApiError> {
-        let ok = match (self.role, a) {
-            (Role::Admin, _) => true,
-            (_, Access::Read) => true,
-            (Role::Operator, Access::Operate) => true,
-            (Role::Agent, Access::AgentWrite) => true,
-            _ => false,
-        };
+        let ok = matches!(
+            (self.role, a),
+            (Role::Admin, _)
+                | (_, Access::Read)
+                | (Role::Operator, Access::Operate)
+                | (Role::Agent, Access::AgentWrite)
+        );
         if ok {
             Ok(())
         } else {

@@ -32,21 +32,32 @@ pub async fn inspect(path: &std::path::Path) -> Result<(String, u64), String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    let info: Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("qemu-img output: {e}"))?;
+    let info: Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("qemu-img output: {e}"))?;
     if info.get("backing-filename").is_some() || info.get("full-backing-filename").is_some() {
         return Err("the image has a backing file; flatten it first (qemu-img convert)".into());
     }
     if info["format-specific"]["data"].get("data-file").is_some() {
-        return Err("the image uses an external data file; convert it to a self-contained image first".into());
+        return Err(
+            "the image uses an external data file; convert it to a self-contained image first"
+                .into(),
+        );
     }
     let format = info["format"].as_str().unwrap_or("").to_string();
     if format != "qcow2" && format != "raw" {
-        return Err(format!("image format {format:?} is not supported; use qcow2 or raw"));
+        return Err(format!(
+            "image format {format:?} is not supported; use qcow2 or raw"
+        ));
     }
     Ok((format, info["virtual-size"].as_u64().unwrap_or(0)))
 }
 
-pub async fn upload(st: Arc<AppState>, p: Principal, name: &str, body: Body) -> ApiResult<Response> {
+pub async fn upload(
+    st: Arc<AppState>,
+    p: Principal,
+    name: &str,
+    body: Body,
+) -> ApiResult<Response> {
     p.require(Access::Operate)?;
     check_name("image name", name)?;
     if st.store.get(Kind::Image, "", name).await?.is_some() {
@@ -57,16 +68,21 @@ pub async fn upload(st: Arc<AppState>, p: Principal, name: &str, body: Body) -> 
         ));
     }
     let dir = st.images_dir();
-    tokio::fs::create_dir_all(&dir).await.map_err(ApiError::internal)?;
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(ApiError::internal)?;
     let uid = uuid::Uuid::new_v4().to_string();
     let tmp = dir.join(format!(".upload-{uid}"));
-    let mut file = tokio::fs::File::create(&tmp).await.map_err(ApiError::internal)?;
+    let mut file = tokio::fs::File::create(&tmp)
+        .await
+        .map_err(ApiError::internal)?;
     let mut hasher = Sha256::new();
     let mut size = 0u64;
     let mut stream = body.into_data_stream();
     let result: Result<(), ApiError> = async {
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| ApiError::bad_request(format!("upload interrupted: {e}")))?;
+            let chunk =
+                chunk.map_err(|e| ApiError::bad_request(format!("upload interrupted: {e}")))?;
             hasher.update(&chunk);
             size += chunk.len() as u64;
             file.write_all(&chunk).await.map_err(ApiError::internal)?;
@@ -91,7 +107,9 @@ pub async fn upload(st: Arc<AppState>, p: Principal, name: &str, body: Body) -> 
         }
     };
     let dest = dir.join(&uid);
-    tokio::fs::rename(&tmp, &dest).await.map_err(ApiError::internal)?;
+    tokio::fs::rename(&tmp, &dest)
+        .await
+        .map_err(ApiError::internal)?;
     let obj = json!({
         "metadata": {"name": name, "uid": uid},
         "spec": {},
@@ -134,10 +152,15 @@ pub async fn download(st: Arc<AppState>, name: &str) -> ApiResult<Response> {
 /// Refuse to delete an image a VM or VMI still uses (its overlays depend on it).
 pub async fn check_unused(st: &AppState, name: &str) -> ApiResult<()> {
     let none = (Default::default(), Default::default());
-    let (vms, _) = st.store.list(Kind::VirtualMachine, None, &none.0, &none.1).await?;
+    let (vms, _) = st
+        .store
+        .list(Kind::VirtualMachine, None, &none.0, &none.1)
+        .await?;
     for vm in vms {
         if let Ok(spec) = serde_json::from_value::<VirtualMachineSpec>(vm["spec"].clone())
-            && super::admission::referenced_images(&spec.template.spec).iter().any(|i| i == name)
+            && super::admission::referenced_images(&spec.template.spec)
+                .iter()
+                .any(|i| i == name)
         {
             return Err(ApiError::conflict(format!(
                 "image {name:?} is used by VirtualMachine {}/{}; delete that VM first",

@@ -48,7 +48,10 @@ pub fn router(state: AppState) -> Router {
     let authed = Router::new()
         .route("/version", get(version))
         .route("/apis/edgevirt.io/v1/info", get(info))
-        .route("/apis/{group}/{version}/{plural}", get(resources::list_all).post(resources::create_cluster))
+        .route(
+            "/apis/{group}/{version}/{plural}",
+            get(resources::list_all).post(resources::create_cluster),
+        )
         .route(
             "/apis/{group}/{version}/namespaces/{ns}/{plural}",
             get(resources::list_ns).post(resources::create_ns),
@@ -69,7 +72,9 @@ pub fn router(state: AppState) -> Router {
         )
         .route(
             "/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}/{sub}",
-            put(subresources::put_ns).patch(subresources::patch_ns).get(subresources::get_ns),
+            put(subresources::put_ns)
+                .patch(subresources::patch_ns)
+                .get(subresources::get_ns),
         )
         .route(
             "/apis/{group}/{version}/{plural}/{name}/{sub}",
@@ -152,7 +157,11 @@ pub fn parse_body(headers: &HeaderMap, body: &Bytes) -> ApiResult<Value> {
             Err(je) if !ct.contains("json") => serde_yaml_ng::from_str(text).map_err(|e| {
                 ApiError::bad_request(format!("the body is neither JSON ({je}) nor YAML ({e})"))
             })?,
-            Err(e) => return Err(ApiError::bad_request(format!("the body is not valid JSON: {e}"))),
+            Err(e) => {
+                return Err(ApiError::bad_request(format!(
+                    "the body is not valid JSON: {e}"
+                )));
+            }
         }
     };
     if !v.is_object() {
@@ -160,3 +169,6 @@ pub fn parse_body(headers: &HeaderMap, body: &Bytes) -> ApiResult<Value> {
     }
     Ok(v)
 }
+
+#[cfg(test)]
+mod tests;

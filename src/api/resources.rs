@@ -77,7 +77,13 @@ pub async fn list_ns(
     list(st, p, kind, Some(ns), q).await
 }
 
-async fn list(st: Arc<AppState>, p: Principal, kind: Kind, ns: Option<String>, q: ListParams) -> ApiResult<Response> {
+async fn list(
+    st: Arc<AppState>,
+    p: Principal,
+    kind: Kind,
+    ns: Option<String>,
+    q: ListParams,
+) -> ApiResult<Response> {
     p.require(Access::Read)?;
     let labels = LabelSelector::parse(q.label_selector.as_deref().unwrap_or(""))?;
     let fields = FieldSelector::parse(q.field_selector.as_deref().unwrap_or(""))?;
@@ -155,7 +161,12 @@ async fn watch(
     if since == 0 {
         let (items, rv) = st
             .store
-            .list(kind, ns.as_deref(), &LabelSelector::default(), &FieldSelector::default())
+            .list(
+                kind,
+                ns.as_deref(),
+                &LabelSelector::default(),
+                &FieldSelector::default(),
+            )
             .await?;
         for o in items.into_iter().filter(|o| wanted(kind, o)) {
             initial.push(json!({"type": "ADDED", "object": o}));
@@ -349,7 +360,10 @@ async fn replace(
             let obj = admission::admit(&st.store, kind, &ns, obj, None).await?;
             return Ok(Json(st.store.create(kind, obj, false).await?));
         }
-        return Err(ApiError::not_found(format!("{} {name:?} not found", kind.name())));
+        return Err(ApiError::not_found(format!(
+            "{} {name:?} not found",
+            kind.name()
+        )));
     };
     if let Some(want) = expected
         && rv_of(&existing) != Some(want)
@@ -360,7 +374,11 @@ async fn replace(
     if dry_run(&q) {
         return Ok(Json(obj));
     }
-    Ok(Json(st.store.replace(kind, obj, expected.or(rv_of(&existing))).await?))
+    Ok(Json(
+        st.store
+            .replace(kind, obj, expected.or(rv_of(&existing)))
+            .await?,
+    ))
 }
 
 /// Apply a PATCH body (merge, strategic-merge treated as merge, or JSON patch) to `target`.
@@ -496,7 +514,11 @@ async fn delete(
     q: ListParams,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
-    p.require(if kind == Kind::Node { Access::Admin } else { Access::Operate })?;
+    p.require(if kind == Kind::Node {
+        Access::Admin
+    } else {
+        Access::Operate
+    })?;
     let opts: DeleteOptions = if body.is_empty() {
         DeleteOptions::default()
     } else {

@@ -33,11 +33,16 @@ pub async fn put_ns(
 ) -> ApiResult<Response> {
     if group == "subresources.kubevirt.io" {
         if version != "v1" && version != "v1alpha3" {
-            return Err(ApiError::not_found(format!("version {version} is not served")));
+            return Err(ApiError::not_found(format!(
+                "version {version} is not served"
+            )));
         }
         return action(st, p, &ns, &plural, &name, &sub, body).await;
     }
-    status_write(st, p, &group, &version, &ns, &plural, &name, &sub, headers, body, false).await
+    status_write(
+        st, p, &group, &version, &ns, &plural, &name, &sub, headers, body, false,
+    )
+    .await
 }
 
 pub async fn patch_ns(
@@ -47,7 +52,10 @@ pub async fn patch_ns(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    status_write(st, p, &group, &version, &ns, &plural, &name, &sub, headers, body, true).await
+    status_write(
+        st, p, &group, &version, &ns, &plural, &name, &sub, headers, body, true,
+    )
+    .await
 }
 
 pub async fn get_ns(
@@ -56,9 +64,15 @@ pub async fn get_ns(
     Path((group, version, ns, plural, name, sub)): NsPath,
 ) -> ApiResult<Response> {
     p.require(Access::Read)?;
-    if group == "subresources.kubevirt.io" && plural == "virtualmachineinstances" && sub == "guestosinfo" {
+    if group == "subresources.kubevirt.io"
+        && plural == "virtualmachineinstances"
+        && sub == "guestosinfo"
+    {
         let _ = version;
-        let vmi = st.store.must_get(Kind::VirtualMachineInstance, &ns, &name).await?;
+        let vmi = st
+            .store
+            .must_get(Kind::VirtualMachineInstance, &ns, &name)
+            .await?;
         let conditions: Vec<Condition> =
             serde_json::from_value(vmi["status"]["conditions"].clone()).unwrap_or_default();
         if !condition_true(&conditions, "AgentConnected") {
@@ -72,7 +86,9 @@ pub async fn get_ns(
         let kind = kind_for(&group, &version, &plural)?;
         return Ok(Json(st.store.must_get(kind, &ns, &name).await?).into_response());
     }
-    Err(ApiError::not_found(format!("subresource {sub:?} does not exist or is not readable")))
+    Err(ApiError::not_found(format!(
+        "subresource {sub:?} does not exist or is not readable"
+    )))
 }
 
 pub async fn put_cluster(
@@ -88,7 +104,10 @@ pub async fn put_cluster(
     let body = axum::body::to_bytes(body, 16 << 20)
         .await
         .map_err(|e| ApiError::bad_request(format!("reading body: {e}")))?;
-    status_write(st, p, &group, &version, "", &plural, &name, &sub, headers, body, false).await
+    status_write(
+        st, p, &group, &version, "", &plural, &name, &sub, headers, body, false,
+    )
+    .await
 }
 
 pub async fn patch_cluster(
@@ -98,7 +117,10 @@ pub async fn patch_cluster(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    status_write(st, p, &group, &version, "", &plural, &name, &sub, headers, body, true).await
+    status_write(
+        st, p, &group, &version, "", &plural, &name, &sub, headers, body, true,
+    )
+    .await
 }
 
 pub async fn get_cluster(
@@ -110,7 +132,9 @@ pub async fn get_cluster(
     if group == "edgevirt.io" && plural == "images" && sub == "data" {
         return images::download(st, &name).await;
     }
-    Err(ApiError::not_found(format!("subresource {sub:?} does not exist or is not readable")))
+    Err(ApiError::not_found(format!(
+        "subresource {sub:?} does not exist or is not readable"
+    )))
 }
 
 /// PUT or PATCH of `.../status`: only the status of the stored object changes.
@@ -129,7 +153,9 @@ async fn status_write(
     patch: bool,
 ) -> ApiResult<Response> {
     if sub != "status" {
-        return Err(ApiError::not_found(format!("subresource {sub:?} does not exist")));
+        return Err(ApiError::not_found(format!(
+            "subresource {sub:?} does not exist"
+        )));
     }
     let kind = kind_for(group, version, plural)?;
     p.require(Access::AgentWrite)?;
@@ -167,10 +193,16 @@ async fn action(
         ("virtualmachines", "start") => {
             let vm = store.must_get(Kind::VirtualMachine, ns, name).await?;
             let vmi = store.get(Kind::VirtualMachineInstance, ns, name).await?;
-            if vmi.as_ref().is_some_and(|v| v["metadata"].get("deletionTimestamp").is_none()) {
-                return Err(ApiError::conflict(format!("VM {name:?} is already running")));
+            if vmi
+                .as_ref()
+                .is_some_and(|v| v["metadata"].get("deletionTimestamp").is_none())
+            {
+                return Err(ApiError::conflict(format!(
+                    "VM {name:?} is already running"
+                )));
             }
-            let spec: VirtualMachineSpec = serde_json::from_value(vm["spec"].clone()).map_err(ApiError::internal)?;
+            let spec: VirtualMachineSpec =
+                serde_json::from_value(vm["spec"].clone()).map_err(ApiError::internal)?;
             store
                 .update(Kind::VirtualMachine, ns, name, move |o| {
                     match spec.strategy() {
@@ -190,11 +222,14 @@ async fn action(
         ("virtualmachines", "stop") => {
             let vm = store.must_get(Kind::VirtualMachine, ns, name).await?;
             let vmi = store.get(Kind::VirtualMachineInstance, ns, name).await?;
-            let spec: VirtualMachineSpec = serde_json::from_value(vm["spec"].clone()).map_err(ApiError::internal)?;
+            let spec: VirtualMachineSpec =
+                serde_json::from_value(vm["spec"].clone()).map_err(ApiError::internal)?;
             if vmi.is_none() && spec.strategy() == RunStrategy::Halted {
                 return Err(ApiError::conflict(format!("VM {name:?} is not running")));
             }
-            let uid = vmi.as_ref().and_then(|v| v["metadata"]["uid"].as_str().map(str::to_string));
+            let uid = vmi
+                .as_ref()
+                .and_then(|v| v["metadata"]["uid"].as_str().map(str::to_string));
             store
                 .update(Kind::VirtualMachine, ns, name, move |o| {
                     if spec.running.is_some() {
@@ -236,18 +271,26 @@ async fn action(
                     .and_then(|v| v["newName"].as_str().map(str::to_string))
             };
             let Some(new_name) = new_name else {
-                return Err(ApiError::bad_request(r#"rename needs a body {"newName": "..."}"#));
+                return Err(ApiError::bad_request(
+                    r#"rename needs a body {"newName": "..."}"#,
+                ));
             };
             check_name("newName", &new_name)?;
             if new_name == name {
                 return Err(ApiError::bad_request("newName is the current name"));
             }
-            if store.get(Kind::VirtualMachineInstance, ns, name).await?.is_some() {
+            if store
+                .get(Kind::VirtualMachineInstance, ns, name)
+                .await?
+                .is_some()
+            {
                 return Err(ApiError::conflict(format!(
                     "VM {name:?} is running; stop it before renaming"
                 )));
             }
-            let out = store.rename(Kind::VirtualMachine, ns, name, &new_name).await?;
+            let out = store
+                .rename(Kind::VirtualMachine, ns, name, &new_name)
+                .await?;
             tracing::info!(namespace = %ns, from = %name, to = %new_name, "renamed VM");
             Ok(Json(out).into_response())
         }
@@ -264,10 +307,18 @@ async fn action(
             }
             let paused = vmi["metadata"]["annotations"][PAUSED_ANNOTATION] == "true";
             match sub {
-                "pause" if paused => return Err(ApiError::conflict(format!("VMI {name:?} is already paused"))),
-                "unpause" if !paused => return Err(ApiError::conflict(format!("VMI {name:?} is not paused"))),
+                "pause" if paused => {
+                    return Err(ApiError::conflict(format!(
+                        "VMI {name:?} is already paused"
+                    )));
+                }
+                "unpause" if !paused => {
+                    return Err(ApiError::conflict(format!("VMI {name:?} is not paused")));
+                }
                 "softreboot" if paused => {
-                    return Err(ApiError::conflict(format!("VMI {name:?} is paused; unpause it first")));
+                    return Err(ApiError::conflict(format!(
+                        "VMI {name:?} is paused; unpause it first"
+                    )));
                 }
                 _ => {}
             }
@@ -277,7 +328,9 @@ async fn action(
                     if !o["metadata"]["annotations"].is_object() {
                         o["metadata"]["annotations"] = json!({});
                     }
-                    let a = o["metadata"]["annotations"].as_object_mut().expect("object");
+                    let a = o["metadata"]["annotations"]
+                        .as_object_mut()
+                        .expect("object");
                     match sub.as_str() {
                         "pause" => {
                             a.insert(PAUSED_ANNOTATION.into(), json!("true"));

@@ -70,6 +70,10 @@ struct ServeArgs {
     /// Token the agent presents to the controller (agent role).
     #[arg(long, env = "EDGEVIRT_JOIN_TOKEN")]
     join_token: Option<String>,
+    /// CA certificate (PEM) the agent trusts for the controller, e.g. its self-signed
+    /// DATA_DIR/tls/server.crt (agent role).
+    #[arg(long, env = "EDGEVIRT_CONTROLLER_CA")]
+    controller_ca: Option<PathBuf>,
     /// TLS certificate (PEM); with --tls-key. Generated when listening beyond loopback.
     #[arg(long, env = "EDGEVIRT_TLS_CERT")]
     tls_cert: Option<PathBuf>,
@@ -100,6 +104,7 @@ struct FileSettings {
     accel: Option<String>,
     controller: Option<String>,
     join_token: Option<String>,
+    controller_ca: Option<PathBuf>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     node_name: Option<String>,
@@ -162,14 +167,22 @@ impl ClientOpts {
         let token = self.token.clone().or(file.token).or_else(|| {
             std::fs::read_to_string("/var/lib/edgevirt/initial-admin")
                 .ok()
-                .and_then(|t| t.lines().find_map(|l| l.strip_prefix("token=").map(str::to_string)))
+                .and_then(|t| {
+                    t.lines()
+                        .find_map(|l| l.strip_prefix("token=").map(str::to_string))
+                })
         });
         let token = token.context(
             "no API token: pass --token, set EDGEVIRT_TOKEN, or put token = \"...\" in \
              ~/.config/edgevirt/client.toml (the first one is in <data-dir>/initial-admin)",
         )?;
         let ca = self.ca_cert.clone().or(file.ca_cert);
-        Client::new(&server, &token, ca.as_deref(), self.insecure_skip_tls_verify)
+        Client::new(
+            &server,
+            &token,
+            ca.as_deref(),
+            self.insecure_skip_tls_verify,
+        )
     }
 }
 
@@ -191,23 +204,41 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
         .unwrap_or_else(|| "localhost".into())
         .to_lowercase();
     let node_name = a.node_name.or(f.node_name).unwrap_or(hostname);
-    crate::types::check_name("node name", &node_name).map_err(|e| anyhow::anyhow!("{e}; set --node-name"))?;
+    let accel = a.accel.or(f.accel).unwrap_or_else(|| "auto".into());
+    if !["auto", "kvm", "qemu"].contains(&accel.as_str()) {
+        anyhow::bail!("accel {accel:?} is not one of auto, kvm, qemu");
+    }
+    crate::types::check_name("node name", &node_name)
+        .map_err(|e| anyhow::anyhow!("{e}; set --node-name"))?;
     Ok(server::Settings {
         role: a.role.or(f.role).unwrap_or(Role::All),
-        data_dir: a.data_dir.or(f.data_dir).unwrap_or_else(|| "/var/lib/edgevirt".into()),
+        data_dir: a
+            .data_dir
+            .or(f.data_dir)
+            .unwrap_or_else(|| "/var/lib/edgevirt".into()),
         listen: a
             .listen
             .or(f.listen)
             .unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid default")),
-        libvirt_uri: a.libvirt_uri.or(f.libvirt_uri).unwrap_or_else(|| "qemu:///system".into()),
-        accel: a.accel.or(f.accel).unwrap_or_else(|| "auto".into()),
+        libvirt_uri: a
+            .libvirt_uri
+            .or(f.libvirt_uri)
+            .unwrap_or_else(|| "qemu:///system".into()),
+        accel,
         controller: a.controller.or(f.controller),
         join_token: a.join_token.or(f.join_token),
+        controller_ca: a.controller_ca.or(f.controller_ca),
         tls_cert: a.tls_cert.or(f.tls_cert),
         tls_key: a.tls_key.or(f.tls_key),
         node_name,
-        nat_network: a.nat_network.or(f.nat_network).unwrap_or_else(|| "edgevirt".into()),
-        nat_prefix: a.nat_prefix.or(f.nat_prefix).unwrap_or_else(|| "10.77.0".into()),
+        nat_network: a
+            .nat_network
+            .or(f.nat_network)
+            .unwrap_or_else(|| "edgevirt".into()),
+        nat_prefix: a
+            .nat_prefix
+            .or(f.nat_prefix)
+            .unwrap_or_else(|| "10.77.0".into()),
     })
 }
 

@@ -15,7 +15,9 @@ pub fn age(ts: &str) -> String {
     let Ok(t) = chrono::DateTime::parse_from_rfc3339(ts) else {
         return "<unknown>".into();
     };
-    let s = (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_seconds().max(0);
+    let s = (chrono::Utc::now() - t.with_timezone(&chrono::Utc))
+        .num_seconds()
+        .max(0);
     match s {
         0..=119 => format!("{s}s"),
         120..=7199 => format!("{}m", s / 60),

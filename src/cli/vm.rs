@@ -43,17 +43,34 @@ enum VmCmd {
         #[arg(short, long)]
         file: PathBuf,
     },
-    Start { name: String },
-    Stop { name: String },
-    Restart { name: String },
-    Pause { name: String },
-    Unpause { name: String },
+    Start {
+        name: String,
+    },
+    Stop {
+        name: String,
+    },
+    Restart {
+        name: String,
+    },
+    Pause {
+        name: String,
+    },
+    Unpause {
+        name: String,
+    },
     /// Reboot the guest (through its guest agent, else ACPI).
-    Softreboot { name: String },
+    Softreboot {
+        name: String,
+    },
     /// Rename a stopped VM; its disks stay.
-    Rename { name: String, new_name: String },
+    Rename {
+        name: String,
+        new_name: String,
+    },
     /// Delete a VM, its instance, and its volumes.
-    Delete { name: String },
+    Delete {
+        name: String,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -92,12 +109,17 @@ pub struct ImageArgs {
 #[derive(Subcommand, Debug)]
 enum ImageCmd {
     /// Upload an image file (qcow2 or raw: a disk, a kernel or an initrd) under NAME.
-    Import { name: String, file: PathBuf },
+    Import {
+        name: String,
+        file: PathBuf,
+    },
     List {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Format,
     },
-    Delete { name: String },
+    Delete {
+        name: String,
+    },
 }
 
 fn vm_path(ns: &str) -> String {
@@ -115,14 +137,27 @@ fn vm_rows(vms: &[Value], vmis: &[Value], wide: bool) -> Vec<Vec<String>> {
                 name.to_string(),
                 age(s(vm, &["metadata", "creationTimestamp"])),
                 s(vm, &["status", "printableStatus"]).to_string(),
-                if vm["status"]["ready"] == true { "True" } else { "False" }.to_string(),
+                if vm["status"]["ready"] == true {
+                    "True"
+                } else {
+                    "False"
+                }
+                .to_string(),
             ];
             if wide {
                 let vmi = vmis.iter().find(|v| s(v, &["metadata", "name"]) == name);
-                row.push(vmi.map(|v| s(v, &["status", "nodeName"]).to_string()).unwrap_or_default());
                 row.push(
-                    vmi.map(|v| v["status"]["interfaces"][0]["ipAddress"].as_str().unwrap_or("").to_string())
+                    vmi.map(|v| s(v, &["status", "nodeName"]).to_string())
                         .unwrap_or_default(),
+                );
+                row.push(
+                    vmi.map(|v| {
+                        v["status"]["interfaces"][0]["ipAddress"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_string()
+                    })
+                    .unwrap_or_default(),
                 );
             }
             row
@@ -142,7 +177,10 @@ fn vmi_rows(vmis: &[Value]) -> Vec<Vec<String>> {
                 s(v, &["metadata", "name"]).to_string(),
                 age(s(v, &["metadata", "creationTimestamp"])),
                 s(v, &["status", "phase"]).to_string(),
-                v["status"]["interfaces"][0]["ipAddress"].as_str().unwrap_or("").to_string(),
+                v["status"]["interfaces"][0]["ipAddress"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
                 s(v, &["status", "nodeName"]).to_string(),
                 ready.to_string(),
             ]
@@ -209,7 +247,13 @@ pub async fn run_vm(a: VmArgs) -> anyhow::Result<()> {
                     if wide {
                         h.extend(["NODE", "IP"]);
                     }
-                    print!("{}", table(&h, &vm_rows(&[vm], &vmi.into_iter().collect::<Vec<_>>(), wide)));
+                    print!(
+                        "{}",
+                        table(
+                            &h,
+                            &vm_rows(&[vm], &vmi.into_iter().collect::<Vec<_>>(), wide)
+                        )
+                    );
                 }
             }
         }
@@ -219,10 +263,19 @@ pub async fn run_vm(a: VmArgs) -> anyhow::Result<()> {
                 let plural = match kind.as_str() {
                     "VirtualMachine" => "virtualmachines",
                     "VirtualMachineInstance" => "virtualmachineinstances",
-                    other => bail!("{}: kind {other:?} cannot be applied here (VirtualMachine or VirtualMachineInstance)", file.display()),
+                    other => bail!(
+                        "{}: kind {other:?} cannot be applied here (VirtualMachine or VirtualMachineInstance)",
+                        file.display()
+                    ),
                 };
-                let name = doc["metadata"]["name"].as_str().context("metadata.name is missing")?.to_string();
-                let dns = doc["metadata"]["namespace"].as_str().unwrap_or(ns).to_string();
+                let name = doc["metadata"]["name"]
+                    .as_str()
+                    .context("metadata.name is missing")?
+                    .to_string();
+                let dns = doc["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or(ns)
+                    .to_string();
                 let base = format!("/apis/kubevirt.io/v1/namespaces/{dns}/{plural}");
                 match c.get_opt(&format!("{base}/{name}")).await? {
                     None => {
@@ -236,10 +289,16 @@ pub async fn run_vm(a: VmArgs) -> anyhow::Result<()> {
                             println!("{}/{name} unchanged", plural.trim_end_matches('s'));
                             continue;
                         }
-                        doc["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"].clone();
+                        doc["metadata"]["resourceVersion"] =
+                            cur["metadata"]["resourceVersion"].clone();
                         let after = c.put(&format!("{base}/{name}"), &doc).await?;
-                        let changed = after["metadata"]["resourceVersion"] != cur["metadata"]["resourceVersion"];
-                        println!("{}/{name} {}", plural.trim_end_matches('s'), if changed { "configured" } else { "unchanged" });
+                        let changed = after["metadata"]["resourceVersion"]
+                            != cur["metadata"]["resourceVersion"];
+                        println!(
+                            "{}/{name} {}",
+                            plural.trim_end_matches('s'),
+                            if changed { "configured" } else { "unchanged" }
+                        );
                     }
                 }
             }
@@ -249,9 +308,12 @@ pub async fn run_vm(a: VmArgs) -> anyhow::Result<()> {
         VmCmd::Restart { name } => act(&c, &sub(&name, "restart"), &name, "restart").await?,
         VmCmd::Pause { name } => act(&c, &sub(&name, "pause"), &name, "pause").await?,
         VmCmd::Unpause { name } => act(&c, &sub(&name, "unpause"), &name, "unpause").await?,
-        VmCmd::Softreboot { name } => act(&c, &sub(&name, "softreboot"), &name, "soft reboot").await?,
+        VmCmd::Softreboot { name } => {
+            act(&c, &sub(&name, "softreboot"), &name, "soft reboot").await?
+        }
         VmCmd::Rename { name, new_name } => {
-            c.put(&sub(&name, "rename"), &json!({"newName": new_name})).await?;
+            c.put(&sub(&name, "rename"), &json!({"newName": new_name}))
+                .await?;
             println!("VM {name} was renamed to {new_name}");
         }
         VmCmd::Delete { name } => {
@@ -271,7 +333,9 @@ async fn act(c: &crate::client::Client, path: &str, name: &str, what: &str) -> a
 fn urlencode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
             _ => format!("%{b:02X}"),
         })
         .collect()
@@ -286,7 +350,13 @@ pub async fn run_vmi(a: VmiArgs) -> anyhow::Result<()> {
             let list = c.get(&vmi_path(ns)).await?;
             match output {
                 Format::Json | Format::Yaml => print_value(&list, output)?,
-                _ => print!("{}", table(&h, &vmi_rows(list["items"].as_array().map(Vec::as_slice).unwrap_or(&[])))),
+                _ => print!(
+                    "{}",
+                    table(
+                        &h,
+                        &vmi_rows(list["items"].as_array().map(Vec::as_slice).unwrap_or(&[]))
+                    )
+                ),
             }
         }
         VmiCmd::Get { name, output } => {
@@ -330,7 +400,10 @@ pub async fn run_image(a: ImageArgs) -> anyhow::Result<()> {
                 }
             });
             let req = c
-                .request(reqwest::Method::PUT, &format!("/apis/edgevirt.io/v1/images/{name}/upload"))
+                .request(
+                    reqwest::Method::PUT,
+                    &format!("/apis/edgevirt.io/v1/images/{name}/upload"),
+                )
                 .header("content-type", "application/octet-stream")
                 .header("content-length", len)
                 .body(reqwest::Body::wrap_stream(stream));
@@ -367,8 +440,13 @@ pub async fn run_image(a: ImageArgs) -> anyhow::Result<()> {
             }
         }
         ImageCmd::Delete { name } => {
-            match c.delete(&format!("/apis/edgevirt.io/v1/images/{name}")).await {
-                Err(e) if is_status(&e, reqwest::StatusCode::NOT_FOUND) => bail!("image {name:?} does not exist"),
+            match c
+                .delete(&format!("/apis/edgevirt.io/v1/images/{name}"))
+                .await
+            {
+                Err(e) if is_status(&e, reqwest::StatusCode::NOT_FOUND) => {
+                    bail!("image {name:?} does not exist")
+                }
                 r => {
                     r?;
                 }

@@ -45,16 +45,20 @@ impl Queue {
         self.notify.notify_one();
     }
     fn push_after(&self, k: &Key, d: Duration) {
-        self.delayed
-            .lock()
-            .unwrap()
-            .insert((k.0.name().to_string(), k.1.clone(), k.2.clone()), Instant::now() + d);
+        self.delayed.lock().unwrap().insert(
+            (k.0.name().to_string(), k.1.clone(), k.2.clone()),
+            Instant::now() + d,
+        );
     }
     fn take(&self) -> Vec<Key> {
         let now = Instant::now();
         let mut p = self.pending.lock().unwrap();
         let mut d = self.delayed.lock().unwrap();
-        let due: Vec<_> = d.iter().filter(|(_, t)| **t <= now).map(|(k, _)| k.clone()).collect();
+        let due: Vec<_> = d
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
         for k in due {
             d.remove(&k);
             p.insert(k);
@@ -72,7 +76,9 @@ pub struct Context {
 
 /// Run the controller until cancelled.
 pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> {
-    let ctx = Arc::new(Context { store: store.clone() });
+    let ctx = Arc::new(Context {
+        store: store.clone(),
+    });
     let queue = Arc::new(Queue::default());
     let mut events = store.subscribe();
     resync(&ctx, &queue).await;
@@ -145,13 +151,21 @@ async fn resync(ctx: &Context, queue: &Queue) {
     for kind in [Kind::VirtualMachine, Kind::VirtualMachineInstance] {
         if let Ok((items, _)) = ctx
             .store
-            .list(kind, None, &LabelSelector::default(), &FieldSelector::default())
+            .list(
+                kind,
+                None,
+                &LabelSelector::default(),
+                &FieldSelector::default(),
+            )
             .await
         {
             for o in items {
                 queue.push(&(
                     kind,
-                    o["metadata"]["namespace"].as_str().unwrap_or("").to_string(),
+                    o["metadata"]["namespace"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string(),
                     o["metadata"]["name"].as_str().unwrap_or("").to_string(),
                 ));
             }
@@ -163,13 +177,21 @@ async fn enqueue_unscheduled(ctx: &Context, queue: &Queue) {
     let f = FieldSelector::parse("status.phase=Pending").expect("valid selector");
     if let Ok((items, _)) = ctx
         .store
-        .list(Kind::VirtualMachineInstance, None, &LabelSelector::default(), &f)
+        .list(
+            Kind::VirtualMachineInstance,
+            None,
+            &LabelSelector::default(),
+            &f,
+        )
         .await
     {
         for o in items {
             queue.push(&(
                 Kind::VirtualMachineInstance,
-                o["metadata"]["namespace"].as_str().unwrap_or("").to_string(),
+                o["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
                 o["metadata"]["name"].as_str().unwrap_or("").to_string(),
             ));
         }

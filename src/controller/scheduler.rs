@@ -23,9 +23,10 @@ pub fn node_ready(node: &Value) -> bool {
                 .unwrap_or(true)
         });
     fresh
-        && node["status"]["conditions"]
-            .as_array()
-            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+        && node["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
 }
 
 fn memory_of(vmi: &Value) -> u64 {
@@ -39,14 +40,27 @@ fn memory_of(vmi: &Value) -> u64 {
 pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
     let (nodes, _) = ctx
         .store
-        .list(Kind::Node, None, &LabelSelector::default(), &FieldSelector::default())
+        .list(
+            Kind::Node,
+            None,
+            &LabelSelector::default(),
+            &FieldSelector::default(),
+        )
         .await?;
     let (placed, _) = ctx
         .store
-        .list(Kind::VirtualMachineInstance, None, &LabelSelector::default(), &FieldSelector::default())
+        .list(
+            Kind::VirtualMachineInstance,
+            None,
+            &LabelSelector::default(),
+            &FieldSelector::default(),
+        )
         .await?;
     let need = memory_of(vmi);
-    let selector = vmi["spec"]["nodeSelector"].as_object().cloned().unwrap_or_default();
+    let selector = vmi["spec"]["nodeSelector"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
     let mut reasons = Vec::new();
     let mut best: Option<(u64, String)> = None;
     for n in &nodes {
@@ -75,7 +89,11 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
         let cap = n["status"]["memoryBytes"].as_u64().unwrap_or(0);
         let free = cap.saturating_sub(used);
         if free < need {
-            reasons.push(format!("{name}: insufficient memory ({} MiB free, {} MiB requested)", free >> 20, need >> 20));
+            reasons.push(format!(
+                "{name}: insufficient memory ({} MiB free, {} MiB requested)",
+                free >> 20,
+                need >> 20
+            ));
             continue;
         }
         if best.as_ref().is_none_or(|(f, _)| free > *f) {
@@ -83,7 +101,10 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
         }
     }
     let (ns, name) = (
-        vmi["metadata"]["namespace"].as_str().unwrap_or("").to_string(),
+        vmi["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_string(),
         vmi["metadata"]["name"].as_str().unwrap_or("").to_string(),
     );
     match best {
@@ -91,7 +112,10 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
             let node2 = node.clone();
             ctx.store
                 .update(Kind::VirtualMachineInstance, &ns, &name, move |o| {
-                    if o["status"]["nodeName"].as_str().is_some_and(|n| !n.is_empty()) {
+                    if o["status"]["nodeName"]
+                        .as_str()
+                        .is_some_and(|n| !n.is_empty())
+                    {
                         return Ok(());
                     }
                     o["status"]["nodeName"] = json!(node2);
@@ -108,7 +132,11 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
             let msg = if nodes.is_empty() {
                 "0/0 nodes are available: no node has registered".to_string()
             } else {
-                format!("0/{} nodes are available: {}", nodes.len(), reasons.join("; "))
+                format!(
+                    "0/{} nodes are available: {}",
+                    nodes.len(),
+                    reasons.join("; ")
+                )
             };
             ctx.store
                 .update(Kind::VirtualMachineInstance, &ns, &name, move |o| {
@@ -138,40 +166,66 @@ fn set_cond(o: &mut Value, t: &str, status: &str, reason: &str, message: &str) {
 pub async fn check_leases(ctx: &Context) -> Result<(), Error> {
     let (nodes, _) = ctx
         .store
-        .list(Kind::Node, None, &LabelSelector::default(), &FieldSelector::default())
+        .list(
+            Kind::Node,
+            None,
+            &LabelSelector::default(),
+            &FieldSelector::default(),
+        )
         .await?;
     for n in nodes {
         let name = n["metadata"]["name"].as_str().unwrap_or("").to_string();
-        let was_ready = n["status"]["conditions"]
-            .as_array()
-            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+        let was_ready = n["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        });
         if !was_ready || node_ready(&n) {
             continue;
         }
         tracing::warn!(node = %name, "node missed its heartbeats; marking NotReady");
         ctx.store
             .update(Kind::Node, "", &name, |o| {
-                set_cond(o, "Ready", "False", "NodeStatusUnknown", "the agent stopped sending heartbeats");
+                set_cond(
+                    o,
+                    "Ready",
+                    "False",
+                    "NodeStatusUnknown",
+                    "the agent stopped sending heartbeats",
+                );
                 Ok(())
             })
             .await?;
         let (vmis, _) = ctx
             .store
-            .list(Kind::VirtualMachineInstance, None, &LabelSelector::default(), &FieldSelector::node(&name))
+            .list(
+                Kind::VirtualMachineInstance,
+                None,
+                &LabelSelector::default(),
+                &FieldSelector::node(&name),
+            )
             .await?;
         for v in vmis {
             if phase::is_final(v["status"]["phase"].as_str().unwrap_or("")) {
                 continue;
             }
             let (ns, vname) = (
-                v["metadata"]["namespace"].as_str().unwrap_or("").to_string(),
+                v["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
                 v["metadata"]["name"].as_str().unwrap_or("").to_string(),
             );
             ctx.store
                 .update(Kind::VirtualMachineInstance, &ns, &vname, |o| {
                     o["status"]["phase"] = json!(phase::UNKNOWN);
                     o["status"]["reason"] = json!("NodeUnresponsive");
-                    set_cond(o, "Ready", "False", "NodeUnresponsive", "the node's agent is not reporting");
+                    set_cond(
+                        o,
+                        "Ready",
+                        "False",
+                        "NodeUnresponsive",
+                        "the node's agent is not reporting",
+                    );
                     Ok(())
                 })
                 .await?;

@@ -54,7 +54,12 @@ async fn always_creates_and_schedules_halted_removes() {
     vm::reconcile_vm(&ctx, "default", "a").await.unwrap();
     assert_eq!(vmi_phase(&ctx, "a").await.as_deref(), Some(phase::PENDING));
     vm::reconcile_vmi(&ctx, "default", "a").await.unwrap();
-    let vmi = ctx.store.get(Kind::VirtualMachineInstance, "default", "a").await.unwrap().unwrap();
+    let vmi = ctx
+        .store
+        .get(Kind::VirtualMachineInstance, "default", "a")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(vmi["status"]["phase"], phase::SCHEDULED);
     assert_eq!(vmi["status"]["nodeName"], "n1");
     ctx.store
@@ -65,9 +70,22 @@ async fn always_creates_and_schedules_halted_removes() {
         .await
         .unwrap();
     vm::reconcile_vm(&ctx, "default", "a").await.unwrap();
-    let vmi = ctx.store.get(Kind::VirtualMachineInstance, "default", "a").await.unwrap().unwrap();
-    assert!(vmi["metadata"]["deletionTimestamp"].is_string(), "VMI not being deleted");
-    let vm = ctx.store.get(Kind::VirtualMachine, "default", "a").await.unwrap().unwrap();
+    let vmi = ctx
+        .store
+        .get(Kind::VirtualMachineInstance, "default", "a")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        vmi["metadata"]["deletionTimestamp"].is_string(),
+        "VMI not being deleted"
+    );
+    let vm = ctx
+        .store
+        .get(Kind::VirtualMachine, "default", "a")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(vm["status"]["printableStatus"], "Stopping");
 }
 
@@ -89,11 +107,21 @@ async fn manual_waits_for_start_request_and_unschedulable_is_reported() {
     assert_eq!(vmi_phase(&ctx, "m").await.as_deref(), Some(phase::PENDING));
     let a = vm::reconcile_vmi(&ctx, "default", "m").await.unwrap();
     assert!(matches!(a, Action::RequeueAfter(_)));
-    let vmi = ctx.store.get(Kind::VirtualMachineInstance, "default", "m").await.unwrap().unwrap();
+    let vmi = ctx
+        .store
+        .get(Kind::VirtualMachineInstance, "default", "m")
+        .await
+        .unwrap()
+        .unwrap();
     let msg = vmi["status"]["conditions"][0]["message"].as_str().unwrap();
     assert!(msg.contains("insufficient memory"), "{msg}");
     vm::reconcile_vm(&ctx, "default", "m").await.unwrap();
-    let vm = ctx.store.get(Kind::VirtualMachine, "default", "m").await.unwrap().unwrap();
+    let vm = ctx
+        .store
+        .get(Kind::VirtualMachine, "default", "m")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(vm["status"]["printableStatus"], "ErrorUnschedulable");
     assert_eq!(vm["status"]["stateChangeRequests"], json!([]));
 }
@@ -122,5 +150,11 @@ async fn silent_node_turns_instances_unknown() {
         .unwrap();
     scheduler::check_leases(&ctx).await.unwrap();
     assert_eq!(vmi_phase(&ctx, "v").await.as_deref(), Some(phase::UNKNOWN));
-    assert!(ctx.store.get(Kind::VirtualMachineInstance, "default", "v").await.unwrap().is_some());
+    assert!(
+        ctx.store
+            .get(Kind::VirtualMachineInstance, "default", "v")
+            .await
+            .unwrap()
+            .is_some()
+    );
 }

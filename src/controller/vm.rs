@@ -31,7 +31,9 @@ pub async fn reconcile_vm(ctx: &Context, ns: &str, name: &str) -> Result<Action,
             && owned_by_vm(&vmi).is_some()
             && !deleting(&vmi)
         {
-            store.delete(Kind::VirtualMachineInstance, ns, name, None).await?;
+            store
+                .delete(Kind::VirtualMachineInstance, ns, name, None)
+                .await?;
         }
         return Ok(Action::Done);
     };
@@ -40,9 +42,14 @@ pub async fn reconcile_vm(ctx: &Context, ns: &str, name: &str) -> Result<Action,
     if deleting(&vm) {
         if let Some(vmi) = &vmi {
             if !deleting(vmi) {
-                store.delete(Kind::VirtualMachineInstance, ns, name, None).await?;
+                store
+                    .delete(Kind::VirtualMachineInstance, ns, name, None)
+                    .await?;
             }
-        } else if vm["metadata"]["annotations"].get(VOLUMES_NODE_ANNOTATION).is_none() {
+        } else if vm["metadata"]["annotations"]
+            .get(VOLUMES_NODE_ANNOTATION)
+            .is_none()
+        {
             // No volumes were ever created for it: nothing for an agent to clean up.
             remove_finalizer(ctx, Kind::VirtualMachine, ns, name, VOLUMES_FINALIZER).await?;
             return Ok(Action::Done);
@@ -59,13 +66,18 @@ pub async fn reconcile_vm(ctx: &Context, ns: &str, name: &str) -> Result<Action,
     };
 
     // Pending start/stop requests come first, in order.
-    let requests = vm["status"]["stateChangeRequests"].as_array().cloned().unwrap_or_default();
+    let requests = vm["status"]["stateChangeRequests"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     if let Some(first) = requests.first() {
         let done = match first["action"].as_str() {
             Some("Stop") => match &vmi {
                 Some(v) if first["uid"].is_null() || first["uid"] == v["metadata"]["uid"] => {
                     if !deleting(v) {
-                        store.delete(Kind::VirtualMachineInstance, ns, name, None).await?;
+                        store
+                            .delete(Kind::VirtualMachineInstance, ns, name, None)
+                            .await?;
                     }
                     false
                 }
@@ -78,7 +90,9 @@ pub async fn reconcile_vm(ctx: &Context, ns: &str, name: &str) -> Result<Action,
                 }
                 Some(v) if deleting(v) => false,
                 Some(v) if phase::is_final(vmi_phase(v)) => {
-                    store.delete(Kind::VirtualMachineInstance, ns, name, None).await?;
+                    store
+                        .delete(Kind::VirtualMachineInstance, ns, name, None)
+                        .await?;
                     false
                 }
                 Some(_) => true,
@@ -107,13 +121,19 @@ pub async fn reconcile_vm(ctx: &Context, ns: &str, name: &str) -> Result<Action,
             create_vmi(ctx, &vm, &spec).await?;
         }
         (RunStrategy::Always, Some(v)) if phase::is_final(vmi_phase(v)) && !deleting(v) => {
-            store.delete(Kind::VirtualMachineInstance, ns, name, None).await?;
+            store
+                .delete(Kind::VirtualMachineInstance, ns, name, None)
+                .await?;
         }
         (RunStrategy::RerunOnFailure, Some(v)) if vmi_phase(v) == phase::FAILED && !deleting(v) => {
-            store.delete(Kind::VirtualMachineInstance, ns, name, None).await?;
+            store
+                .delete(Kind::VirtualMachineInstance, ns, name, None)
+                .await?;
         }
         (RunStrategy::Halted, Some(v)) if !deleting(v) => {
-            store.delete(Kind::VirtualMachineInstance, ns, name, None).await?;
+            store
+                .delete(Kind::VirtualMachineInstance, ns, name, None)
+                .await?;
         }
         _ => {}
     }
@@ -154,7 +174,11 @@ async fn create_vmi(ctx: &Context, vm: &Value, spec: &VirtualMachineSpec) -> Res
         "spec": spec.template.spec,
         "status": {"phase": phase::PENDING, "phaseTransitionTimestampsMap": {phase::PENDING: now()}},
     });
-    match ctx.store.create(Kind::VirtualMachineInstance, vmi, false).await {
+    match ctx
+        .store
+        .create(Kind::VirtualMachineInstance, vmi, false)
+        .await
+    {
         Ok(_) => {
             tracing::info!(namespace = %meta["namespace"].as_str().unwrap_or(""), name = %meta["name"].as_str().unwrap_or(""), "created VirtualMachineInstance");
             Ok(())
@@ -173,7 +197,10 @@ pub fn printable_status(vm_deleting: bool, vmi: Option<&Value>) -> &'static str 
     if deleting(v) {
         return "Stopping";
     }
-    let conds = v["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let conds = v["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let cond = |t: &str, s: &str| conds.iter().any(|c| c["type"] == t && c["status"] == s);
     match vmi_phase(v) {
         phase::PENDING | phase::SCHEDULING if cond("PodScheduled", "False") => "ErrorUnschedulable",
@@ -186,7 +213,12 @@ pub fn printable_status(vm_deleting: bool, vmi: Option<&Value>) -> &'static str 
     }
 }
 
-async fn set_vm_status(ctx: &Context, ns: &str, name: &str, vmi: Option<&Value>) -> Result<(), Error> {
+async fn set_vm_status(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    vmi: Option<&Value>,
+) -> Result<(), Error> {
     let vmi = vmi.cloned();
     let r = ctx
         .store
@@ -227,7 +259,13 @@ async fn set_vm_status(ctx: &Context, ns: &str, name: &str, vmi: Option<&Value>)
     }
 }
 
-async fn remove_finalizer(ctx: &Context, kind: Kind, ns: &str, name: &str, f: &str) -> Result<(), Error> {
+async fn remove_finalizer(
+    ctx: &Context,
+    kind: Kind,
+    ns: &str,
+    name: &str,
+    f: &str,
+) -> Result<(), Error> {
     let f = f.to_string();
     match ctx
         .store
@@ -245,14 +283,25 @@ async fn remove_finalizer(ctx: &Context, kind: Kind, ns: &str, name: &str, f: &s
 }
 
 pub async fn reconcile_vmi(ctx: &Context, ns: &str, name: &str) -> Result<Action, Error> {
-    let Some(vmi) = ctx.store.get(Kind::VirtualMachineInstance, ns, name).await? else {
+    let Some(vmi) = ctx
+        .store
+        .get(Kind::VirtualMachineInstance, ns, name)
+        .await?
+    else {
         return Ok(Action::Done);
     };
     let node = vmi["status"]["nodeName"].as_str().unwrap_or("");
     if deleting(&vmi) {
         if node.is_empty() {
             // Never placed: no agent holds anything for it.
-            remove_finalizer(ctx, Kind::VirtualMachineInstance, ns, name, LAUNCHER_FINALIZER).await?;
+            remove_finalizer(
+                ctx,
+                Kind::VirtualMachineInstance,
+                ns,
+                name,
+                LAUNCHER_FINALIZER,
+            )
+            .await?;
         }
         return Ok(Action::Done);
     }

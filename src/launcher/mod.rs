@@ -42,8 +42,9 @@ struct Launcher {
 /// Run the launcher until its domain is gone.
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let uri = cfg.libvirt_uri.clone();
-    let hv: Arc<dyn Hypervisor> =
-        Arc::new(tokio::task::spawn_blocking(move || crate::virt::libvirt::Libvirt::open(&uri)).await??);
+    let hv: Arc<dyn Hypervisor> = Arc::new(
+        tokio::task::spawn_blocking(move || crate::virt::libvirt::Libvirt::open(&uri)).await??,
+    );
     run_with(cfg, hv).await
 }
 
@@ -76,7 +77,7 @@ pub async fn run_with(cfg: Config, hv: Arc<dyn Hypervisor>) -> anyhow::Result<()
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 tick += 1;
                 // The guest agent is asked every 2 s; domain state every 0.5 s.
-                if !l.refresh(tick % 4 == 0).await {
+                if !l.refresh(tick.is_multiple_of(4)).await {
                     return;
                 }
             }
@@ -156,7 +157,10 @@ impl Launcher {
         let mut lines = BufReader::new(r).lines();
         while let Some(line) = lines.next_line().await? {
             let resp = match serde_json::from_str::<Envelope>(&line) {
-                Ok(env) if !protocol::VERSIONS.contains(&env.version) && env.request != Request::Info => {
+                Ok(env)
+                    if !protocol::VERSIONS.contains(&env.version)
+                        && env.request != Request::Info =>
+                {
                     Response {
                         ok: false,
                         error: Some(format!(
@@ -191,7 +195,9 @@ impl Launcher {
                 pid: std::process::id(),
             })
             .unwrap_or_default()),
-            Request::Status => Ok(serde_json::to_value(&*self.status.read().await).unwrap_or_default()),
+            Request::Status => {
+                Ok(serde_json::to_value(&*self.status.read().await).unwrap_or_default())
+            }
             Request::Pause => self.act(|hv, n| hv.suspend(n)).await,
             Request::Unpause => self.act(|hv, n| hv.resume(n)).await,
             Request::Destroy => self.act(|hv, n| hv.destroy(n)).await,
@@ -267,7 +273,10 @@ fn s(v: &Value, k: &str) -> Option<String> {
 }
 
 /// Ask the guest agent what it knows: OS, hostname, timezone, addresses.
-fn guest_info(hv: &dyn Hypervisor, name: &str) -> crate::virt::Result<(Option<GuestAgentInfo>, Vec<GuestAddress>)> {
+fn guest_info(
+    hv: &dyn Hypervisor,
+    name: &str,
+) -> crate::virt::Result<(Option<GuestAgentInfo>, Vec<GuestAddress>)> {
     if agent_json(hv, name, "guest-ping").is_err() {
         return Ok((None, vec![]));
     }

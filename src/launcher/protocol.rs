@@ -109,4 +109,41 @@ mod tests {
         assert_eq!(negotiate(&[1, 2]), Some(1));
         assert_eq!(negotiate(&[7]), None);
     }
+
+    fn round_trip<T>(text: &str)
+    where
+        T: serde::de::DeserializeOwned + Serialize + PartialEq + std::fmt::Debug,
+    {
+        let v: T = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let again: T = serde_json::from_str(&serde_json::to_string(&v).unwrap()).unwrap();
+        assert_eq!(v, again);
+    }
+
+    /// Every released wire format in `tests/wire/` still decodes and round-trips.
+    #[test]
+    fn golden_wire_files_decode() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/wire");
+        let mut seen = 0;
+        for version in std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+        {
+            let p = version.path();
+            let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap();
+            round_trip::<Info>(&read("info.json"));
+            let st: Status = serde_json::from_str(&read("status.json")).unwrap();
+            assert!(st.state.is_some() && !st.addresses.is_empty());
+            round_trip::<Status>(&read("status.json"));
+            round_trip::<Response>(&read("response-error.json"));
+            for line in read("requests.jsonl")
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+            {
+                round_trip::<Envelope>(line);
+            }
+            seen += 1;
+        }
+        assert!(seen >= 1, "no golden wire folders found");
+    }
 }

@@ -164,22 +164,25 @@ impl Store {
     }
 
     pub async fn get(&self, kind: Kind, ns: &str, name: &str) -> Result<Option<Value>> {
-        let row = sqlx::query("SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
-            .bind(kind.name())
-            .bind(ns)
-            .bind(name)
-            .fetch_optional(&self.reader)
-            .await?;
+        let row =
+            sqlx::query("SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
+                .bind(kind.name())
+                .bind(ns)
+                .bind(name)
+                .fetch_optional(&self.reader)
+                .await?;
         row.map(|r| Ok(serde_json::from_str(r.get::<&str, _>("body"))?))
             .transpose()
     }
 
     /// Like [`Store::get`] but a missing object is an error.
     pub async fn must_get(&self, kind: Kind, ns: &str, name: &str) -> Result<Value> {
-        self.get(kind, ns, name).await?.ok_or_else(|| Error::NotFound {
-            kind: kind.name(),
-            name: name.to_string(),
-        })
+        self.get(kind, ns, name)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                kind: kind.name(),
+                name: name.to_string(),
+            })
     }
 
     /// List objects of a kind, optionally in one namespace, filtered by selectors; also
@@ -237,14 +240,13 @@ impl Store {
     pub async fn create(&self, kind: Kind, mut obj: Value, keep_uid: bool) -> Result<Value> {
         let (ns, name) = ns_name(kind, &obj)?;
         let mut tx = self.writer.begin().await?;
-        let exists: Option<(String,)> = sqlx::query_as(
-            "SELECT uid FROM objects WHERE kind = ? AND namespace = ? AND name = ?",
-        )
-        .bind(kind.name())
-        .bind(&ns)
-        .bind(&name)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let exists: Option<(String,)> =
+            sqlx::query_as("SELECT uid FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
+                .bind(kind.name())
+                .bind(&ns)
+                .bind(&name)
+                .fetch_optional(&mut *tx)
+                .await?;
         if exists.is_some() {
             return Err(Error::AlreadyExists {
                 kind: kind.name(),
@@ -289,8 +291,10 @@ impl Store {
             let keep_status = cur.get("status").cloned();
             let mut new = obj;
             copy_identity(cur, &mut new);
-            if keep_status.is_some() && new.get("status").is_none() {
-                new["status"] = keep_status.unwrap();
+            if let Some(st) = keep_status
+                && new.get("status").is_none()
+            {
+                new["status"] = st;
             }
             *cur = new;
             Ok(())
@@ -306,12 +310,13 @@ impl Store {
         F: FnOnce(&mut Value) -> Result<()>,
     {
         let mut tx = self.writer.begin().await?;
-        let row = sqlx::query("SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
-            .bind(kind.name())
-            .bind(ns)
-            .bind(name)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let row =
+            sqlx::query("SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
+                .bind(kind.name())
+                .bind(ns)
+                .bind(name)
+                .fetch_optional(&mut *tx)
+                .await?;
         let Some(row) = row else {
             return Err(Error::NotFound {
                 kind: kind.name(),
@@ -365,7 +370,13 @@ impl Store {
 
     /// Delete an object: with finalizers it only gets a deletionTimestamp, without it is
     /// removed. `uid` is a precondition when given. Returns the object as last stored.
-    pub async fn delete(&self, kind: Kind, ns: &str, name: &str, uid: Option<&str>) -> Result<Value> {
+    pub async fn delete(
+        &self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Result<Value> {
         let uid = uid.map(str::to_string);
         self.update(kind, ns, name, move |cur| {
             if let Some(uid) = uid
@@ -384,26 +395,26 @@ impl Store {
     /// Rename: the object moves to a new name keeping its uid and spec (one transaction).
     pub async fn rename(&self, kind: Kind, ns: &str, name: &str, new_name: &str) -> Result<Value> {
         let mut tx = self.writer.begin().await?;
-        let row = sqlx::query("SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
-            .bind(kind.name())
-            .bind(ns)
-            .bind(name)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let row =
+            sqlx::query("SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
+                .bind(kind.name())
+                .bind(ns)
+                .bind(name)
+                .fetch_optional(&mut *tx)
+                .await?;
         let Some(row) = row else {
             return Err(Error::NotFound {
                 kind: kind.name(),
                 name: name.to_string(),
             });
         };
-        let taken: Option<(String,)> = sqlx::query_as(
-            "SELECT uid FROM objects WHERE kind = ? AND namespace = ? AND name = ?",
-        )
-        .bind(kind.name())
-        .bind(ns)
-        .bind(new_name)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let taken: Option<(String,)> =
+            sqlx::query_as("SELECT uid FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
+                .bind(kind.name())
+                .bind(ns)
+                .bind(new_name)
+                .fetch_optional(&mut *tx)
+                .await?;
         if taken.is_some() {
             return Err(Error::AlreadyExists {
                 kind: kind.name(),
@@ -445,10 +456,12 @@ impl Store {
         {
             return Err(Error::Gone(rv));
         }
-        let rows = sqlx::query("SELECT rv, kind, namespace, type, body FROM events WHERE rv > ? ORDER BY rv")
-            .bind(rv as i64)
-            .fetch_all(&self.reader)
-            .await?;
+        let rows = sqlx::query(
+            "SELECT rv, kind, namespace, type, body FROM events WHERE rv > ? ORDER BY rv",
+        )
+        .bind(rv as i64)
+        .fetch_all(&self.reader)
+        .await?;
         rows.into_iter()
             .map(|r| {
                 Ok(Event {
@@ -472,11 +485,13 @@ impl Store {
     }
 
     pub async fn setting(&self, key: &str) -> Result<Option<String>> {
-        Ok(sqlx::query_as::<_, (String,)>("SELECT value FROM settings WHERE key = ?")
-            .bind(key)
-            .fetch_optional(&self.reader)
-            .await?
-            .map(|r| r.0))
+        Ok(
+            sqlx::query_as::<_, (String,)>("SELECT value FROM settings WHERE key = ?")
+                .bind(key)
+                .fetch_optional(&self.reader)
+                .await?
+                .map(|r| r.0),
+        )
     }
 
     /// Set a setting only if it is not set yet; returns the value in force.
@@ -508,17 +523,21 @@ impl Store {
     }
 
     pub async fn user(&self, name: &str) -> Result<Option<(String, String)>> {
-        Ok(
-            sqlx::query_as::<_, (String, String)>(
-                "SELECT password_hash, role FROM users WHERE name = ?",
-            )
-            .bind(name)
-            .fetch_optional(&self.reader)
-            .await?,
+        Ok(sqlx::query_as::<_, (String, String)>(
+            "SELECT password_hash, role FROM users WHERE name = ?",
         )
+        .bind(name)
+        .fetch_optional(&self.reader)
+        .await?)
     }
 
-    pub async fn add_token(&self, hash: &str, user: &str, role: &str, description: &str) -> Result<String> {
+    pub async fn add_token(
+        &self,
+        hash: &str,
+        user: &str,
+        role: &str,
+        description: &str,
+    ) -> Result<String> {
         let id = uuid::Uuid::new_v4().to_string();
         sqlx::query(
             "INSERT INTO tokens (id, hash, user_name, role, description, created) VALUES (?, ?, ?, ?, ?, ?)",
@@ -536,14 +555,12 @@ impl Store {
 
     /// Look a token up by its hash: (user, role).
     pub async fn token(&self, hash: &str) -> Result<Option<(String, String)>> {
-        Ok(
-            sqlx::query_as::<_, (String, String)>(
-                "SELECT user_name, role FROM tokens WHERE hash = ?",
-            )
-            .bind(hash)
-            .fetch_optional(&self.reader)
-            .await?,
+        Ok(sqlx::query_as::<_, (String, String)>(
+            "SELECT user_name, role FROM tokens WHERE hash = ?",
         )
+        .bind(hash)
+        .fetch_optional(&self.reader)
+        .await?)
     }
 
     /// Drop events older than the keep window.
@@ -569,7 +586,14 @@ async fn next_rv(tx: &mut Tx<'_>) -> Result<u64> {
     Ok(v as u64)
 }
 
-async fn insert_row(tx: &mut Tx<'_>, kind: Kind, ns: &str, name: &str, obj: &Value, rv: u64) -> Result<()> {
+async fn insert_row(
+    tx: &mut Tx<'_>,
+    kind: Kind,
+    ns: &str,
+    name: &str,
+    obj: &Value,
+    rv: u64,
+) -> Result<()> {
     sqlx::query(
         "INSERT INTO objects (kind, namespace, name, uid, resource_version, node_name, phase, body) \
          VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -596,15 +620,17 @@ async fn log_event(
     obj: &Value,
     rv: u64,
 ) -> Result<Event> {
-    sqlx::query("INSERT INTO events (rv, kind, namespace, name, type, body) VALUES (?, ?, ?, ?, ?, ?)")
-        .bind(rv as i64)
-        .bind(kind.name())
-        .bind(ns)
-        .bind(name)
-        .bind(event_type)
-        .bind(serde_json::to_string(obj)?)
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(
+        "INSERT INTO events (rv, kind, namespace, name, type, body) VALUES (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(rv as i64)
+    .bind(kind.name())
+    .bind(ns)
+    .bind(name)
+    .bind(event_type)
+    .bind(serde_json::to_string(obj)?)
+    .execute(&mut **tx)
+    .await?;
     Ok(Event {
         rv,
         kind,
@@ -618,7 +644,9 @@ fn meta_mut(obj: &mut Value) -> &mut serde_json::Map<String, Value> {
     if !obj["metadata"].is_object() {
         obj["metadata"] = json!({});
     }
-    obj["metadata"].as_object_mut().expect("metadata is an object")
+    obj["metadata"]
+        .as_object_mut()
+        .expect("metadata is an object")
 }
 
 /// Fields a client may not change: uid, creationTimestamp, deletionTimestamp, and the kind.
@@ -637,7 +665,10 @@ fn copy_identity(from: &Value, to: &mut Value) {
     if let Some(d) = from["metadata"].get("deletionTimestamp") {
         meta.insert("deletionTimestamp".into(), d.clone());
     }
-    meta.insert("resourceVersion".into(), from["metadata"]["resourceVersion"].clone());
+    meta.insert(
+        "resourceVersion".into(),
+        from["metadata"]["resourceVersion"].clone(),
+    );
     to["apiVersion"] = from["apiVersion"].clone();
     to["kind"] = from["kind"].clone();
 }

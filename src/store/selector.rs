@@ -82,7 +82,9 @@ impl FieldSelector {
             } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
                 (k, true, v)
             } else {
-                return Err(Error::Invalid(format!("invalid field selector term {part:?}")));
+                return Err(Error::Invalid(format!(
+                    "invalid field selector term {part:?}"
+                )));
             };
             if !FIELDS.contains(&k.trim()) {
                 return Err(Error::Invalid(format!(
@@ -163,17 +165,35 @@ mod tests {
             ("missing", false),
             ("", true),
         ] {
-            assert_eq!(LabelSelector::parse(sel).unwrap().matches(&o), want, "{sel}");
+            assert_eq!(
+                LabelSelector::parse(sel).unwrap().matches(&o),
+                want,
+                "{sel}"
+            );
         }
         assert!(LabelSelector::parse("a in b").is_err());
     }
 
     #[test]
     fn field_selectors() {
-        let o = json!({"metadata": {"name": "a"}, "status": {"phase": "Running", "nodeName": "n1"}});
-        assert!(FieldSelector::parse("status.phase=Running").unwrap().matches(&o));
-        assert!(!FieldSelector::parse("status.nodeName!=n1").unwrap().matches(&o));
-        assert_eq!(FieldSelector::parse("status.nodeName=n1").unwrap().node_name(), Some("n1"));
+        let o =
+            json!({"metadata": {"name": "a"}, "status": {"phase": "Running", "nodeName": "n1"}});
+        assert!(
+            FieldSelector::parse("status.phase=Running")
+                .unwrap()
+                .matches(&o)
+        );
+        assert!(
+            !FieldSelector::parse("status.nodeName!=n1")
+                .unwrap()
+                .matches(&o)
+        );
+        assert_eq!(
+            FieldSelector::parse("status.nodeName=n1")
+                .unwrap()
+                .node_name(),
+            Some("n1")
+        );
         assert!(FieldSelector::parse("spec.foo=1").is_err());
     }
 }

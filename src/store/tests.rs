@@ -15,7 +15,10 @@ fn vm(name: &str) -> Value {
 #[tokio::test]
 async fn create_get_conflict_delete() {
     let (_d, s) = store().await;
-    let a = s.create(Kind::VirtualMachine, vm("a"), false).await.unwrap();
+    let a = s
+        .create(Kind::VirtualMachine, vm("a"), false)
+        .await
+        .unwrap();
     let rv = rv_of(&a).unwrap();
     assert!(matches!(
         s.create(Kind::VirtualMachine, vm("a"), false).await,
@@ -23,15 +26,25 @@ async fn create_get_conflict_delete() {
     ));
     let mut changed = a.clone();
     changed["spec"]["x"] = json!(2);
-    let b = s.replace(Kind::VirtualMachine, changed.clone(), Some(rv)).await.unwrap();
+    let b = s
+        .replace(Kind::VirtualMachine, changed.clone(), Some(rv))
+        .await
+        .unwrap();
     assert!(rv_of(&b).unwrap() > rv);
     assert_eq!(b["metadata"]["generation"], json!(2));
     assert!(matches!(
         s.replace(Kind::VirtualMachine, changed, Some(rv)).await,
         Err(Error::Conflict)
     ));
-    s.delete(Kind::VirtualMachine, "default", "a", None).await.unwrap();
-    assert!(s.get(Kind::VirtualMachine, "default", "a").await.unwrap().is_none());
+    s.delete(Kind::VirtualMachine, "default", "a", None)
+        .await
+        .unwrap();
+    assert!(
+        s.get(Kind::VirtualMachine, "default", "a")
+            .await
+            .unwrap()
+            .is_none()
+    );
     let evs = s.events_since(0).await.unwrap();
     let types: Vec<_> = evs.iter().map(|e| e.event_type).collect();
     assert_eq!(types, ["ADDED", "MODIFIED", "DELETED"]);
@@ -43,16 +56,29 @@ async fn finalizers_hold_deletion() {
     let mut o = vm("f");
     o["metadata"]["finalizers"] = json!(["edgevirt.io/test"]);
     s.create(Kind::VirtualMachine, o, false).await.unwrap();
-    let d = s.delete(Kind::VirtualMachine, "default", "f", None).await.unwrap();
+    let d = s
+        .delete(Kind::VirtualMachine, "default", "f", None)
+        .await
+        .unwrap();
     assert!(d["metadata"]["deletionTimestamp"].is_string());
-    assert!(s.get(Kind::VirtualMachine, "default", "f").await.unwrap().is_some());
+    assert!(
+        s.get(Kind::VirtualMachine, "default", "f")
+            .await
+            .unwrap()
+            .is_some()
+    );
     s.update(Kind::VirtualMachine, "default", "f", |o| {
         o["metadata"]["finalizers"] = json!([]);
         Ok(())
     })
     .await
     .unwrap();
-    assert!(s.get(Kind::VirtualMachine, "default", "f").await.unwrap().is_none());
+    assert!(
+        s.get(Kind::VirtualMachine, "default", "f")
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 #[tokio::test]
@@ -63,15 +89,28 @@ async fn list_with_selectors_and_rename() {
     }
     let sel = LabelSelector::parse("app in (a,c)").unwrap();
     let (l, rv) = s
-        .list(Kind::VirtualMachine, Some("default"), &sel, &FieldSelector::default())
+        .list(
+            Kind::VirtualMachine,
+            Some("default"),
+            &sel,
+            &FieldSelector::default(),
+        )
         .await
         .unwrap();
     assert_eq!(l.len(), 2);
     assert_eq!(rv, 3);
     let uid = l[0]["metadata"]["uid"].clone();
-    let r = s.rename(Kind::VirtualMachine, "default", "a", "z").await.unwrap();
+    let r = s
+        .rename(Kind::VirtualMachine, "default", "a", "z")
+        .await
+        .unwrap();
     assert_eq!(r["metadata"]["uid"], uid);
-    assert!(s.get(Kind::VirtualMachine, "default", "a").await.unwrap().is_none());
+    assert!(
+        s.get(Kind::VirtualMachine, "default", "a")
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(matches!(
         s.rename(Kind::VirtualMachine, "default", "b", "c").await,
         Err(Error::AlreadyExists { .. })
@@ -85,7 +124,8 @@ async fn concurrent_writers_all_succeed() {
     for i in 0..64 {
         let s = s.clone();
         tasks.push(tokio::spawn(async move {
-            s.create(Kind::VirtualMachine, vm(&format!("vm-{i}")), false).await
+            s.create(Kind::VirtualMachine, vm(&format!("vm-{i}")), false)
+                .await
         }));
     }
     for t in tasks {
@@ -105,7 +145,9 @@ async fn refuses_newer_schema() {
         .unwrap();
     drop(s);
     match Store::open(&path).await {
-        Err(e @ Error::TooNew { .. }) => assert!(e.to_string().contains("newer than this edgevirt")),
+        Err(e @ Error::TooNew { .. }) => {
+            assert!(e.to_string().contains("newer than this edgevirt"))
+        }
         Err(e) => panic!("wrong error {e}"),
         Ok(_) => panic!("opened a newer database"),
     }

@@ -130,8 +130,6 @@ pub struct VirtualMachineInstanceSpec {
     pub termination_grace_period_seconds: Option<i64>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hostname: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -177,8 +175,6 @@ pub struct Memory {
 pub struct Resources {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub requests: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub limits: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -243,10 +239,6 @@ pub struct Firmware {
     pub bootloader: Option<Bootloader>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_boot: Option<KernelBoot>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uuid: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub serial: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -342,15 +334,9 @@ pub struct CloudInitNoCloud {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Network {
     pub name: String,
+    /// The NAT network of the node (its subnet is a node setting, `--nat-prefix`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod: Option<PodNetwork>,
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PodNetwork {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vm_network_cidr: Option<String>,
+    pub pod: Option<Empty>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

@@ -28,9 +28,7 @@ pub use kubevirt::{VirtualMachine, VirtualMachineInstance};
 
 /// The current time as RFC 3339 with second precision, as Kubernetes writes timestamps.
 pub fn now() -> String {
-    chrono::Utc::now()
-        .format("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 /// A kind edgevirt stores, with the names the API uses for it.
@@ -193,6 +191,11 @@ const KUBEVIRT_UNSUPPORTED: &[&str] = &[
     "dhcpOptions",
     "binding",
     "acpiTable",
+    "hostname",
+    "uuid",
+    "serial",
+    "vmNetworkCIDR",
+    "limits",
 ];
 
 /// Decode a kind's spec from JSON, naming the offending field on failure.
@@ -226,7 +229,11 @@ pub fn decode<T: DeserializeOwned>(kind: &str, value: Value) -> Result<T, Invali
 /// (bytes for memory; for CPU use [`parse_cpu_millis`]).
 pub fn parse_quantity(q: &str) -> Result<u64, Invalid> {
     let q = q.trim();
-    let bad = || Invalid(format!("invalid quantity {q:?}: expected e.g. 512Mi, 2Gi or 1G"));
+    let bad = || {
+        Invalid(format!(
+            "invalid quantity {q:?}: expected e.g. 512Mi, 2Gi or 1G"
+        ))
+    };
     let split = q
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(q.len());
@@ -286,9 +293,15 @@ mod tests {
     fn unknown_and_unsupported_fields_are_named() {
         let spec = serde_json::json!({"template": {"spec": {"domain": {"devices": {"gpus": []}}}}});
         let e = decode::<kubevirt::VirtualMachineSpec>("VirtualMachine", spec).unwrap_err();
-        assert!(e.0.contains("gpus") && e.0.contains("does not support"), "{e}");
+        assert!(
+            e.0.contains("gpus") && e.0.contains("does not support"),
+            "{e}"
+        );
         let spec = serde_json::json!({"template": {"spec": {"domain": {"bogus": 1}}}});
         let e = decode::<kubevirt::VirtualMachineSpec>("VirtualMachine", spec).unwrap_err();
-        assert!(e.0.contains("unknown field") && e.0.contains("bogus"), "{e}");
+        assert!(
+            e.0.contains("unknown field") && e.0.contains("bogus"),
+            "{e}"
+        );
     }
 }

@@ -94,7 +94,11 @@ pub fn guest_memory(spec: &VirtualMachineInstanceSpec) -> Result<u64, Invalid> {
         .memory
         .as_ref()
         .and_then(|m| m.guest.clone())
-        .or_else(|| d.resources.as_ref().and_then(|r| r.requests.get("memory").cloned()))
+        .or_else(|| {
+            d.resources
+                .as_ref()
+                .and_then(|r| r.requests.get("memory").cloned())
+        })
         .ok_or_else(|| {
             Invalid(
                 "spec.domain.memory.guest or spec.domain.resources.requests.memory is required"
@@ -103,7 +107,9 @@ pub fn guest_memory(spec: &VirtualMachineInstanceSpec) -> Result<u64, Invalid> {
         })?;
     let b = parse_quantity(&q)?;
     if b < 16 << 20 {
-        return Err(Invalid(format!("guest memory {q} is below the 16Mi minimum")));
+        return Err(Invalid(format!(
+            "guest memory {q} is below the 16Mi minimum"
+        )));
     }
     Ok(b)
 }
@@ -128,6 +134,14 @@ pub fn mac_for(seed: &str, index: usize) -> String {
 /// Check the parts of a spec the converter relies on, before anything is stored.
 pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     guest_memory(spec)?;
+    if let Some(r) = &spec.domain.resources
+        && let Some(k) = r.requests.keys().find(|k| k.as_str() != "memory")
+    {
+        return Err(Invalid(format!(
+            "spec.domain.resources.requests.{k} is not supported yet; only memory requests are \
+             (set vCPUs with spec.domain.cpu)"
+        )));
+    }
     let vols: Vec<&str> = spec.volumes.iter().map(|v| v.name.as_str()).collect();
     for d in &spec.domain.devices.disks {
         if !vols.contains(&d.name.as_str()) {
@@ -186,7 +200,10 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     }
     for i in &spec.domain.devices.interfaces {
         if !nets.contains(&i.name.as_str()) {
-            return Err(Invalid(format!("interface {:?}: no network of that name", i.name)));
+            return Err(Invalid(format!(
+                "interface {:?}: no network of that name",
+                i.name
+            )));
         }
         if i.bridge.is_some() {
             return Err(Invalid(format!(
@@ -195,7 +212,11 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
             )));
         }
     }
-    if let Some(kb) = spec.domain.firmware.as_ref().and_then(|f| f.kernel_boot.as_ref())
+    if let Some(kb) = spec
+        .domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.kernel_boot.as_ref())
         && let Some(c) = &kb.container
     {
         for p in [&c.kernel_path, &c.initrd_path].into_iter().flatten() {
@@ -337,7 +358,12 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
         kernel: ctx.kernel.clone(),
         initrd: ctx.initrd.clone(),
         cmdline: kernel_boot.and_then(|k| k.kernel_args),
-        has_boot_order: spec.domain.devices.disks.iter().any(|d| d.boot_order.is_some()),
+        has_boot_order: spec
+            .domain
+            .devices
+            .disks
+            .iter()
+            .any(|d| d.boot_order.is_some()),
         disks,
         nics,
         serial: spec.domain.devices.autoattach_serial_console != Some(false),

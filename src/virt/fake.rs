@@ -25,7 +25,9 @@ impl Fake {
 
     fn set(&self, name: &str, f: impl FnOnce(&mut DomainState)) -> Result<()> {
         let mut d = self.domains.lock().unwrap();
-        let e = d.get_mut(name).ok_or_else(|| Error::NoDomain(name.into()))?;
+        let e = d
+            .get_mut(name)
+            .ok_or_else(|| Error::NoDomain(name.into()))?;
         f(&mut e.0);
         Ok(())
     }

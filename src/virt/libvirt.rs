@@ -10,7 +10,9 @@ use virt::enumutil::Enum;
 use virt::error::ErrorNumber;
 use virt::sys;
 
-use super::{DomainState, Error, GuestAddress, HostFacts, Hypervisor, METADATA_NS, OwnedDomain, Result};
+use super::{
+    DomainState, Error, GuestAddress, HostFacts, Hypervisor, METADATA_NS, OwnedDomain, Result,
+};
 
 pub struct Libvirt {
     uri: String,
@@ -47,7 +49,10 @@ impl Libvirt {
     }
 
     /// Run `f` with the connection, reopening it once if libvirtd went away.
-    fn with<T>(&self, f: impl Fn(&Connect) -> std::result::Result<T, virt::error::Error>) -> Result<T> {
+    fn with<T>(
+        &self,
+        f: impl Fn(&Connect) -> std::result::Result<T, virt::error::Error>,
+    ) -> Result<T> {
         let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
         match f(&conn) {
             Ok(v) => Ok(v),
@@ -73,9 +78,19 @@ impl Libvirt {
         }
     }
 
-    fn on_domain(&self, name: &str, f: impl Fn(&Domain) -> std::result::Result<(), virt::error::Error>) -> Result<()> {
+    fn on_domain(
+        &self,
+        name: &str,
+        f: impl Fn(&Domain) -> std::result::Result<(), virt::error::Error>,
+    ) -> Result<()> {
         let d = self.domain(name)?;
-        f(&d).map_err(|e| if is_no_domain(&e) { Error::NoDomain(name.into()) } else { lv(e) })
+        f(&d).map_err(|e| {
+            if is_no_domain(&e) {
+                Error::NoDomain(name.into())
+            } else {
+                lv(e)
+            }
+        })
     }
 }
 
@@ -92,8 +107,12 @@ impl Hypervisor for Libvirt {
         };
         match d.state() {
             Ok((s, _)) => Ok(Some(match s {
-                Enum::Known(LvState::Running) | Enum::Known(LvState::Blocked) => DomainState::Running,
-                Enum::Known(LvState::Paused) | Enum::Known(LvState::PMSuspended) => DomainState::Paused,
+                Enum::Known(LvState::Running) | Enum::Known(LvState::Blocked) => {
+                    DomainState::Running
+                }
+                Enum::Known(LvState::Paused) | Enum::Known(LvState::PMSuspended) => {
+                    DomainState::Paused
+                }
                 Enum::Known(LvState::Shutdown) => DomainState::ShuttingDown,
                 Enum::Known(LvState::Shutoff) => DomainState::ShutOff,
                 Enum::Known(LvState::Crashed) => DomainState::Crashed,
@@ -109,8 +128,11 @@ impl Hypervisor for Libvirt {
         let mut out = Vec::new();
         for d in doms {
             let Ok(name) = d.name() else { continue };
-            if let Ok(meta) = d.metadata(sys::VIR_DOMAIN_METADATA_ELEMENT as i32, Some(METADATA_NS), 0)
-                && let Some(o) = super::parse_metadata(&name, &meta)
+            if let Ok(meta) = d.metadata(
+                sys::VIR_DOMAIN_METADATA_ELEMENT as i32,
+                Some(METADATA_NS),
+                0,
+            ) && let Some(o) = super::parse_metadata(&name, &meta)
             {
                 out.push(o);
             }

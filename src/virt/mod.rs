@@ -97,15 +97,13 @@ pub fn parse_metadata(name: &str, xml: &str) -> Option<OwnedDomain> {
     let (mut install, mut uid) = (None, None);
     loop {
         match reader.read_event() {
-            Ok(Event::Start(e)) | Ok(Event::Empty(e)) => {
-                if e.local_name().as_ref() == b"instance" {
-                    for a in e.attributes().flatten() {
-                        let v = a.unescape_value().ok()?.to_string();
-                        match a.key.local_name().as_ref() {
-                            b"install" => install = Some(v),
-                            b"vmi-uid" => uid = Some(v),
-                            _ => {}
-                        }
+            Ok(Event::Start(e)) | Ok(Event::Empty(e)) if e.local_name().as_ref() == b"instance" => {
+                for a in e.attributes().flatten() {
+                    let v = a.unescape_value().ok()?.to_string();
+                    match a.key.local_name().as_ref() {
+                        b"install" => install = Some(v),
+                        b"vmi-uid" => uid = Some(v),
+                        _ => {}
                     }
                 }
             }

@@ -77,7 +77,12 @@ pub fn guest_uptime(dom: &str) -> Option<f64> {
             let data = base64::engine::general_purpose::STANDARD
                 .decode(v["return"]["out-data"].as_str()?)
                 .ok()?;
-            return String::from_utf8(data).ok()?.split_whitespace().next()?.parse().ok();
+            return String::from_utf8(data)
+                .ok()?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok();
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -95,7 +100,10 @@ where
         if let Some(v) = f().await {
             return v;
         }
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -115,7 +123,10 @@ impl Appliance {
     /// Start `edgevirt serve` (all roles unless `extra` says otherwise) in a fresh data dir.
     pub async fn start(extra: &[&str]) -> Appliance {
         edgevirt::tls::install_crypto_provider();
-        let tmp = tempfile::Builder::new().prefix("evtest-").tempdir_in("/var/tmp").unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("evtest-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
         let dir = tmp.path().to_path_buf();
         let mut a = Appliance {
             dir,
@@ -146,7 +157,10 @@ impl Appliance {
             .args(["--nat-network", NAT_NETWORK, "--nat-prefix", NAT_PREFIX])
             .args(["--node-name", "testnode"])
             .args(&self.extra)
-            .env("EDGEVIRT_LOG", "info,edgevirt=debug,tower_http=warn,sqlx=warn")
+            .env(
+                "EDGEVIRT_LOG",
+                "info,edgevirt=debug,tower_http=warn,sqlx=warn",
+            )
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
@@ -165,7 +179,12 @@ impl Appliance {
         });
         self.url = rx
             .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("edgevirt did not start; see {}/serve.log", self.dir.display()));
+            .unwrap_or_else(|_| {
+                panic!(
+                    "edgevirt did not start; see {}/serve.log",
+                    self.dir.display()
+                )
+            });
         self.child = Some(child);
         let creds = std::fs::read_to_string(self.dir.join("initial-admin")).unwrap();
         self.token = creds
@@ -189,7 +208,12 @@ impl Appliance {
         }
     }
 
-    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<(&str, Vec<u8>)>) -> (u16, Value) {
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> (u16, Value) {
         let mut req = self
             .http
             .request(method, format!("{}{}", self.url, path))
@@ -208,13 +232,21 @@ impl Appliance {
     }
 
     pub async fn post_yaml(&self, path: &str, yaml: &str) -> (u16, Value) {
-        self.call(reqwest::Method::POST, path, Some(("application/yaml", yaml.as_bytes().to_vec())))
-            .await
+        self.call(
+            reqwest::Method::POST,
+            path,
+            Some(("application/yaml", yaml.as_bytes().to_vec())),
+        )
+        .await
     }
 
     pub async fn put_json(&self, path: &str, v: &Value) -> (u16, Value) {
-        self.call(reqwest::Method::PUT, path, Some(("application/json", serde_json::to_vec(v).unwrap())))
-            .await
+        self.call(
+            reqwest::Method::PUT,
+            path,
+            Some(("application/json", serde_json::to_vec(v).unwrap())),
+        )
+        .await
     }
 
     pub async fn delete(&self, path: &str) -> (u16, Value) {
@@ -241,24 +273,37 @@ impl Appliance {
     }
 
     pub async fn vm(&self, name: &str) -> Option<Value> {
-        let (c, v) = self.get(&format!("/apis/kubevirt.io/v1/namespaces/default/virtualmachines/{name}")).await;
+        let (c, v) = self
+            .get(&format!(
+                "/apis/kubevirt.io/v1/namespaces/default/virtualmachines/{name}"
+            ))
+            .await;
         (c == 200).then_some(v)
     }
 
     pub async fn vmi(&self, name: &str) -> Option<Value> {
         let (c, v) = self
-            .get(&format!("/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances/{name}"))
+            .get(&format!(
+                "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances/{name}"
+            ))
             .await;
         (c == 200).then_some(v)
     }
 
     pub async fn action(&self, name: &str, action: &str) -> u16 {
-        let path = format!("/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachines/{name}/{action}");
+        let path = format!(
+            "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachines/{name}/{action}"
+        );
         self.put_json(&path, &json!({})).await.0
     }
 
     /// Wait until the VM's instance is Running (optionally with a different uid).
-    pub async fn wait_running(&self, name: &str, not_uid: Option<&str>, timeout: Duration) -> Value {
+    pub async fn wait_running(
+        &self,
+        name: &str,
+        not_uid: Option<&str>,
+        timeout: Duration,
+    ) -> Value {
         wait_for(&format!("VMI {name} Running"), timeout, || async {
             self.vmi(name).await.filter(|v| {
                 v["status"]["phase"] == "Running"

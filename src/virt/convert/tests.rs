@@ -54,7 +54,12 @@ fn golden(name: &str, accel: &str) {
         std::fs::write(&path, &xml).unwrap();
     }
     let want = std::fs::read_to_string(&path).unwrap_or_default();
-    assert_eq!(xml, want, "golden file {} differs (UPDATE_GOLDEN=1 to rewrite)", path.display());
+    assert_eq!(
+        xml,
+        want,
+        "golden file {} differs (UPDATE_GOLDEN=1 to rewrite)",
+        path.display()
+    );
 }
 
 #[test]

@@ -1,0 +1,321 @@
+//! Router tests with `oneshot` requests against a real SQLite store (no socket, no libvirt).
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use super::*;
+
+const VMS: &str = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines";
+
+struct T {
+    _dir: tempfile::TempDir,
+    app: Router,
+    store: Store,
+}
+
+async fn setup() -> T {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("db")).await.unwrap();
+    for (tok, role) in [("admin-tok", "admin"), ("viewer-tok", "viewer")] {
+        store
+            .add_token(&auth::token_hash(tok), role, role, "")
+            .await
+            .unwrap();
+    }
+    // An image for specs to name (no file needed for API-level tests).
+    store
+        .create(
+            crate::types::Kind::Image,
+            json!({"metadata": {"name": "test-kernel"}, "spec": {}, "status": {"format": "raw", "sizeBytes": 1, "virtualSizeBytes": 1, "file": "x"}}),
+            false,
+        )
+        .await
+        .unwrap();
+    let app = router(AppState {
+        store: store.clone(),
+        data_dir: dir.path().to_path_buf(),
+        install_id: "test".into(),
+    });
+    T {
+        _dir: dir,
+        app,
+        store,
+    }
+}
+
+async fn call(
+    t: &T,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    ct: &str,
+    body: &str,
+) -> (StatusCode, Value) {
+    let mut b = Request::builder().method(method).uri(path);
+    if let Some(tok) = token {
+        b = b.header("authorization", format!("Bearer {tok}"));
+    }
+    if !ct.is_empty() {
+        b = b.header("content-type", ct);
+    }
+    let resp = t
+        .app
+        .clone()
+        .oneshot(b.body(Body::from(body.to_string())).unwrap())
+        .await
+        .unwrap();
+    let code = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+fn vm(name: &str, labels: Value) -> String {
+    json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"runStrategy": "Halted", "template": {"spec": {
+            "domain": {"memory": {"guest": "128Mi"}, "devices": {},
+                       "firmware": {"kernelBoot": {"container": {"image": "x", "kernelPath": "test-kernel"}}}}}}}
+    })
+    .to_string()
+}
+
+#[tokio::test]
+async fn auth_is_required_except_health() {
+    let t = setup().await;
+    assert_eq!(
+        call(&t, "GET", "/healthz", None, "", "").await.0,
+        StatusCode::OK
+    );
+    let (code, v) = call(&t, "GET", VMS, None, "", "").await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    assert_eq!(v["kind"], "Status");
+    assert_eq!(
+        call(&t, "GET", VMS, Some("wrong"), "", "").await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        call(&t, "GET", VMS, Some("viewer-tok"), "", "").await.0,
+        StatusCode::OK
+    );
+    let (code, v) = call(
+        &t,
+        "POST",
+        VMS,
+        Some("viewer-tok"),
+        "application/json",
+        &vm("a", json!({})),
+    )
+    .await;
+    assert_eq!(code, StatusCode::FORBIDDEN, "{v}");
+}
+
+#[tokio::test]
+async fn crud_selectors_paging_conflicts_and_patches() {
+    let t = setup().await;
+    for (n, app) in [("a", "web"), ("b", "db"), ("c", "web")] {
+        let (code, v) = call(
+            &t,
+            "POST",
+            VMS,
+            Some("admin-tok"),
+            "application/json",
+            &vm(n, json!({"app": app})),
+        )
+        .await;
+        assert_eq!(code, StatusCode::CREATED, "{v}");
+        assert_eq!(v["metadata"]["finalizers"], json!(["edgevirt.io/volumes"]));
+    }
+    let (_, l) = call(
+        &t,
+        "GET",
+        &format!("{VMS}?labelSelector=app%3Dweb"),
+        Some("admin-tok"),
+        "",
+        "",
+    )
+    .await;
+    let names: Vec<_> = l["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].clone())
+        .collect();
+    assert_eq!(names, vec![json!("a"), json!("c")]);
+    let (_, p1) = call(
+        &t,
+        "GET",
+        &format!("{VMS}?limit=2"),
+        Some("admin-tok"),
+        "",
+        "",
+    )
+    .await;
+    assert_eq!(p1["items"].as_array().unwrap().len(), 2);
+    let cont = p1["metadata"]["continue"].as_str().unwrap();
+    let (_, p2) = call(
+        &t,
+        "GET",
+        &format!("{VMS}?limit=2&continue={cont}"),
+        Some("admin-tok"),
+        "",
+        "",
+    )
+    .await;
+    assert_eq!(p2["items"][0]["metadata"]["name"], "c");
+    assert!(p2["metadata"].get("continue").is_none());
+
+    let (_, mut a) = call(&t, "GET", &format!("{VMS}/a"), Some("admin-tok"), "", "").await;
+    let stale = a.clone();
+    a["spec"]["runStrategy"] = json!("Manual");
+    let (code, a2) = call(
+        &t,
+        "PUT",
+        &format!("{VMS}/a"),
+        Some("admin-tok"),
+        "application/json",
+        &a.to_string(),
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{a2}");
+    let (code, _) = call(
+        &t,
+        "PUT",
+        &format!("{VMS}/a"),
+        Some("admin-tok"),
+        "application/json",
+        &stale.to_string(),
+    )
+    .await;
+    assert_eq!(code, StatusCode::CONFLICT);
+
+    let (code, v) = call(
+        &t,
+        "PATCH",
+        &format!("{VMS}/a"),
+        Some("admin-tok"),
+        "application/merge-patch+json",
+        r#"{"metadata":{"labels":{"tier":"x"}}}"#,
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{v}");
+    assert_eq!(v["metadata"]["labels"]["tier"], "x");
+    let (code, v) = call(
+        &t,
+        "PATCH",
+        &format!("{VMS}/a"),
+        Some("admin-tok"),
+        "application/json-patch+json",
+        r#"[{"op":"replace","path":"/spec/runStrategy","value":"Halted"}]"#,
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{v}");
+    assert_eq!(v["spec"]["runStrategy"], "Halted");
+    let (code, v) = call(
+        &t,
+        "PATCH",
+        &format!("{VMS}/a"),
+        Some("admin-tok"),
+        "application/json-patch+json",
+        r#"[{"op":"add","path":"/spec/template/spec/domain/gpus","value":[]}]"#,
+    )
+    .await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("gpus"));
+    let (code, _) = call(
+        &t,
+        "PATCH",
+        &format!("{VMS}/a"),
+        Some("admin-tok"),
+        "text/plain",
+        "x",
+    )
+    .await;
+    assert_eq!(code, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+}
+
+#[tokio::test]
+async fn start_stop_rename_subresources() {
+    let t = setup().await;
+    call(
+        &t,
+        "POST",
+        VMS,
+        Some("admin-tok"),
+        "application/json",
+        &vm("s", json!({})),
+    )
+    .await;
+    let sub = "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachines/s";
+    let (code, _) = call(&t, "PUT", &format!("{sub}/stop"), Some("admin-tok"), "", "").await;
+    assert_eq!(code, StatusCode::CONFLICT, "stopping a stopped VM");
+    let (code, _) = call(
+        &t,
+        "PUT",
+        &format!("{sub}/start"),
+        Some("admin-tok"),
+        "",
+        "",
+    )
+    .await;
+    assert_eq!(code, StatusCode::ACCEPTED);
+    let (_, v) = call(&t, "GET", &format!("{VMS}/s"), Some("admin-tok"), "", "").await;
+    assert_eq!(v["spec"]["runStrategy"], "Always");
+    // Older clients' path and the rename body of that era.
+    let old = "/apis/subresources.kubevirt.io/v1alpha3/namespaces/default/virtualmachines/s/rename";
+    let (code, v) = call(
+        &t,
+        "PUT",
+        old,
+        Some("admin-tok"),
+        "application/json",
+        r#"{"newName":"s2"}"#,
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{v}");
+    assert_eq!(v["metadata"]["name"], "s2");
+    let (code, _) = call(
+        &t,
+        "PUT",
+        &format!("{sub}/frobnicate"),
+        Some("admin-tok"),
+        "",
+        "",
+    )
+    .await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn watch_resumes_from_a_resource_version() {
+    let t = setup().await;
+    let (_, l) = call(&t, "GET", VMS, Some("admin-tok"), "", "").await;
+    let rv = l["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    t.store
+        .create(
+            crate::types::Kind::VirtualMachine,
+            serde_json::from_str(&vm("w", json!({}))).unwrap(),
+            false,
+        )
+        .await
+        .unwrap();
+    let req = Request::builder()
+        .uri(format!(
+            "{VMS}?watch=true&resourceVersion={rv}&timeoutSeconds=1"
+        ))
+        .header("authorization", "Bearer admin-tok")
+        .body(Body::empty())
+        .unwrap();
+    let resp = t.app.clone().oneshot(req).await.unwrap();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let first: Value =
+        serde_json::from_slice(bytes.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    assert_eq!(first["type"], "ADDED");
+    assert_eq!(first["object"]["metadata"]["name"], "w");
+}

@@ -1,0 +1,130 @@
+//! `edgevirt serve` as a process, without libvirt (controller role): TLS beyond loopback,
+//! the first-start credentials file, and refusing a database from a newer edgevirt.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn start(dir: &std::path::Path, listen: &str) -> (std::process::Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_edgevirt"))
+        .args([
+            "serve",
+            "--role",
+            "controller",
+            "--listen",
+            listen,
+            "--node-name",
+            "t",
+        ])
+        .arg("--data-dir")
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(u) = line.split("serving the API on ").nth(1) {
+                let _ = tx.send(u.trim().to_string());
+            }
+        }
+    });
+    let url = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("serve did not start");
+    (child, url)
+}
+
+#[tokio::test]
+async fn beyond_loopback_serves_tls_with_a_generated_certificate() {
+    edgevirt::tls::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, url) = start(dir.path(), "0.0.0.0:0");
+    assert!(url.starts_with("https://"), "{url}");
+    let port = url.rsplit(':').next().unwrap();
+    let cert = dir.path().join("tls/server.crt");
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&cert).unwrap()).unwrap();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .build()
+        .unwrap();
+    let r = client
+        .get(format!("https://127.0.0.1:{port}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    // Plain HTTP is not served there.
+    assert!(
+        reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+            .await
+            .is_err()
+    );
+    // The first admin's credentials, readable by the owner only.
+    let creds = dir.path().join("initial-admin");
+    assert_eq!(
+        std::fs::metadata(&creds).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let text = std::fs::read_to_string(&creds).unwrap();
+    let token = text.lines().find_map(|l| l.strip_prefix("token=")).unwrap();
+    assert!(text.starts_with("username=admin\npassword="));
+    let r = client
+        .get(format!(
+            "https://127.0.0.1:{port}/apis/kubevirt.io/v1/virtualmachines"
+        ))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        std::fs::metadata(dir.path().join("tls/server.key"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn refuses_a_database_from_a_newer_edgevirt() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, url) = start(dir.path(), "127.0.0.1:0");
+    assert!(url.starts_with("http://"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let db = dir.path().join("edgevirt.db");
+    let ok = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import sqlite3; c=sqlite3.connect('{}'); c.execute(\"INSERT INTO _sqlx_migrations (version, description, installed_on, success, checksum, execution_time) VALUES (99999, 'future', CURRENT_TIMESTAMP, 1, x'00', 0)\"); c.commit()",
+            db.display()
+        ))
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let out = Command::new(env!("CARGO_BIN_EXE_edgevirt"))
+        .args([
+            "serve",
+            "--role",
+            "controller",
+            "--listen",
+            "127.0.0.1:0",
+            "--node-name",
+            "t",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("newer than this edgevirt"), "{err}");
+}

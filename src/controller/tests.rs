@@ -158,3 +158,40 @@ async fn silent_node_turns_instances_unknown() {
             .is_some()
     );
 }
+
+#[tokio::test]
+async fn failing_instances_back_off() {
+    let (_d, ctx) = ctx().await;
+    add_node(&ctx, "n1", 4 << 30).await;
+    add_vm(&ctx, "crash", "Always").await;
+    vm::reconcile_vm(&ctx, "default", "crash").await.unwrap();
+    ctx.store
+        .update(Kind::VirtualMachineInstance, "default", "crash", |o| {
+            o["status"]["phase"] = json!("Failed");
+            o["metadata"]["finalizers"] = json!([]);
+            Ok(())
+        })
+        .await
+        .unwrap();
+    // The failed instance is removed and the next start waits.
+    vm::reconcile_vm(&ctx, "default", "crash").await.unwrap();
+    assert_eq!(vmi_phase(&ctx, "crash").await, None);
+    let a = vm::reconcile_vm(&ctx, "default", "crash").await.unwrap();
+    assert!(
+        matches!(a, Action::RequeueAfter(d) if d > Duration::from_secs(5)),
+        "{a:?}"
+    );
+    assert_eq!(
+        vmi_phase(&ctx, "crash").await,
+        None,
+        "restarted without backoff"
+    );
+    let vm = ctx
+        .store
+        .get(Kind::VirtualMachine, "default", "crash")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(vm["status"]["startFailure"]["retries"], 1);
+    assert_eq!(vm["status"]["printableStatus"], "CrashLoopBackOff");
+}

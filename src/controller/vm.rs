@@ -115,17 +115,26 @@ pub async fn reconcile_vm(ctx: &Context, ns: &str, name: &str) -> Result<Action,
         return Ok(Action::Done);
     }
 
+    let mut action = Action::Done;
     match (spec.strategy(), &vmi) {
         (RunStrategy::Always | RunStrategy::RerunOnFailure | RunStrategy::Once, None) => {
-            // Once: start only if it never ran (a finished instance stays, keeping it stopped).
-            create_vmi(ctx, &vm, &spec).await?;
+            // After failures, wait out the crash-loop backoff before starting again.
+            match retry_wait(&vm) {
+                Some(wait) => action = Action::RequeueAfter(wait),
+                // Once: start only if it never ran (a finished instance stays, keeping it
+                // stopped).
+                None => create_vmi(ctx, &vm, &spec).await?,
+            }
         }
-        (RunStrategy::Always, Some(v)) if phase::is_final(vmi_phase(v)) && !deleting(v) => {
+        (RunStrategy::Always | RunStrategy::RerunOnFailure, Some(v))
+            if vmi_phase(v) == phase::FAILED && !deleting(v) =>
+        {
+            record_failure(ctx, ns, name, v).await?;
             store
                 .delete(Kind::VirtualMachineInstance, ns, name, None)
                 .await?;
         }
-        (RunStrategy::RerunOnFailure, Some(v)) if vmi_phase(v) == phase::FAILED && !deleting(v) => {
+        (RunStrategy::Always, Some(v)) if phase::is_final(vmi_phase(v)) && !deleting(v) => {
             store
                 .delete(Kind::VirtualMachineInstance, ns, name, None)
                 .await?;
@@ -139,7 +148,42 @@ pub async fn reconcile_vm(ctx: &Context, ns: &str, name: &str) -> Result<Action,
     }
     let vmi = store.get(Kind::VirtualMachineInstance, ns, name).await?;
     set_vm_status(ctx, ns, name, vmi.as_ref()).await?;
-    Ok(Action::Done)
+    Ok(action)
+}
+
+/// How long to wait before starting a VM whose instances keep failing (KubeVirt's
+/// `status.startFailure`), if at all.
+fn retry_wait(vm: &Value) -> Option<Duration> {
+    let at = vm["status"]["startFailure"]["retryAfterTimestamp"].as_str()?;
+    let at = chrono::DateTime::parse_from_rfc3339(at).ok()?;
+    (at.with_timezone(&chrono::Utc) - chrono::Utc::now())
+        .to_std()
+        .ok()
+        .filter(|d| !d.is_zero())
+}
+
+/// Count a failed start and set the next retry time: 10 s, doubling, at most 5 min.
+async fn record_failure(ctx: &Context, ns: &str, name: &str, vmi: &Value) -> Result<(), Error> {
+    let failed_uid = vmi["metadata"]["uid"].clone();
+    ctx.store
+        .update(Kind::VirtualMachine, ns, name, move |o| {
+            let sf = &o["status"]["startFailure"];
+            if sf["lastFailedVMIUID"] == failed_uid {
+                return Ok(());
+            }
+            let retries = sf["retries"].as_u64().unwrap_or(0) + 1;
+            let wait = (10u64 << (retries - 1).min(5)).min(300);
+            let at = chrono::Utc::now() + chrono::Duration::seconds(wait as i64);
+            o["status"]["startFailure"] = json!({
+                "retries": retries,
+                "lastFailedVMIUID": failed_uid,
+                "retryAfterTimestamp": at.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            });
+            tracing::warn!(namespace = %o["metadata"]["namespace"].as_str().unwrap_or(""), name = %o["metadata"]["name"].as_str().unwrap_or(""), retries, wait_secs = wait, "VMI failed; backing off before the next start");
+            Ok(())
+        })
+        .await
+        .map(|_| ())
 }
 
 fn owned_by_vm(vmi: &Value) -> Option<String> {
@@ -235,7 +279,13 @@ async fn set_vm_status(
             if !o["status"].is_object() {
                 o["status"] = json!({});
             }
+            let running = vmi.as_ref().is_some_and(|v| vmi_phase(v) == phase::RUNNING);
+            let backing_off = vmi.is_none() && retry_wait(o).is_some();
             let st = o["status"].as_object_mut().expect("object");
+            if running {
+                st.remove("startFailure");
+            }
+            let printable = if backing_off { "CrashLoopBackOff" } else { printable };
             st.insert("printableStatus".into(), json!(printable));
             st.insert("created".into(), json!(vmi.is_some()));
             st.insert("ready".into(), json!(ready));

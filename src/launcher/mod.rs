@@ -67,6 +67,20 @@ pub async fn run_with(cfg: Config, hv: Arc<dyn Hypervisor>) -> anyhow::Result<()
     }
     let _ = std::fs::remove_file(&cfg.socket);
     let listener = UnixListener::bind(&cfg.socket)?;
+    // libvirt lifecycle events wake the status loop at once; polling stays as the fallback.
+    let wake = Arc::new(tokio::sync::Notify::new());
+    {
+        let wake = wake.clone();
+        let hv = l.hv.clone();
+        let name = cfg.domain_name.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            hv.watch_lifecycle(&name, Box::new(move || wake.notify_one()))
+        })
+        .await?;
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "no domain events; polling only");
+        }
+    }
     l.refresh(true).await;
 
     let poller = {
@@ -74,7 +88,10 @@ pub async fn run_with(cfg: Config, hv: Arc<dyn Hypervisor>) -> anyhow::Result<()
         tokio::spawn(async move {
             let mut tick = 0u64;
             loop {
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = wake.notified() => {}
+                }
                 tick += 1;
                 // The guest agent is asked every 2 s; domain state every 0.5 s.
                 if !l.refresh(tick.is_multiple_of(4)).await {

@@ -41,6 +41,7 @@ impl Libvirt {
     pub fn open(uri: &str) -> Result<Libvirt> {
         // Errors reach callers as values; keep libvirt from also printing them to stderr.
         virt::error::clear_error_callback();
+        events::start_loop();
         let conn = Connect::open(Some(uri)).map_err(lv)?;
         Ok(Libvirt {
             uri: uri.to_string(),
@@ -237,5 +238,100 @@ impl Hypervisor for Libvirt {
     fn xml(&self, name: &str) -> Result<String> {
         let d = self.domain(name)?;
         d.xml_desc(0).map_err(lv)
+    }
+
+    fn watch_lifecycle(&self, name: &str, on_event: Box<dyn Fn() + Send + Sync>) -> Result<()> {
+        let d = self.domain(name)?;
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        events::register_lifecycle(&conn, &d, on_event).map_err(Error::Libvirt)
+    }
+}
+
+/// libvirt's event loop and lifecycle callbacks. The `virt` crate has no safe wrapper for
+/// domain event registration, so this module holds the only `unsafe` FFI of the backend.
+mod events {
+    use std::os::raw::{c_int, c_void};
+    use std::sync::Once;
+
+    use virt::connect::Connect;
+    use virt::domain::Domain;
+    use virt::sys;
+
+    type Callback = Box<dyn Fn() + Send + Sync>;
+
+    /// Register libvirt's default event loop (before any connection is opened) and run it on
+    /// a thread of its own, once per process.
+    pub fn start_loop() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            if virt::event::event_register_default_impl().is_err() {
+                tracing::warn!("libvirt event loop unavailable; relying on polling");
+                return;
+            }
+            let spawned = std::thread::Builder::new()
+                .name("libvirt-events".into())
+                .spawn(|| {
+                    loop {
+                        if virt::event::event_run_default_impl().is_err() {
+                            std::thread::sleep(std::time::Duration::from_millis(100));
+                        }
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start the libvirt event thread");
+            }
+        });
+    }
+
+    unsafe extern "C" fn on_lifecycle(
+        _conn: sys::virConnectPtr,
+        _dom: sys::virDomainPtr,
+        _event: c_int,
+        _detail: c_int,
+        opaque: *mut c_void,
+    ) -> c_int {
+        // SAFETY: `opaque` is the `Box<Callback>` leaked in `register_lifecycle`; libvirt
+        // keeps it alive until `free_callback` runs, and only reads it from its event thread.
+        let cb = unsafe { &*(opaque as *const Callback) };
+        cb();
+        0
+    }
+
+    unsafe extern "C" fn free_callback(opaque: *mut c_void) {
+        // SAFETY: called once by libvirt when the registration ends; reclaims the box.
+        drop(unsafe { Box::from_raw(opaque as *mut Callback) });
+    }
+
+    pub fn register_lifecycle(conn: &Connect, dom: &Domain, cb: Callback) -> Result<(), String> {
+        let opaque = Box::into_raw(Box::new(cb)) as *mut c_void;
+        type Lifecycle = unsafe extern "C" fn(
+            sys::virConnectPtr,
+            sys::virDomainPtr,
+            c_int,
+            c_int,
+            *mut c_void,
+        ) -> c_int;
+        // SAFETY: libvirt's API takes every event callback as the generic type and calls it
+        // with the signature of the event id (VIR_DOMAIN_EVENT_CALLBACK in C); the lifecycle
+        // signature matches `on_lifecycle`. The pointers come from live `Connect`/`Domain`
+        // values, and `opaque` stays valid until `free_callback`.
+        let id = unsafe {
+            let generic: unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void) =
+                std::mem::transmute::<Lifecycle, _>(on_lifecycle as Lifecycle);
+            sys::virConnectDomainEventRegisterAny(
+                conn.as_ptr(),
+                dom.as_ptr(),
+                sys::VIR_DOMAIN_EVENT_ID_LIFECYCLE as c_int,
+                Some(generic),
+                opaque,
+                Some(free_callback),
+            )
+        };
+        if id < 0 {
+            // SAFETY: registration failed, so libvirt did not take ownership of `opaque`.
+            drop(unsafe { Box::from_raw(opaque as *mut Callback) });
+            return Err("registering for domain events failed".into());
+        }
+        Ok(())
     }
 }

@@ -88,6 +88,12 @@ pub trait Hypervisor: Send + Sync + 'static {
     fn host_facts(&self) -> Result<HostFacts>;
     /// The live domain XML.
     fn xml(&self, name: &str) -> Result<String>;
+    /// Call `on_event` whenever libvirt reports a lifecycle event (started, suspended,
+    /// resumed, stopped, ...) for the domain. Backends without events do nothing; callers
+    /// keep polling as a fallback either way.
+    fn watch_lifecycle(&self, _name: &str, _on_event: Box<dyn Fn() + Send + Sync>) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Parse edgevirt's metadata element out of a domain's XML metadata text.

@@ -55,6 +55,8 @@ pub struct Agent {
     pub failed_starts: Arc<Mutex<HashMap<String, String>>>,
     /// VMIs whose deletion shutdown was asked: uid → when.
     pub stopping: Mutex<HashMap<String, Instant>>,
+    /// Wakes the sync loop early: a VMI of this node changed, or a launcher came up.
+    pub wake: Arc<tokio::sync::Notify>,
 }
 
 impl Agent {
@@ -137,10 +139,12 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         starting: Mutex::new(HashMap::new()),
         failed_starts: Arc::new(Mutex::new(HashMap::new())),
         stopping: Mutex::new(HashMap::new()),
+        wake: Arc::new(tokio::sync::Notify::new()),
     });
     prepare::ensure_network(&agent).await?;
     register(&agent, &facts).await?;
     sync::adopt_launchers(&agent).await;
+    tokio::spawn(watch_vmis(agent.clone(), cancel.clone()));
     tracing::info!(node = %cfg.node_name, %accel, "agent started");
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut last_beat = Instant::now();
@@ -152,6 +156,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
                 return Ok(());
             }
             _ = tick.tick() => {}
+            _ = agent.wake.notified() => {}
         }
         n += 1;
         if last_beat.elapsed() >= Duration::from_secs(10) {
@@ -162,6 +167,36 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         }
         if let Err(e) = sync::sync_all(&agent, n.is_multiple_of(5)).await {
             tracing::warn!(error = %e, "sync failed");
+        }
+    }
+}
+
+/// Follow the controller's watch of this node's VMIs and wake the sync loop on each change,
+/// so new instances start without waiting for the next tick. Reconnects when it ends.
+async fn watch_vmis(agent: Arc<Agent>, cancel: CancellationToken) {
+    use futures::StreamExt;
+    let path = format!(
+        "/apis/kubevirt.io/v1/virtualmachineinstances?watch=true&timeoutSeconds=600&fieldSelector=status.nodeName%3D{}",
+        agent.cfg.node_name
+    );
+    loop {
+        if let Ok(resp) = agent.api.request(reqwest::Method::GET, &path).send().await
+            && resp.status().is_success()
+        {
+            let mut body = resp.bytes_stream();
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    chunk = body.next() => match chunk {
+                        Some(Ok(_)) => agent.wake.notify_one(),
+                        _ => break,
+                    },
+                }
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }
 }

@@ -315,6 +315,8 @@ pub fn spawn_launcher(
         .arg(uid)
         .arg("--xml-file")
         .arg(xml)
+        // One malloc arena is plenty for a single-threaded launcher.
+        .env("MALLOC_ARENA_MAX", "1")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

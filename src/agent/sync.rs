@@ -259,6 +259,19 @@ async fn start_launcher(agent: &Agent, uid: &str, dom: &str, xml: &std::path::Pa
                 .lock()
                 .await
                 .insert(uid.to_string(), Instant::now());
+            // Wake the sync loop as soon as the launcher's socket appears (its domain runs).
+            let sock = crate::launcher::socket_path(&agent.launchers_dir(), uid);
+            let wake = agent.wake.clone();
+            tokio::spawn(async move {
+                let deadline = Instant::now() + START_TIMEOUT;
+                while Instant::now() < deadline {
+                    if sock.exists() {
+                        wake.notify_one();
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            });
             let uid = uid.to_string();
             let log = agent.log_dir().join(format!("launcher-{uid}.log"));
             let fails = agent.failed_starts.clone();

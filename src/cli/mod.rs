@@ -256,12 +256,20 @@ fn init_logging() {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .max_blocking_threads(32)
-        .enable_all()
-        .build()
-    {
+    // A launcher runs per VM: keep it to one thread plus a few blocking ones.
+    let built = if matches!(cli.command, Command::Launcher(_)) {
+        tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(4)
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(32)
+            .enable_all()
+            .build()
+    };
+    let rt = match built {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

@@ -81,7 +81,8 @@ pub async fn run_with(cfg: Config, hv: Arc<dyn Hypervisor>) -> anyhow::Result<()
             tracing::warn!(error = %e, "no domain events; polling only");
         }
     }
-    l.refresh(true).await;
+    // Domain state only: the guest agent cannot answer this early, and the agent is waiting.
+    l.refresh(false).await;
 
     let poller = {
         let l = l.clone();

@@ -269,7 +269,7 @@ async fn start_launcher(agent: &Agent, uid: &str, dom: &str, xml: &std::path::Pa
                         wake.notify_one();
                         return;
                     }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             });
             let uid = uid.to_string();

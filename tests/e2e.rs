@@ -33,6 +33,19 @@ async fn vm_lifecycle_on_a_real_guest() {
     // Running, with the node, an address from the NAT network and guest agent details.
     let vmi = a.wait_running("life", None, BOOT).await;
     assert_eq!(vmi["status"]["nodeName"], "testnode");
+    let (code, node) = a.get("/apis/edgevirt.io/v1/nodes/testnode").await;
+    assert_eq!(code, 200, "{node}");
+    assert_eq!(
+        node["status"]["accelerator"], "qemu",
+        "the accelerator is reported on the node"
+    );
+    assert!(
+        !node["status"]["cpu"]["vendor"]
+            .as_str()
+            .unwrap_or("")
+            .is_empty()
+    );
+    assert!(node["status"]["memoryBytes"].as_u64().unwrap_or(0) > 0);
     let vmi = wait_for("an IPv4 address and guest OS info", BOOT, || async {
         a.vmi("life").await.filter(|v| {
             v["status"]["interfaces"][0]["ipAddress"]
@@ -355,6 +368,18 @@ async fn kill9_during_concurrent_creates_loses_nothing_and_leaks_nothing() {
     }
     a.kill9();
     let acked = acked.lock().unwrap().clone();
+    // A domain that looks like edgevirt's but belongs to another installation: never touched.
+    let foreign = format!("evtest-foreign-{}", std::process::id());
+    let xml = format!(
+        "<domain type='qemu'><name>{foreign}</name><memory unit='MiB'>32</memory><vcpu>1</vcpu>\
+         <metadata><ev:instance xmlns:ev='https://edgevirt.io/xmlns/domain/1' install='another-install' \
+         vmi-uid='00000000-0000-0000-0000-000000000000' namespace='default' name='x'/></metadata>\
+         <os><type arch='x86_64'>hvm</type></os><devices/></domain>"
+    );
+    let xml_path = a.dir.join("foreign.xml");
+    std::fs::write(&xml_path, xml).unwrap();
+    let (ok, out) = virsh(&["create", xml_path.to_str().unwrap()]);
+    assert!(ok, "creating the foreign domain: {out}");
     a.spawn().await;
     let (code, list) = a.get(VMS).await;
     assert_eq!(code, 200);
@@ -399,6 +424,12 @@ async fn kill9_during_concurrent_creates_loses_nothing_and_leaks_nothing() {
         );
     }
     assert_eq!(doms.len(), names.len(), "one domain per VM: {doms:?}");
+    assert_eq!(
+        domstate(&foreign).as_deref(),
+        Some("running"),
+        "edgevirt touched a domain it did not create"
+    );
+    virsh(&["destroy", &foreign]);
     for n in &names {
         a.delete(&format!("{VMS}/{n}")).await;
     }
@@ -507,6 +538,65 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         "a refused write changed the store"
     );
     assert_eq!(after["items"].as_array().unwrap().len(), 1);
+    // Images that could make QEMU read other host files are refused.
+    let base = a.dir.join("base.qcow2");
+    let child = a.dir.join("child.qcow2");
+    let img = |args: &[&str]| {
+        assert!(
+            std::process::Command::new("qemu-img")
+                .args(args)
+                .status()
+                .unwrap()
+                .success()
+        )
+    };
+    img(&["create", "-q", "-f", "qcow2", base.to_str().unwrap(), "16M"]);
+    img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-F",
+        "qcow2",
+        "-b",
+        base.to_str().unwrap(),
+        child.to_str().unwrap(),
+    ]);
+    let ext = a.dir.join("ext.qcow2");
+    let ext_data = a.dir.join("ext.raw");
+    img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        &format!("data_file={}", ext_data.display()),
+        ext.to_str().unwrap(),
+        "16M",
+    ]);
+    for (name, file, msg) in [
+        ("with-backing", &child, "backing file"),
+        ("with-data-file", &ext, "external data file"),
+    ] {
+        let (code, v) = a
+            .call(
+                reqwest::Method::PUT,
+                &format!("/apis/edgevirt.io/v1/images/{name}/upload"),
+                Some(("application/octet-stream", std::fs::read(file).unwrap())),
+            )
+            .await;
+        assert_eq!(code, 422, "{name}: {v}");
+        assert!(
+            v["message"].as_str().unwrap_or("").contains(msg),
+            "{name}: {v}"
+        );
+        assert_eq!(
+            a.get(&format!("/apis/edgevirt.io/v1/images/{name}"))
+                .await
+                .0,
+            404
+        );
+    }
     // Without a token nothing is served but /healthz.
     let r = reqwest::get(format!("{}{VMS}", a.url)).await.unwrap();
     assert_eq!(r.status().as_u16(), 401);

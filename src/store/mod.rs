@@ -164,15 +164,7 @@ impl Store {
     }
 
     pub async fn get(&self, kind: Kind, ns: &str, name: &str) -> Result<Option<Value>> {
-        let row =
-            sqlx::query("SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
-                .bind(kind.name())
-                .bind(ns)
-                .bind(name)
-                .fetch_optional(&self.reader)
-                .await?;
-        row.map(|r| Ok(serde_json::from_str(r.get::<&str, _>("body"))?))
-            .transpose()
+        load(&mut *self.reader.acquire().await?, kind, ns, name).await
     }
 
     /// Like [`Store::get`] but a missing object is an error.
@@ -240,14 +232,7 @@ impl Store {
     pub async fn create(&self, kind: Kind, mut obj: Value, keep_uid: bool) -> Result<Value> {
         let (ns, name) = ns_name(kind, &obj)?;
         let mut tx = self.writer.begin().await?;
-        let exists: Option<(String,)> =
-            sqlx::query_as("SELECT uid FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
-                .bind(kind.name())
-                .bind(&ns)
-                .bind(&name)
-                .fetch_optional(&mut *tx)
-                .await?;
-        if exists.is_some() {
+        if load(&mut tx, kind, &ns, &name).await?.is_some() {
             return Err(Error::AlreadyExists {
                 kind: kind.name(),
                 name,
@@ -310,20 +295,7 @@ impl Store {
         F: FnOnce(&mut Value) -> Result<()>,
     {
         let mut tx = self.writer.begin().await?;
-        let row =
-            sqlx::query("SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
-                .bind(kind.name())
-                .bind(ns)
-                .bind(name)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some(row) = row else {
-            return Err(Error::NotFound {
-                kind: kind.name(),
-                name: name.to_string(),
-            });
-        };
-        let old: Value = serde_json::from_str(row.get::<&str, _>("body"))?;
+        let old = load_existing(&mut tx, kind, ns, name).await?;
         let mut obj = old.clone();
         f(&mut obj)?;
         copy_identity(&old, &mut obj);
@@ -345,21 +317,10 @@ impl Store {
         let finalizers_empty = obj["metadata"]["finalizers"]
             .as_array()
             .is_none_or(|a| a.is_empty());
+        remove_row(&mut tx, kind, ns, name).await?;
         let ev = if obj["metadata"].get("deletionTimestamp").is_some() && finalizers_empty {
-            sqlx::query("DELETE FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
-                .bind(kind.name())
-                .bind(ns)
-                .bind(name)
-                .execute(&mut *tx)
-                .await?;
             log_event(&mut tx, kind, ns, name, "DELETED", &obj, rv).await?
         } else {
-            sqlx::query("DELETE FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
-                .bind(kind.name())
-                .bind(ns)
-                .bind(name)
-                .execute(&mut *tx)
-                .await?;
             insert_row(&mut tx, kind, ns, name, &obj, rv).await?;
             log_event(&mut tx, kind, ns, name, "MODIFIED", &obj, rv).await?
         };
@@ -395,39 +356,14 @@ impl Store {
     /// Rename: the object moves to a new name keeping its uid and spec (one transaction).
     pub async fn rename(&self, kind: Kind, ns: &str, name: &str, new_name: &str) -> Result<Value> {
         let mut tx = self.writer.begin().await?;
-        let row =
-            sqlx::query("SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
-                .bind(kind.name())
-                .bind(ns)
-                .bind(name)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some(row) = row else {
-            return Err(Error::NotFound {
-                kind: kind.name(),
-                name: name.to_string(),
-            });
-        };
-        let taken: Option<(String,)> =
-            sqlx::query_as("SELECT uid FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
-                .bind(kind.name())
-                .bind(ns)
-                .bind(new_name)
-                .fetch_optional(&mut *tx)
-                .await?;
-        if taken.is_some() {
+        let mut old = load_existing(&mut tx, kind, ns, name).await?;
+        if load(&mut tx, kind, ns, new_name).await?.is_some() {
             return Err(Error::AlreadyExists {
                 kind: kind.name(),
                 name: new_name.to_string(),
             });
         }
-        let mut old: Value = serde_json::from_str(row.get::<&str, _>("body"))?;
-        sqlx::query("DELETE FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
-            .bind(kind.name())
-            .bind(ns)
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
+        remove_row(&mut tx, kind, ns, name).await?;
         let rv = next_rv(&mut tx).await?;
         meta_mut(&mut old).insert("resourceVersion".into(), json!(rv.to_string()));
         let del = log_event(&mut tx, kind, ns, name, "DELETED", &old, rv).await?;
@@ -576,6 +512,43 @@ impl Store {
 }
 
 type Tx<'a> = sqlx::Transaction<'a, sqlx::Sqlite>;
+
+/// One object by key, on any connection (pool or transaction).
+async fn load(
+    conn: &mut sqlx::SqliteConnection,
+    kind: Kind,
+    ns: &str,
+    name: &str,
+) -> Result<Option<Value>> {
+    let row = sqlx::query("SELECT body FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
+        .bind(kind.name())
+        .bind(ns)
+        .bind(name)
+        .fetch_optional(conn)
+        .await?;
+    row.map(|r| Ok(serde_json::from_str(r.get::<&str, _>("body"))?))
+        .transpose()
+}
+
+/// Like [`load`], but a missing object is [`Error::NotFound`].
+async fn load_existing(tx: &mut Tx<'_>, kind: Kind, ns: &str, name: &str) -> Result<Value> {
+    load(tx, kind, ns, name)
+        .await?
+        .ok_or_else(|| Error::NotFound {
+            kind: kind.name(),
+            name: name.to_string(),
+        })
+}
+
+async fn remove_row(tx: &mut Tx<'_>, kind: Kind, ns: &str, name: &str) -> Result<()> {
+    sqlx::query("DELETE FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
+        .bind(kind.name())
+        .bind(ns)
+        .bind(name)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
 
 async fn next_rv(tx: &mut Tx<'_>) -> Result<u64> {
     let (v,): (i64,) = sqlx::query_as(

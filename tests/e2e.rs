@@ -27,7 +27,12 @@ async fn vm_lifecycle_on_a_real_guest() {
             .success()
     );
     a.import("test-disk", &disk).await;
-    let (code, v) = a.post_yaml(VMS, &vm_yaml("life", "Always", true)).await;
+    // A cloud-init NoCloud volume too (no disk entry: it is attached as the next virtio disk).
+    let yaml = format!(
+        "{}        - name: cloudinit\n          cloudInitNoCloud:\n            userData: |\n              #cloud-config\n              hostname: life-ci\n",
+        vm_yaml("life", "Always", true)
+    );
+    let (code, v) = a.post_yaml(VMS, &yaml).await;
     assert_eq!(code, 201, "{v}");
 
     // Running, with the node, an address from the NAT network and guest agent details.
@@ -78,6 +83,29 @@ async fn vm_lifecycle_on_a_real_guest() {
         .join(vm["metadata"]["uid"].as_str().unwrap())
         .join("data.qcow2");
     assert!(overlay.exists(), "no overlay at {}", overlay.display());
+    let (_, xml) = virsh(&["dumpxml", &dom]);
+    let iso = xml
+        .split("<source file='")
+        .filter_map(|s| s.split('\'').next())
+        .find(|p| p.ends_with("cloudinit.iso"))
+        .unwrap_or_else(|| panic!("no NoCloud disk in {xml}"))
+        .to_string();
+    let out = std::process::Command::new("isoinfo")
+        .args(["-R", "-i", &iso, "-x", "/user-data"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("hostname: life-ci"),
+        "user-data not in {iso}"
+    );
+    let out = std::process::Command::new("isoinfo")
+        .args(["-d", "-i", &iso])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("Volume id: cidata"),
+        "NoCloud label missing"
+    );
 
     // pause / unpause are visible in libvirt.
     assert_eq!(a.action("life", "pause").await, 202);

@@ -46,6 +46,7 @@ type S = State<Arc<AppState>>;
 pub fn router(state: AppState) -> Router {
     let state = Arc::new(state);
     let authed = Router::new()
+        .route("/readyz", get(readyz))
         .route("/version", get(version))
         .route("/apis/edgevirt.io/v1/info", get(info))
         .route(
@@ -86,7 +87,6 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), authenticate));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
         .merge(authed)
         .fallback(|| async { ApiError::not_found("no such path") })
         .with_state(state)

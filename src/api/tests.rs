@@ -90,6 +90,9 @@ async fn auth_is_required_except_health() {
         call(&t, "GET", "/healthz", None, "", "").await.0,
         StatusCode::OK
     );
+    let ready = |tok| call(&t, "GET", "/readyz", tok, "", "");
+    assert_eq!(ready(None).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(ready(Some("viewer-tok")).await.0, StatusCode::OK);
     let (code, v) = call(&t, "GET", VMS, None, "", "").await;
     assert_eq!(code, StatusCode::UNAUTHORIZED);
     assert_eq!(v["kind"], "Status");

@@ -223,6 +223,7 @@ pub async fn prepare(agent: &Agent, vmi: &Value) -> anyhow::Result<PathBuf> {
         domain_name: domain_name(&ns, &name, &uid),
         domain_uuid: uid.clone(),
         install_id: agent.install_id.clone(),
+        node: agent.cfg.node_name.clone(),
         vmi_uid: uid.clone(),
         namespace: ns,
         vmi_name: name,

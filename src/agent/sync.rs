@@ -110,7 +110,10 @@ pub async fn sync_all(agent: &Agent, housekeeping: bool) -> anyhow::Result<()> {
     let hv = agent.hv.clone();
     let owned = tokio::task::spawn_blocking(move || hv.owned_domains()).await??;
     for d in owned {
-        if d.install_id != agent.install_id || known.contains(&d.vmi_uid) {
+        // Only this node's domains of this installation: another agent sharing the libvirtd
+        // (or another installation) owns the rest.
+        let other_node = !d.node.is_empty() && d.node != agent.cfg.node_name;
+        if d.install_id != agent.install_id || other_node || known.contains(&d.vmi_uid) {
             continue;
         }
         tracing::warn!(domain = %d.name, vmi = %d.vmi_uid, "destroying a domain no VMI owns");

@@ -43,6 +43,8 @@ pub enum DomainState {
 pub struct OwnedDomain {
     pub name: String,
     pub install_id: String,
+    /// The node whose agent created it (empty for domains of older releases).
+    pub node: String,
     pub vmi_uid: String,
 }
 
@@ -100,7 +102,7 @@ pub trait Hypervisor: Send + Sync + 'static {
 pub fn parse_metadata(name: &str, xml: &str) -> Option<OwnedDomain> {
     use quick_xml::events::Event;
     let mut reader = quick_xml::Reader::from_str(xml);
-    let (mut install, mut uid) = (None, None);
+    let (mut install, mut uid, mut node) = (None, None, String::new());
     loop {
         match reader.read_event() {
             Ok(Event::Start(e)) | Ok(Event::Empty(e)) if e.local_name().as_ref() == b"instance" => {
@@ -109,6 +111,7 @@ pub fn parse_metadata(name: &str, xml: &str) -> Option<OwnedDomain> {
                     match a.key.local_name().as_ref() {
                         b"install" => install = Some(v),
                         b"vmi-uid" => uid = Some(v),
+                        b"node" => node = v,
                         _ => {}
                     }
                 }
@@ -120,6 +123,7 @@ pub fn parse_metadata(name: &str, xml: &str) -> Option<OwnedDomain> {
     Some(OwnedDomain {
         name: name.to_string(),
         install_id: install?,
+        node,
         vmi_uid: uid?,
     })
 }
@@ -128,9 +132,12 @@ pub fn parse_metadata(name: &str, xml: &str) -> Option<OwnedDomain> {
 mod tests {
     #[test]
     fn metadata_round_trip() {
-        let xml = r#"<ev:instance xmlns:ev="https://edgevirt.io/xmlns/domain/1" install="i1" vmi-uid="u1" namespace="default" name="a"/>"#;
+        let xml = r#"<ev:instance xmlns:ev="https://edgevirt.io/xmlns/domain/1" install="i1" vmi-uid="u1" node="n1" namespace="default" name="a"/>"#;
         let d = super::parse_metadata("dom", xml).unwrap();
-        assert_eq!((d.install_id.as_str(), d.vmi_uid.as_str()), ("i1", "u1"));
+        assert_eq!(
+            (d.install_id.as_str(), d.vmi_uid.as_str(), d.node.as_str()),
+            ("i1", "u1", "n1")
+        );
         assert!(super::parse_metadata("dom", "<other/>").is_none());
     }
 }

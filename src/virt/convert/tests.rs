@@ -26,6 +26,7 @@ fn ctx(accel: &str) -> Context {
         domain_name: "ev-default-demo-0123abcd".into(),
         domain_uuid: "0123abcd-0000-4000-8000-000000000001".into(),
         install_id: "install-1".into(),
+        node: "node-1".into(),
         vmi_uid: "vmi-uid".into(),
         namespace: "default".into(),
         vmi_name: "demo".into(),

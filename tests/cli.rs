@@ -111,6 +111,27 @@ fn client_commands_work_against_a_real_server() {
     assert!(!ok && err.contains("RFC 1123"), "{err}");
     let (ok, _, err) = edgevirt(&url, "wrong-token", &["vm", "list"]);
     assert!(!ok && err.contains("401"), "{err}");
+    // Server and token from ~/.config/edgevirt/client.toml when no flag or variable is set.
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(home.join(".config/edgevirt")).unwrap();
+    std::fs::write(
+        home.join(".config/edgevirt/client.toml"),
+        format!("server = \"{url}\"\ntoken = \"{token}\"\n"),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_edgevirt"))
+        .args(["vm", "list"])
+        .env("HOME", &home)
+        .env_remove("EDGEVIRT_SERVER")
+        .env_remove("EDGEVIRT_TOKEN")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("cli-vm"));
     let (ok, out, _) = edgevirt(&url, &token, &["vm", "delete", "cli-vm"]);
     assert!(ok && out.contains("deleted"), "{out}");
     // Deletion completes once the controller has released the VM (no volumes to clean).

@@ -13,3 +13,5 @@ pub mod store;
 pub mod tls;
 pub mod types;
 pub mod virt;
+pub mod vnc;
+pub mod web;

@@ -37,6 +37,7 @@ pub struct Settings {
     pub node_name: String,
     pub nat_network: String,
     pub nat_prefix: String,
+    pub console_ticket_ttl: Duration,
 }
 
 /// What the first start writes for the administrator.
@@ -122,12 +123,16 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
         }
     };
     let scheme = if tls_files.is_some() { "https" } else { "http" };
-    let app = api::router(AppState {
-        store: store.clone(),
-        data_dir: s.data_dir.clone(),
-        install_id,
-    })
-    .layer(tower_http::trace::TraceLayer::new_for_http());
+    let mut state = AppState::new(store.clone(), s.data_dir.clone(), install_id);
+    state.tls = tls_files.is_some();
+    state.consoles = std::sync::Arc::new(crate::vnc::Consoles::new(s.console_ticket_ttl));
+    if s.role == Role::All {
+        state.local_node = Some(api::LocalNode {
+            name: s.node_name.clone(),
+            data_dir: s.data_dir.clone(),
+        });
+    }
+    let app = api::router(state).layer(tower_http::trace::TraceLayer::new_for_http());
 
     let listener = std::net::TcpListener::bind(s.listen)
         .with_context(|| format!("listening on {}", s.listen))?;

@@ -64,7 +64,7 @@ impl Agent {
         self.cfg.data_dir.join("run/launchers")
     }
     pub fn run_dir(&self, vmi_uid: &str) -> PathBuf {
-        self.cfg.data_dir.join("run/vmi").join(vmi_uid)
+        vmi_run_dir(&self.cfg.data_dir, vmi_uid)
     }
     pub fn images_dir(&self) -> PathBuf {
         self.cfg.data_dir.join("images")
@@ -75,6 +75,12 @@ impl Agent {
     pub fn log_dir(&self) -> PathBuf {
         self.cfg.data_dir.join("log")
     }
+}
+
+/// Where a VMI's runtime files live: its domain XML, NoCloud ISOs, and the VNC and serial
+/// sockets the console proxy connects to.
+pub fn vmi_run_dir(data_dir: &std::path::Path, vmi_uid: &str) -> PathBuf {
+    data_dir.join("run/vmi").join(vmi_uid)
 }
 
 /// Pick the accelerator: `kvm` when asked or when `/dev/kvm` is usable and libvirt offers it.

@@ -231,6 +231,7 @@ pub async fn prepare(agent: &Agent, vmi: &Value) -> anyhow::Result<PathBuf> {
         nat_network: agent.cfg.nat_network.clone(),
         mac_seed: owner,
         vnc_socket: Some(run_dir.join("vnc.sock").to_string_lossy().into_owned()),
+        serial_socket: Some(run_dir.join("serial.sock").to_string_lossy().into_owned()),
         disks,
         kernel,
         initrd,

@@ -91,3 +91,42 @@ pub fn verify_password(p: &str, hash: &str) -> bool {
         .map(|h| Argon2::default().verify_password(p.as_bytes(), &h).is_ok())
         .unwrap_or(false)
 }
+
+/// The dashboard's session cookie; its value is a random id, stored only as a hash.
+pub const SESSION_COOKIE: &str = "edgevirt_session";
+/// Header that carries the session's CSRF token on state changes made by scripts.
+pub const CSRF_HEADER: &str = "x-csrf-token";
+/// Sessions last a working day.
+pub const SESSION_TTL_SECS: i64 = 12 * 3600;
+
+/// A cookie's value from the request headers.
+pub fn cookie(headers: &axum::http::HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| cookie::Cookie::split_parse(v.to_owned()))
+        .filter_map(Result::ok)
+        .find(|c| c.name() == name)
+        .map(|c| c.value().to_string())
+}
+
+/// The live session the request's cookie names, if any.
+pub async fn session_of(
+    store: &crate::store::Store,
+    headers: &axum::http::HeaderMap,
+) -> crate::store::Result<Option<crate::store::Session>> {
+    match cookie(headers, SESSION_COOKIE) {
+        Some(id) if !id.is_empty() => store.session(&token_hash(&id)).await,
+        _ => Ok(None),
+    }
+}
+
+/// Compare secrets without leaking where they differ through timing.
+pub fn same_secret(a: &str, b: &str) -> bool {
+    let (a, b) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}

@@ -26,15 +26,37 @@ use crate::store::Store;
 use auth::{Principal, Role};
 use error::{ApiError, ApiResult};
 
+/// The node whose agent runs in this same process (role `all`).
+#[derive(Clone, Debug)]
+pub struct LocalNode {
+    pub name: String,
+    pub data_dir: PathBuf,
+}
+
 /// What handlers share.
 #[derive(Clone)]
 pub struct AppState {
     pub store: Store,
     pub data_dir: PathBuf,
     pub install_id: String,
+    pub local_node: Option<LocalNode>,
+    pub consoles: Arc<crate::vnc::Consoles>,
+    /// Served over TLS: cookies get the Secure attribute.
+    pub tls: bool,
 }
 
 impl AppState {
+    pub fn new(store: Store, data_dir: PathBuf, install_id: String) -> Self {
+        AppState {
+            store,
+            data_dir,
+            install_id,
+            local_node: None,
+            consoles: Default::default(),
+            tls: false,
+        }
+    }
+
     pub fn images_dir(&self) -> PathBuf {
         self.data_dir.join("images")
     }
@@ -42,10 +64,26 @@ impl AppState {
 
 type S = State<Arc<AppState>>;
 
-/// The whole API as one router.
+/// Everything served on the one port: API, console proxy, dashboard.
 pub fn router(state: AppState) -> Router {
     let state = Arc::new(state);
-    let authed = Router::new()
+    let authed = api_routes()
+        .merge(crate::vnc::authed_routes())
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate));
+    let api_for_web = authed.clone().with_state(state.clone());
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .merge(authed)
+        .merge(crate::vnc::ticket_routes())
+        .merge(crate::web::routes(state.clone(), api_for_web))
+        .fallback(|| async { ApiError::not_found("no such path") })
+        .with_state(state)
+}
+
+/// The Kubernetes-style API paths.
+fn api_routes() -> Router<Arc<AppState>> {
+    Router::new()
         .route("/readyz", get(readyz))
         .route("/version", get(version))
         .route("/apis/edgevirt.io/v1/info", get(info))
@@ -83,13 +121,6 @@ pub fn router(state: AppState) -> Router {
                 .patch(subresources::patch_cluster)
                 .get(subresources::get_cluster),
         )
-        .layer(axum::extract::DefaultBodyLimit::disable())
-        .layer(middleware::from_fn_with_state(state.clone(), authenticate));
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .merge(authed)
-        .fallback(|| async { ApiError::not_found("no such path") })
-        .with_state(state)
 }
 
 async fn readyz(State(st): S) -> Response {
@@ -113,8 +144,13 @@ async fn info(State(st): S) -> impl IntoResponse {
     axum::Json(json!({"installId": st.install_id, "version": env!("CARGO_PKG_VERSION")}))
 }
 
-/// Check the bearer token; put the [`Principal`] into the request.
+/// Check the bearer token, or the dashboard's session cookie (with its CSRF token on every
+/// state change); put the [`Principal`] into the request. A principal already present was
+/// put there in-process by the dashboard, which calls the API for its forms.
 async fn authenticate(State(st): S, mut req: Request, next: Next) -> Response {
+    if req.extensions().get::<Principal>().is_some() {
+        return next.run(req).await;
+    }
     let token = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -122,7 +158,31 @@ async fn authenticate(State(st): S, mut req: Request, next: Next) -> Response {
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     let Some(token) = token else {
-        return ApiError::unauthorized().into_response();
+        return match auth::session_of(&st.store, req.headers()).await {
+            Ok(Some(s)) => {
+                let safe = req.method().is_safe();
+                let csrf = req
+                    .headers()
+                    .get(auth::CSRF_HEADER)
+                    .and_then(|v| v.to_str().ok());
+                if !safe && !csrf.is_some_and(|c| auth::same_secret(c, &s.csrf)) {
+                    return ApiError::forbidden(
+                        "a state change with a session cookie needs the X-CSRF-Token header",
+                    )
+                    .into_response();
+                }
+                match Role::parse(&s.role) {
+                    Some(role) => {
+                        req.extensions_mut()
+                            .insert(Principal { user: s.user, role });
+                        next.run(req).await
+                    }
+                    None => ApiError::unauthorized().into_response(),
+                }
+            }
+            Ok(None) => ApiError::unauthorized().into_response(),
+            Err(e) => ApiError::internal(e).into_response(),
+        };
     };
     match st.store.token(&auth::token_hash(token)).await {
         Ok(Some((user, role))) => match Role::parse(&role) {

@@ -34,11 +34,11 @@ async fn setup() -> T {
         )
         .await
         .unwrap();
-    let app = router(AppState {
-        store: store.clone(),
-        data_dir: dir.path().to_path_buf(),
-        install_id: "test".into(),
-    });
+    let app = router(AppState::new(
+        store.clone(),
+        dir.path().to_path_buf(),
+        "test".into(),
+    ));
     T {
         _dir: dir,
         app,

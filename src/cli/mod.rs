@@ -88,6 +88,14 @@ struct ServeArgs {
     /// First three octets of the NAT network's /24 [default: 10.77.0].
     #[arg(long, env = "EDGEVIRT_NAT_PREFIX")]
     nat_prefix: Option<String>,
+    /// Seconds a console ticket stays valid (tests shorten it).
+    #[arg(
+        long,
+        env = "EDGEVIRT_CONSOLE_TICKET_TTL",
+        default_value_t = 30,
+        hide = true
+    )]
+    console_ticket_ttl: u64,
     /// TOML settings file [default: /etc/edgevirt/edgevirt.toml if it exists].
     #[arg(long, env = "EDGEVIRT_CONFIG")]
     config: Option<PathBuf>,
@@ -239,6 +247,7 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
             .nat_prefix
             .or(f.nat_prefix)
             .unwrap_or_else(|| "10.77.0".into()),
+        console_ticket_ttl: std::time::Duration::from_secs(a.console_ticket_ttl.max(1)),
     })
 }
 

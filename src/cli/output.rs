@@ -10,21 +10,7 @@ pub enum Format {
     Yaml,
 }
 
-/// Kubernetes-style age: 45s, 3m, 2h, 4d.
-pub fn age(ts: &str) -> String {
-    let Ok(t) = chrono::DateTime::parse_from_rfc3339(ts) else {
-        return "<unknown>".into();
-    };
-    let s = (chrono::Utc::now() - t.with_timezone(&chrono::Utc))
-        .num_seconds()
-        .max(0);
-    match s {
-        0..=119 => format!("{s}s"),
-        120..=7199 => format!("{}m", s / 60),
-        7200..=172_799 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86400),
-    }
-}
+pub use crate::types::age;
 
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();

@@ -5,6 +5,7 @@
 //! then wakes in-process watchers. Writes go through a single connection, so concurrent API
 //! clients queue instead of failing with `SQLITE_BUSY`. This is the only module with SQL.
 
+mod accounts;
 mod selector;
 
 use std::path::Path;
@@ -18,6 +19,7 @@ use sqlx::sqlite::{
 };
 use tokio::sync::broadcast;
 
+pub use accounts::{Session, TokenInfo, UserInfo};
 pub use selector::{FieldSelector, LabelSelector};
 
 use crate::types::{Kind, now};
@@ -416,6 +418,35 @@ impl Store {
             .collect()
     }
 
+    /// The latest `limit` changes of one object, newest first: (resourceVersion, type, body).
+    pub async fn object_history(
+        &self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+        limit: u32,
+    ) -> Result<Vec<(u64, String, Value)>> {
+        let rows = sqlx::query(
+            "SELECT rv, type, body FROM events WHERE kind = ? AND namespace = ? AND name = ? \
+             ORDER BY rv DESC LIMIT ?",
+        )
+        .bind(kind.name())
+        .bind(ns)
+        .bind(name)
+        .bind(limit)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok((
+                    r.get::<i64, _>("rv") as u64,
+                    r.get::<String, _>("type"),
+                    serde_json::from_str(r.get::<&str, _>("body"))?,
+                ))
+            })
+            .collect()
+    }
+
     fn publish(&self, ev: Event) {
         let _ = self.events.send(Arc::new(ev));
     }
@@ -442,61 +473,6 @@ impl Store {
             .fetch_one(&self.writer)
             .await?;
         Ok(v)
-    }
-
-    /// Create a user if it does not exist; false if it existed.
-    pub async fn create_user(&self, name: &str, password_hash: &str, role: &str) -> Result<bool> {
-        let r = sqlx::query(
-            "INSERT OR IGNORE INTO users (name, password_hash, role, created) VALUES (?, ?, ?, ?)",
-        )
-        .bind(name)
-        .bind(password_hash)
-        .bind(role)
-        .bind(now())
-        .execute(&self.writer)
-        .await?;
-        Ok(r.rows_affected() == 1)
-    }
-
-    pub async fn user(&self, name: &str) -> Result<Option<(String, String)>> {
-        Ok(sqlx::query_as::<_, (String, String)>(
-            "SELECT password_hash, role FROM users WHERE name = ?",
-        )
-        .bind(name)
-        .fetch_optional(&self.reader)
-        .await?)
-    }
-
-    pub async fn add_token(
-        &self,
-        hash: &str,
-        user: &str,
-        role: &str,
-        description: &str,
-    ) -> Result<String> {
-        let id = uuid::Uuid::new_v4().to_string();
-        sqlx::query(
-            "INSERT INTO tokens (id, hash, user_name, role, description, created) VALUES (?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&id)
-        .bind(hash)
-        .bind(user)
-        .bind(role)
-        .bind(description)
-        .bind(now())
-        .execute(&self.writer)
-        .await?;
-        Ok(id)
-    }
-
-    /// Look a token up by its hash: (user, role).
-    pub async fn token(&self, hash: &str) -> Result<Option<(String, String)>> {
-        Ok(sqlx::query_as::<_, (String, String)>(
-            "SELECT user_name, role FROM tokens WHERE hash = ?",
-        )
-        .bind(hash)
-        .fetch_optional(&self.reader)
-        .await?)
     }
 
     /// Drop events older than the keep window.

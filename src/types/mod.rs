@@ -27,6 +27,22 @@ pub use edgevirt::{Image, Node};
 pub use kubevirt::{VirtualMachine, VirtualMachineInstance};
 
 /// The current time as RFC 3339 with second precision, as Kubernetes writes timestamps.
+/// Kubernetes-style age of an RFC 3339 timestamp: 45s, 3m, 2h, 4d.
+pub fn age(ts: &str) -> String {
+    let Ok(t) = chrono::DateTime::parse_from_rfc3339(ts) else {
+        return "<unknown>".into();
+    };
+    let s = (chrono::Utc::now() - t.with_timezone(&chrono::Utc))
+        .num_seconds()
+        .max(0);
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        7200..=172_799 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
 pub fn now() -> String {
     chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }

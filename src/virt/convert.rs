@@ -34,6 +34,8 @@ pub struct Context {
     /// Seed for stable MAC addresses (the VM's uid, so restarts keep the address).
     pub mac_seed: String,
     pub vnc_socket: Option<String>,
+    /// The serial console as a unix socket (QEMU listens); a pty when None.
+    pub serial_socket: Option<String>,
     /// Volume name → the disk prepared for it.
     pub disks: BTreeMap<String, ResolvedDisk>,
     pub kernel: Option<String>,
@@ -87,6 +89,7 @@ struct DomainXml<'a> {
     disks: Vec<DiskXml>,
     nics: Vec<NicXml>,
     serial: bool,
+    serial_socket: Option<String>,
     vnc_socket: Option<String>,
 }
 
@@ -371,6 +374,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
         disks,
         nics,
         serial: spec.domain.devices.autoattach_serial_console != Some(false),
+        serial_socket: ctx.serial_socket.clone(),
         vnc_socket: if spec.domain.devices.autoattach_graphics_device == Some(false) {
             None
         } else {

@@ -196,6 +196,24 @@ impl Appliance {
         self.install_id = info["installId"].as_str().unwrap().to_string();
     }
 
+    /// A user with `role` and an API token for it, written straight into the appliance's
+    /// database (the store is safe to share between processes).
+    pub async fn add_token(&self, user: &str, role: &str) -> String {
+        let store = edgevirt::store::Store::open(&self.dir.join("edgevirt.db"))
+            .await
+            .unwrap();
+        store
+            .create_user(user, &edgevirt::api::auth::hash_password("password1"), role)
+            .await
+            .unwrap();
+        let token = edgevirt::api::auth::random_secret(24);
+        store
+            .add_token(&edgevirt::api::auth::token_hash(&token), user, role, "test")
+            .await
+            .unwrap();
+        token
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }

@@ -34,6 +34,7 @@ fn ctx(accel: &str) -> Context {
         nat_network: "edgevirt".into(),
         mac_seed: "vm-uid".into(),
         vnc_socket: Some("/var/lib/edgevirt/run/vmi-uid/vnc.sock".into()),
+        serial_socket: Some("/var/lib/edgevirt/run/vmi-uid/serial.sock".into()),
         disks,
         kernel: Some("/var/lib/edgevirt/images/k-uid".into()),
         initrd: Some("/var/lib/edgevirt/images/i-uid".into()),

@@ -1,0 +1,391 @@
+//! The dashboard in a real browser: Debian's headless chromium, driven over WebDriver
+//! (chromedriver) against the real server with a real guest. Log in, create a VM from the
+//! form, watch it reach Running on the list page without a reload, see its screen in the
+//! noVNC console (non-blank canvas pixels) and a prompt in the serial console, stop it,
+//! delete it. Screenshots go to `target/test-artifacts/` (or $EDGEVIRT_ARTIFACTS).
+//! Needs root, libvirtd, the test guest, chromium and chromedriver (`#[ignore]`).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+
+const BOOT: Duration = Duration::from_secs(120);
+
+struct Driver {
+    child: Child,
+    _profile: tempfile::TempDir,
+    client: Client,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn start_browser() -> Driver {
+    let port = free_port();
+    let child = Command::new("/usr/bin/chromedriver")
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting chromedriver (Debian package chromium-driver)");
+    let profile = tempfile::tempdir().unwrap();
+    let caps = json!({
+        "browserName": "chrome",
+        "unhandledPromptBehavior": "accept",
+        "goog:chromeOptions": {
+            "binary": "/usr/bin/chromium",
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--window-size=1280,960",
+                format!("--user-data-dir={}", profile.path().display()),
+            ],
+        },
+    });
+    let caps = caps.as_object().unwrap().clone();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut last = String::new();
+    for _ in 0..100 {
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        match ClientBuilder::new(connector)
+            .capabilities(caps.clone())
+            .connect(&url)
+            .await
+        {
+            Ok(client) => {
+                return Driver {
+                    child,
+                    _profile: profile,
+                    client,
+                };
+            }
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("chromedriver did not start a session: {last}");
+}
+
+fn artifacts() -> PathBuf {
+    let dir = std::env::var_os("EDGEVIRT_ARTIFACTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-artifacts"));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+async fn shot(c: &Client, name: &str) {
+    let png = c.screenshot().await.unwrap();
+    let path = artifacts().join(format!("{name}.png"));
+    std::fs::write(&path, png).unwrap();
+    println!("screenshot: {}", path.display());
+}
+
+async fn text_of(c: &Client, css: &str) -> Option<String> {
+    match c.find(Locator::Css(css)).await {
+        Ok(e) => e.text().await.ok(),
+        Err(_) => None,
+    }
+}
+
+/// Poll the page until the element's text satisfies `ok` (the page updates itself).
+async fn wait_text(
+    c: &Client,
+    css: &str,
+    what: &str,
+    timeout: Duration,
+    ok: impl Fn(&str) -> bool,
+) -> String {
+    wait_for(what, timeout, || async {
+        text_of(c, css).await.filter(|t| ok(t))
+    })
+    .await
+}
+
+#[tokio::test]
+#[ignore = "needs root, libvirtd, the test guest and chromium: run scripts/test.sh"]
+async fn dashboard_in_chromium_from_login_to_delete() {
+    let a = Appliance::start(&[]).await;
+    a.import_guest().await;
+    let password = std::fs::read_to_string(a.dir.join("initial-admin"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("password="))
+        .unwrap()
+        .to_string();
+    let d = start_browser().await;
+    let c = &d.client;
+
+    // --- Log in: the dashboard sends us to the login page first.
+    c.goto(&format!("{}/ui/", a.url)).await.unwrap();
+    let url = c.current_url().await.unwrap();
+    assert_eq!(url.path(), "/ui/login", "{url}");
+    c.find(Locator::Id("username"))
+        .await
+        .unwrap()
+        .send_keys("admin")
+        .await
+        .unwrap();
+    c.find(Locator::Id("password"))
+        .await
+        .unwrap()
+        .send_keys("wrong-password")
+        .await
+        .unwrap();
+    c.find(Locator::Id("login"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let err = wait_text(
+        c,
+        "#error",
+        "the login error",
+        Duration::from_secs(10),
+        |_| true,
+    )
+    .await;
+    assert!(err.contains("wrong username or password"), "{err}");
+    c.find(Locator::Id("password"))
+        .await
+        .unwrap()
+        .send_keys(&password)
+        .await
+        .unwrap();
+    c.find(Locator::Id("login"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let h1 = wait_text(c, "h1", "the overview", Duration::from_secs(10), |t| {
+        t == "Overview"
+    })
+    .await;
+    assert_eq!(h1, "Overview");
+    let node_row = wait_text(
+        c,
+        "table tbody tr",
+        "the node row",
+        Duration::from_secs(10),
+        |t| t.contains("testnode"),
+    )
+    .await;
+    assert!(
+        node_row.contains("Ready") && node_row.contains("qemu"),
+        "{node_row}"
+    );
+    shot(c, "01-overview").await;
+
+    // --- Create a VM from the form: the test guest, booted from its kernel and initrd.
+    c.goto(&format!("{}/ui/vms/new", a.url)).await.unwrap();
+    c.find(Locator::Id("name"))
+        .await
+        .unwrap()
+        .send_keys("browser")
+        .await
+        .unwrap();
+    let mem = c.find(Locator::Id("memory")).await.unwrap();
+    mem.clear().await.unwrap();
+    mem.send_keys("192Mi").await.unwrap();
+    c.find(Locator::Css("details summary"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.find(Locator::Id("kernel"))
+        .await
+        .unwrap()
+        .select_by_value("test-kernel")
+        .await
+        .unwrap();
+    c.find(Locator::Id("initrd"))
+        .await
+        .unwrap()
+        .select_by_value("test-initrd")
+        .await
+        .unwrap();
+    c.find(Locator::Id("kernel_args"))
+        .await
+        .unwrap()
+        .send_keys("console=ttyS0 edgevirt.hostname=browser")
+        .await
+        .unwrap();
+    shot(c, "02-new-vm-form").await;
+    c.find(Locator::Id("create"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(c, "h1", "the VM's page", Duration::from_secs(10), |t| {
+        t == "default/browser"
+    })
+    .await;
+
+    // --- The list page turns Running by itself (polling, no reload).
+    c.goto(&format!("{}/ui/vms", a.url)).await.unwrap();
+    let marker: bool = c
+        .execute("window.__noReload = true; return true;", vec![])
+        .await
+        .unwrap()
+        .as_bool()
+        .unwrap();
+    assert!(marker);
+    wait_text(
+        c,
+        "tr[data-vm='browser'] [data-field='status']",
+        "Running on the list page",
+        BOOT,
+        |t| t == "Running",
+    )
+    .await;
+    let ip = wait_text(
+        c,
+        "tr[data-vm='browser'] [data-field='ip']",
+        "an IP on the list page",
+        BOOT,
+        |t| t.starts_with(NAT_PREFIX),
+    )
+    .await;
+    println!("list page: browser is Running at {ip}");
+    let same_page = c
+        .execute("return window.__noReload === true;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(
+        same_page,
+        json!(true),
+        "the status changed without a page reload"
+    );
+    shot(c, "03-vm-list-running").await;
+
+    // --- The console: noVNC draws the guest's screen.
+    c.goto(&format!("{}/ui/vms/default/browser/console", a.url))
+        .await
+        .unwrap();
+    wait_text(
+        c,
+        "#state",
+        "the console to connect",
+        Duration::from_secs(30),
+        |t| t.starts_with("Connected"),
+    )
+    .await;
+    let count = r#"
+        const c = document.querySelector('#screen canvas');
+        if (!c || !c.width) return [0, 0, 0];
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let n = 0;
+        for (let i = 0; i < d.length; i += 4) if (d[i] > 16 || d[i+1] > 16 || d[i+2] > 16) n++;
+        return [c.width, c.height, n];
+    "#;
+    let px = wait_for("non-blank pixels on the console canvas", BOOT, || async {
+        let v = c.execute(count, vec![]).await.ok()?;
+        let lit = v[2].as_u64()?;
+        (lit > 100).then_some(v)
+    })
+    .await;
+    println!("console canvas {}x{}: {} lit pixels", px[0], px[1], px[2]);
+    let state = text_of(c, "#state").await.unwrap();
+    assert!(state.contains("you have control"), "{state}");
+    shot(c, "04-console").await;
+
+    // --- The serial console: a prompt with the guest's name.
+    c.goto(&format!("{}/ui/vms/default/browser/serial", a.url))
+        .await
+        .unwrap();
+    wait_text(
+        c,
+        "#state",
+        "the serial console to connect",
+        Duration::from_secs(30),
+        |t| t.starts_with("Connected"),
+    )
+    .await;
+    let input = c
+        .find(Locator::Css(".xterm-helper-textarea"))
+        .await
+        .unwrap();
+    input
+        .send_keys("echo from-the-browser-$((6*7))\n")
+        .await
+        .unwrap();
+    wait_for(
+        "the guest's answer in the terminal",
+        Duration::from_secs(30),
+        || async {
+            let t = c
+                .execute(
+                    "return document.querySelector('.xterm-rows').textContent;",
+                    vec![],
+                )
+                .await
+                .ok()?;
+            t.as_str()
+                .filter(|t| t.contains("from-the-browser-42") && t.contains("browser:"))
+                .map(str::to_string)
+        },
+    )
+    .await;
+    shot(c, "05-serial").await;
+
+    // --- Stop (a confirmation dialog, accepted), then delete.
+    c.goto(&format!("{}/ui/vms/default/browser", a.url))
+        .await
+        .unwrap();
+    c.find(Locator::Id("action-stop"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(c, "#vm-status", "Stopped on the VM page", BOOT, |t| {
+        t == "Stopped"
+    })
+    .await;
+    shot(c, "06-stopped").await;
+    c.find(Locator::Id("action-delete"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(
+        c,
+        "h1",
+        "the VM list after delete",
+        Duration::from_secs(10),
+        |t| t == "Virtual machines",
+    )
+    .await;
+    wait_for("the VM to be gone", BOOT, || async {
+        a.vm("browser").await.is_none().then_some(())
+    })
+    .await;
+    c.goto(&format!("{}/ui/vms", a.url)).await.unwrap();
+    let body = text_of(c, "#vms tbody").await.unwrap();
+    assert!(!body.contains("browser"), "{body}");
+    shot(c, "07-deleted").await;
+    assert!(a.our_domains().is_empty(), "the domain is gone too");
+}

@@ -451,22 +451,34 @@ async fn patch(
     if p.require(write_access(kind)).is_err() {
         p.require(Access::AgentWrite)?;
     }
-    let existing = st.store.must_get(kind, &ns, &name).await?;
-    let mut obj = existing.clone();
-    apply_patch(&headers, &body, &mut obj)?;
-    let obj = if p.role == super::auth::Role::Agent {
-        // Agents patch metadata (finalizers, annotations) of objects they manage.
-        let mut o = existing.clone();
-        o["metadata"] = obj["metadata"].clone();
-        o
-    } else {
-        admission::admit(&st.store, kind, &ns, obj, Some(&existing)).await?
-    };
-    if dry_run(&q) {
-        return Ok(Json(obj));
+    // Like Kubernetes, a patch is re-applied when the object changed underneath it (the
+    // controller and agents write status often), unless the patch pins a resourceVersion.
+    let pinned = String::from_utf8_lossy(&body).contains("resourceVersion");
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let existing = st.store.must_get(kind, &ns, &name).await?;
+        let mut obj = existing.clone();
+        apply_patch(&headers, &body, &mut obj)?;
+        if obj["metadata"]["resourceVersion"] != existing["metadata"]["resourceVersion"] {
+            return Err(crate::store::Error::Conflict.into());
+        }
+        let obj = if p.role == super::auth::Role::Agent {
+            // Agents patch metadata (finalizers, annotations) of objects they manage.
+            let mut o = existing.clone();
+            o["metadata"] = obj["metadata"].clone();
+            o
+        } else {
+            admission::admit(&st.store, kind, &ns, obj, Some(&existing)).await?
+        };
+        if dry_run(&q) {
+            return Ok(Json(obj));
+        }
+        match st.store.replace(kind, obj, rv_of(&existing)).await {
+            Err(crate::store::Error::Conflict) if !pinned && attempts < 5 => continue,
+            r => return Ok(Json(r?)),
+        }
     }
-    let expected = rv_of(&existing);
-    Ok(Json(st.store.replace(kind, obj, expected).await?))
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,0 +1,453 @@
+//! The dashboard's security over real HTTP, against `edgevirt serve --role controller` (no
+//! libvirt needed): login and sessions, CSRF on forms and on cookie-authenticated API calls,
+//! escaping, Content-Security-Policy, roles, and the embedded assets.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, SET_COOKIE};
+
+struct Server {
+    child: Child,
+    url: String,
+    dir: tempfile::TempDir,
+    http: reqwest::Client,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start() -> Server {
+    edgevirt::tls::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_edgevirt"))
+        .args([
+            "serve",
+            "--role",
+            "controller",
+            "--listen",
+            "127.0.0.1:0",
+            "--node-name",
+            "t",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(u) = line.split("serving the API on ").nth(1) {
+                let _ = tx.send(u.trim().to_string());
+            }
+        }
+    });
+    let url = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("serve did not start");
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    Server {
+        child,
+        url,
+        dir,
+        http,
+    }
+}
+
+impl Server {
+    fn initial(&self, key: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join("initial-admin"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")).map(str::to_string))
+            .unwrap()
+    }
+}
+
+/// `name=value` of a Set-Cookie header, and the whole header line.
+fn set_cookie(h: &HeaderMap, name: &str) -> Option<(String, String)> {
+    h.get_all(SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with(&format!("{name}=")))
+        .map(|v| {
+            let value = v.split(';').next().unwrap()[name.len() + 1..].to_string();
+            (value, v.to_string())
+        })
+}
+
+fn hidden(html: &str, name: &str) -> String {
+    let pat = format!("name=\"{name}\" value=\"");
+    let i = html
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {name} field in {html}"))
+        + pat.len();
+    html[i..].split('"').next().unwrap().to_string()
+}
+
+/// A logged-in browser: its session cookie and CSRF token.
+struct Browser {
+    session: String,
+    csrf: String,
+}
+
+async fn login(s: &Server, user: &str, password: &str) -> Result<Browser, StatusCode> {
+    let r = s
+        .http
+        .get(format!("{}/ui/login", s.url))
+        .send()
+        .await
+        .unwrap();
+    let (pre, _) = set_cookie(r.headers(), "edgevirt_prelogin").expect("a pre-login cookie");
+    let form_csrf = hidden(&r.text().await.unwrap(), "csrf");
+    assert_eq!(
+        form_csrf, pre,
+        "the login form's token is the cookie's (double submit)"
+    );
+    let r = s
+        .http
+        .post(format!("{}/ui/login", s.url))
+        .header("cookie", format!("edgevirt_prelogin={pre}"))
+        .form(&[
+            ("csrf", pre.as_str()),
+            ("next", "/ui/"),
+            ("username", user),
+            ("password", password),
+        ])
+        .send()
+        .await
+        .unwrap();
+    if r.status() != StatusCode::SEE_OTHER {
+        return Err(r.status());
+    }
+    let (session, line) = set_cookie(r.headers(), "edgevirt_session").expect("a session cookie");
+    assert!(line.contains("HttpOnly"), "{line}");
+    assert!(line.contains("SameSite=Strict"), "{line}");
+    let page = s
+        .http
+        .get(format!("{}/ui/", s.url))
+        .header("cookie", format!("edgevirt_session={session}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let csrf = hidden(&page.text().await.unwrap(), "csrf");
+    Ok(Browser { session, csrf })
+}
+
+impl Browser {
+    fn cookie(&self) -> String {
+        format!("edgevirt_session={}", self.session)
+    }
+    async fn get(&self, s: &Server, path: &str) -> reqwest::Response {
+        s.http
+            .get(format!("{}{path}", s.url))
+            .header("cookie", self.cookie())
+            .send()
+            .await
+            .unwrap()
+    }
+    async fn post(&self, s: &Server, path: &str, form: &[(&str, &str)]) -> reqwest::Response {
+        s.http
+            .post(format!("{}{path}", s.url))
+            .header("cookie", self.cookie())
+            .form(form)
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
+/// `pattern` with `&{lt}`/`&{gt}` as either named or numeric entities is in `html`.
+fn escaped(html: &str, pattern: &str) -> bool {
+    [("lt;", "gt;"), ("#60;", "#62;")]
+        .iter()
+        .any(|(lt, gt)| html.contains(&pattern.replace("{lt}", lt).replace("{gt}", gt)))
+}
+
+#[tokio::test]
+async fn login_sessions_csrf_escaping_and_roles() {
+    let s = start();
+    let password = s.initial("password");
+    let token = s.initial("token");
+
+    // Pages need a session; the login form needs its own token.
+    let r = s
+        .http
+        .get(format!("{}/ui/vms", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()["location"], "/ui/login?next=%2Fui%2Fvms");
+    let r = s
+        .http
+        .post(format!("{}/ui/login", s.url))
+        .form(&[("username", "admin"), ("password", password.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::FORBIDDEN,
+        "a login post without the form's token"
+    );
+    assert_eq!(
+        login(&s, "admin", "not-the-password").await.err(),
+        Some(StatusCode::UNAUTHORIZED)
+    );
+    assert_eq!(
+        login(&s, "nobody", "x").await.err(),
+        Some(StatusCode::UNAUTHORIZED)
+    );
+
+    // A new session id at every login; logout ends the session.
+    let first = login(&s, "admin", &password).await.unwrap();
+    let b = login(&s, "admin", &password).await.unwrap();
+    assert_ne!(first.session, b.session);
+    assert_ne!(first.csrf, b.csrf);
+    let r = first.post(&s, "/ui/logout", &[("csrf", &first.csrf)]).await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        first.get(&s, "/ui/").await.status(),
+        StatusCode::SEE_OTHER,
+        "logged out"
+    );
+    assert_eq!(
+        b.get(&s, "/ui/").await.status(),
+        StatusCode::OK,
+        "the other session lives"
+    );
+
+    // Every page has a CSP without inline scripts, and no framing.
+    let r = b.get(&s, "/ui/vms").await;
+    let csp = r.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe"),
+        "{csp}"
+    );
+    assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+
+    // An image to boot from (raw bytes; a kernel image is not inspected further).
+    let r = s
+        .http
+        .put(format!("{}/apis/edgevirt.io/v1/images/k/upload", s.url))
+        .bearer_auth(&token)
+        .header("content-type", "application/octet-stream")
+        .body(vec![0x55u8; 4096])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+
+    // A form without (or with a wrong) CSRF token is refused and changes nothing.
+    let vm_form = [
+        ("name", "csrf-test"),
+        ("cpus", "1"),
+        ("memory", "128Mi"),
+        ("kernel", "k"),
+        ("network", "none"),
+    ];
+    let r = b.post(&s, "/ui/vms/new", &vm_form).await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let mut wrong = vm_form.to_vec();
+    wrong.push(("csrf", "0000"));
+    assert_eq!(
+        b.post(&s, "/ui/vms/new", &wrong).await.status(),
+        StatusCode::FORBIDDEN
+    );
+    let api = |path: &str| {
+        s.http
+            .get(format!("{}{path}", s.url))
+            .bearer_auth(&token)
+            .send()
+    };
+    let vm_url = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines/csrf-test";
+    assert_eq!(
+        api(vm_url).await.unwrap().status(),
+        404,
+        "nothing was created"
+    );
+    // With the token the form goes through (to the API's own checks).
+    let mut ok = vm_form.to_vec();
+    ok.push(("csrf", &b.csrf));
+    let r = b.post(&s, "/ui/vms/new", &ok).await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()["location"], "/ui/vms/default/csrf-test");
+    assert_eq!(api(vm_url).await.unwrap().status(), 200);
+
+    // Scripts calling the API with the cookie need the X-CSRF-Token header for changes.
+    let patch = |csrf: Option<&str>| {
+        let mut req = s
+            .http
+            .patch(format!("{}{vm_url}", s.url))
+            .header("cookie", b.cookie())
+            .header("content-type", "application/merge-patch+json")
+            .body(r#"{"metadata":{"labels":{"patched":"yes"}}}"#);
+        if let Some(c) = csrf {
+            req = req.header("x-csrf-token", c);
+        }
+        req.send()
+    };
+    assert_eq!(patch(None).await.unwrap().status(), 403);
+    assert_eq!(patch(Some("wrong")).await.unwrap().status(), 403);
+    assert_eq!(patch(Some(&b.csrf)).await.unwrap().status(), 200);
+    let r = s
+        .http
+        .get(format!("{}{vm_url}", s.url))
+        .header("cookie", b.cookie())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "reads with the cookie need no token");
+
+    // What users typed is escaped: a refused name echoed in the error, an annotation shown.
+    let evil = "<script>alert(1)</script>";
+    let mut form = vm_form.to_vec();
+    form[0] = ("name", evil);
+    form.push(("csrf", &b.csrf));
+    let r = b.post(&s, "/ui/vms/new", &form).await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let html = r.text().await.unwrap();
+    assert!(!html.contains(evil), "raw script in the page");
+    assert!(
+        escaped(&html, "&{lt}script&{gt}alert(1)&{lt}/script&{gt}"),
+        "{html}"
+    );
+    let r = s
+        .http
+        .patch(format!("{}{vm_url}", s.url))
+        .bearer_auth(&token)
+        .header("content-type", "application/merge-patch+json")
+        .body(format!(
+            r#"{{"metadata":{{"annotations":{{"note":"{evil}"}}}}}}"#
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let html = b
+        .get(&s, "/ui/vms/default/csrf-test")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        escaped(&html, "note: &{lt}script&{gt}alert(1)&{lt}/script&{gt}"),
+        "{html}"
+    );
+    assert!(!html.contains(evil));
+
+    // Admins add users; a viewer sees but changes nothing and opens no console.
+    let r = b
+        .post(
+            &s,
+            "/ui/admin/users",
+            &[
+                ("csrf", &b.csrf),
+                ("name", "vera"),
+                ("role", "viewer"),
+                ("password", "viewer-pass"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("User vera created."));
+    let v = login(&s, "vera", "viewer-pass").await.unwrap();
+    let list = v.get(&s, "/ui/vms").await.text().await.unwrap();
+    assert!(list.contains("csrf-test"), "viewers see VMs");
+    assert!(
+        !list.contains("href=\"/ui/vms/new\""),
+        "no New VM link for viewers"
+    );
+    let r = v
+        .post(
+            &s,
+            "/ui/vms/default/csrf-test/action",
+            &[("csrf", &v.csrf), ("action", "delete")],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert_eq!(api(vm_url).await.unwrap().status(), 200, "still there");
+    assert_eq!(
+        v.get(&s, "/ui/vms/default/csrf-test/console")
+            .await
+            .status(),
+        StatusCode::FORBIDDEN
+    );
+    let r = s
+        .http
+        .post(format!("{}/console/tickets", s.url))
+        .header("cookie", v.cookie())
+        .header("x-csrf-token", &v.csrf)
+        .json(&serde_json::json!({"name": "csrf-test", "kind": "vnc"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "viewers get no console ticket");
+    assert_eq!(v.get(&s, "/ui/admin").await.status(), StatusCode::FORBIDDEN);
+    // A stopped VM has no console for anyone.
+    let r = s
+        .http
+        .post(format!("{}/console/tickets", s.url))
+        .bearer_auth(&token)
+        .json(&serde_json::json!({"name": "csrf-test", "kind": "vnc"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+
+    // The admin deletes the VM from its page.
+    let r = b
+        .post(
+            &s,
+            "/ui/vms/default/csrf-test/action",
+            &[("csrf", &b.csrf), ("action", "delete")],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+}
+
+#[tokio::test]
+async fn assets_are_embedded() {
+    let s = start();
+    for (path, ct) in [
+        ("/ui/static/app.js", "javascript"),
+        ("/ui/static/app.css", "text/css"),
+        ("/ui/vendor/novnc/core/rfb.js", "javascript"),
+        (
+            "/ui/vendor/novnc/vendor/pako/lib/zlib/inflate.js",
+            "javascript",
+        ),
+        ("/ui/vendor/xterm/lib/xterm.mjs", "javascript"),
+        ("/ui/vendor/xterm/css/xterm.css", "text/css"),
+    ] {
+        let r = s.http.get(format!("{}{path}", s.url)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let got = r.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(got.contains(ct), "{path}: {got}");
+        assert!(!r.bytes().await.unwrap().is_empty());
+    }
+    let r = s
+        .http
+        .get(format!("{}/ui/vendor/novnc/..%2f..%2fCargo.toml", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}

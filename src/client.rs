@@ -7,9 +7,14 @@ use anyhow::{Context, bail};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
+/// A console websocket opened by [`Client::console`].
+pub type WebSocket = tokio_tungstenite::WebSocketStream<reqwest::Upgraded>;
+
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
+    /// HTTP/1.1 only: websocket upgrades.
+    http1: reqwest::Client,
     base: String,
     token: String,
 }
@@ -33,21 +38,82 @@ impl Client {
         insecure: bool,
     ) -> anyhow::Result<Client> {
         crate::tls::install_crypto_provider();
-        let mut b = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .pool_idle_timeout(Duration::from_secs(30));
-        if let Some(ca) = ca_file {
-            let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
-            b = b.add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
-        }
-        if insecure {
-            b = b.danger_accept_invalid_certs(true);
-        }
+        let pem = match ca_file {
+            Some(ca) => {
+                Some(std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?)
+            }
+            None => None,
+        };
+        let builder = || -> anyhow::Result<reqwest::ClientBuilder> {
+            let mut b = reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .pool_idle_timeout(Duration::from_secs(30));
+            if let Some(pem) = &pem {
+                b = b.add_root_certificate(reqwest::Certificate::from_pem(pem)?);
+            }
+            if insecure {
+                b = b.danger_accept_invalid_certs(true);
+            }
+            Ok(b)
+        };
         Ok(Client {
-            http: b.build()?,
+            http: builder()?.build()?,
+            http1: builder()?.http1_only().build()?,
             base: base.trim_end_matches('/').to_string(),
             token: token.to_string(),
         })
+    }
+
+    /// Ask for a one-time console ticket (`kind`: `vnc` or `serial`) and open its websocket.
+    pub async fn console(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: &str,
+    ) -> anyhow::Result<WebSocket> {
+        let t = self
+            .post(
+                "/console/tickets",
+                &serde_json::json!({"namespace": namespace, "name": name, "kind": kind}),
+            )
+            .await?;
+        let path = t["path"]
+            .as_str()
+            .context("the ticket answer has no path")?;
+        self.websocket(path).await
+    }
+
+    /// Open a websocket (binary subprotocol) at `path`.
+    pub async fn websocket(&self, path: &str) -> anyhow::Result<WebSocket> {
+        use reqwest::header;
+        let key = tokio_tungstenite::tungstenite::handshake::client::generate_key();
+        let r = self
+            .http1
+            .get(format!("{}{}", self.base, path))
+            .header(header::CONNECTION, "Upgrade")
+            .header(header::UPGRADE, "websocket")
+            .header(header::SEC_WEBSOCKET_VERSION, "13")
+            .header(header::SEC_WEBSOCKET_KEY, key)
+            .header(header::SEC_WEBSOCKET_PROTOCOL, "binary")
+            .send()
+            .await
+            .with_context(|| format!("connecting to {}", self.base))?;
+        if r.status() != StatusCode::SWITCHING_PROTOCOLS {
+            let code = r.status();
+            let v: Value = r.json().await.unwrap_or(Value::Null);
+            bail!(
+                "{} (HTTP {})",
+                v["message"].as_str().unwrap_or("the websocket was refused"),
+                code.as_u16()
+            );
+        }
+        let up = r.upgrade().await.context("upgrading to a websocket")?;
+        Ok(tokio_tungstenite::WebSocketStream::from_raw_socket(
+            up,
+            tokio_tungstenite::tungstenite::protocol::Role::Client,
+            None,
+        )
+        .await)
     }
 
     pub fn base(&self) -> &str {

@@ -353,8 +353,98 @@ async fn rfb_and_serial_through_the_websocket_and_every_refusal() {
         "the prompt names the guest: {seen:?}"
     );
 
-    // --- A stopped VM has no console.
     drop(ws);
+    wait_for(
+        "the serial console to be free",
+        Duration::from_secs(10),
+        || async {
+            let (_, st) = a.get("/console/state/default/con").await;
+            st["viewers"].as_array()?.is_empty().then_some(())
+        },
+    )
+    .await;
+
+    // --- The command line: `vm console` on a pipe, `vm vnc` for a desktop viewer.
+    let cli = |args: &[&str]| {
+        let mut c = std::process::Command::new(exe());
+        c.args(args)
+            .env("EDGEVIRT_SERVER", &a.url)
+            .env("EDGEVIRT_TOKEN", &a.token)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        c
+    };
+    let mut con = tokio::process::Command::from(cli(&["vm", "console", "con"]))
+        .spawn()
+        .unwrap();
+    let mut stdin = con.stdin.take().unwrap();
+    let mut stdout = con.stdout.take().unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stdin.write_all(b"\necho cli-$((6*7))\n").await.unwrap();
+    let mut seen = String::new();
+    let start = Instant::now();
+    while !seen.contains("cli-42") {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "vm console said: {seen:?}"
+        );
+        let mut buf = [0u8; 4096];
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), stdout.read(&mut buf)).await
+        {
+            assert!(n > 0, "vm console ended early: {seen:?}");
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    }
+    stdin.write_all(&[0x1d]).await.unwrap(); // Ctrl-] leaves
+    let status = tokio::time::timeout(Duration::from_secs(10), con.wait())
+        .await
+        .expect("vm console left on Ctrl-]")
+        .unwrap();
+    assert!(status.success());
+
+    let mut vnc = tokio::process::Command::from(cli(&["vm", "vnc", "con"]))
+        .spawn()
+        .unwrap();
+    let mut out = tokio::io::BufReader::new(vnc.stdout.take().unwrap());
+    let mut line = String::new();
+    use tokio::io::AsyncBufReadExt;
+    tokio::time::timeout(Duration::from_secs(10), out.read_line(&mut line))
+        .await
+        .expect("vm vnc printed its port")
+        .unwrap();
+    // "VNC of default/con on 127.0.0.1:PORT: point a VNC viewer there ..."
+    let addr = line
+        .split(" on ")
+        .nth(1)
+        .and_then(|r| r.split(": ").next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut version = [0u8; 12];
+    tcp.read_exact(&mut version).await.unwrap();
+    assert_eq!(&version[..8], b"RFB 003.");
+    tcp.write_all(b"RFB 003.008\n").await.unwrap();
+    let n = tcp.read_u8().await.unwrap() as usize;
+    let mut types = vec![0u8; n];
+    tcp.read_exact(&mut types).await.unwrap();
+    tcp.write_all(&[1]).await.unwrap();
+    assert_eq!(tcp.read_u32().await.unwrap(), 0);
+    tcp.write_all(&[1]).await.unwrap();
+    let (vw, vh) = (
+        tcp.read_u16().await.unwrap() as usize,
+        tcp.read_u16().await.unwrap() as usize,
+    );
+    assert_eq!(
+        (vw, vh),
+        (w, h),
+        "a desktop viewer through `vm vnc` sees the same screen"
+    );
+    drop(tcp);
+    vnc.start_kill().unwrap();
+    let _ = vnc.wait().await;
+
+    // --- A stopped VM has no console.
     assert_eq!(a.action("con", "stop").await, 202);
     wait_for("the VMI to go", BOOT, || async {
         a.vmi("con").await.is_none().then_some(())

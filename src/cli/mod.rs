@@ -2,6 +2,7 @@
 //! for VMs, VMIs and images. Settings come from flags, `EDGEVIRT_*` environment variables and
 //! a TOML file, in that order of precedence.
 
+mod console;
 mod output;
 mod vm;
 

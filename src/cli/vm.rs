@@ -71,6 +71,17 @@ enum VmCmd {
     Delete {
         name: String,
     },
+    /// Attach this terminal to the VM's serial console (Ctrl-] leaves).
+    Console {
+        name: String,
+    },
+    /// Serve the VM's screen on a local port for a desktop VNC viewer (Ctrl-C stops).
+    Vnc {
+        name: String,
+        /// Local address to listen on.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -320,6 +331,8 @@ pub async fn run_vm(a: VmArgs) -> anyhow::Result<()> {
             c.delete(&format!("{}/{name}", vm_path(ns))).await?;
             println!("virtualmachine/{name} deleted");
         }
+        VmCmd::Console { name } => super::console::serial(&c, ns, &name).await?,
+        VmCmd::Vnc { name, listen } => super::console::vnc(&c, ns, &name, listen).await?,
     }
     Ok(())
 }

@@ -3,7 +3,8 @@
 #
 #   sudo scripts/setup-host.sh
 #
-# - installs libvirt 9 / QEMU 7.2 and the tools the test guest is built from
+# - installs libvirt 9 / QEMU 7.2, npm (the build embeds noVNC and xterm.js from npm)
+#   and the tools the test guest is built from
 #   (qemu-utils pinned to the qemu-system-x86 candidate version, downgrading a
 #   foreign qemu-utils 10.x if the image carries one);
 # - creates the kvm / libvirt-qemu groups and user that libvirt-daemon-system
@@ -18,6 +19,8 @@
 # Environment knobs:
 #   EDGEVIRT_APT_MAX_AGE_MIN   apt lists older than this are refreshed (default 60)
 #   EDGEVIRT_LIBVIRT_TIMEOUT   seconds to wait for libvirtd (default 30)
+#   EDGEVIRT_TEST_PACKAGES=1   also install the test suite's chromium, chromium-driver and
+#                              websockify (scripts/test.sh sets it)
 set -euo pipefail
 
 log() { printf '[setup-host] %s\n' "$*" >&2; }
@@ -71,6 +74,14 @@ missing=()
 for p in "${PACKAGES[@]}"; do
     [ -n "$(installed_version "$p")" ] || missing+=("$p")
 done
+# npm: build.rs fetches noVNC and xterm.js (pinned in web/package-lock.json) with it.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+# Test-only tools (browser test, websockify baseline of the console benchmark).
+if [ "${EDGEVIRT_TEST_PACKAGES:-0}" = 1 ]; then
+    for p in chromium chromium-driver websockify; do
+        [ -n "$(installed_version "$p")" ] || missing+=("$p")
+    done
+fi
 have_utils=$(installed_version qemu-utils)
 if [ "$have_utils" != "$QEMU_VER" ]; then
     log "qemu-utils ${have_utils:-not installed} -> pinning to $QEMU_VER (qemu-system-x86 candidate)"

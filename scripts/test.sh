@@ -14,7 +14,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 log "host setup"
-scripts/setup-host.sh
+EDGEVIRT_TEST_PACKAGES=1 scripts/setup-host.sh
 
 export EDGEVIRT_TEST_GUEST="${EDGEVIRT_TEST_GUEST:-$PWD/target/test-guest}"
 log "test guest in $EDGEVIRT_TEST_GUEST"
@@ -29,5 +29,7 @@ cargo clippy --all-targets --locked -- -D warnings
 log "unit and integration tests"
 cargo test --locked --all-targets
 
-log "end-to-end tests (real libvirtd, real guests)"
-cargo test --locked --test e2e -- --include-ignored --test-threads=1
+log "end-to-end tests (real libvirtd, real guests, consoles, chromium)"
+export EDGEVIRT_ARTIFACTS="${EDGEVIRT_ARTIFACTS:-$PWD/target/test-artifacts}"
+cargo test --locked --test e2e --test console --test browser -- --include-ignored --test-threads=1
+log "browser screenshots in $EDGEVIRT_ARTIFACTS"

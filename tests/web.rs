@@ -24,6 +24,10 @@ impl Drop for Server {
 }
 
 fn start() -> Server {
+    start_on("127.0.0.1:0")
+}
+
+fn start_on(listen: &str) -> Server {
     edgevirt::tls::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_edgevirt"))
@@ -32,7 +36,7 @@ fn start() -> Server {
             "--role",
             "controller",
             "--listen",
-            "127.0.0.1:0",
+            listen,
             "--node-name",
             "t",
         ])
@@ -54,10 +58,14 @@ fn start() -> Server {
     let url = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("serve did not start");
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let mut http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
+    if url.starts_with("https://") {
+        // wait for the certificate, then trust it
+        let cert = dir.path().join("tls/server.crt");
+        let pem = std::fs::read(&cert).expect("the generated certificate");
+        http = http.add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap());
+    }
+    let http = http.build().unwrap();
     Server {
         child,
         url,
@@ -412,6 +420,104 @@ async fn login_sessions_csrf_escaping_and_roles() {
         .unwrap();
     assert_eq!(r.status(), 409);
 
+    // Edit the VM's YAML on its page: the change lands; a stale copy is refused (409).
+    let page = b
+        .get(&s, "/ui/vms/default/csrf-test/edit")
+        .await
+        .text()
+        .await
+        .unwrap();
+    let start = page.find("<textarea name=\"yaml\"").unwrap();
+    let start = start + page[start..].find('>').unwrap() + 1;
+    let end = start + page[start..].find("</textarea>").unwrap();
+    let yaml = page[start..end]
+        .replace("&#34;", "\"")
+        .replace("&#39;", "'")
+        .replace("&quot;", "\"")
+        .replace("&#60;", "<")
+        .replace("&#62;", ">")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&#38;", "&")
+        .replace("&amp;", "&");
+    let edited = yaml
+        .replace("patched: 'yes'", "patched: edited")
+        .replace("patched: \"yes\"", "patched: edited")
+        .replace("patched: yes", "patched: edited");
+    assert_ne!(edited, yaml, "the label is in the YAML: {yaml}");
+    let r = b
+        .post(
+            &s,
+            "/ui/vms/default/csrf-test/edit",
+            &[("csrf", &b.csrf), ("yaml", &edited)],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let vm: serde_json::Value = api(vm_url).await.unwrap().json().await.unwrap();
+    assert_eq!(vm["metadata"]["labels"]["patched"], "edited");
+    let r = b
+        .post(
+            &s,
+            "/ui/vms/default/csrf-test/edit",
+            &[("csrf", &b.csrf), ("yaml", &edited)],
+        )
+        .await;
+    assert_eq!(
+        r.status(),
+        StatusCode::CONFLICT,
+        "saving the same stale copy again"
+    );
+
+    // Paste YAML to create a VM.
+    let pasted = "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: pasted}\nspec:\n  runStrategy: Halted\n  template:\n    spec:\n      domain:\n        memory: {guest: 64Mi}\n        firmware: {kernelBoot: {container: {image: k, kernelPath: k}}}\n";
+    let r = b
+        .post(&s, "/ui/vms/yaml", &[("csrf", &b.csrf), ("yaml", pasted)])
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()["location"], "/ui/vms/default/pasted");
+    let r = b
+        .post(
+            &s,
+            "/ui/vms/yaml",
+            &[("csrf", &b.csrf), ("yaml", "kind: [unclosed")],
+        )
+        .await;
+    assert_eq!(
+        r.status(),
+        StatusCode::BAD_REQUEST,
+        "bad YAML is a 400 with the form kept"
+    );
+    assert!(r.text().await.unwrap().contains("kind: [unclosed"));
+
+    // Admins make API tokens; the secret is shown once and works.
+    let r = b
+        .post(
+            &s,
+            "/ui/admin/tokens",
+            &[("csrf", &b.csrf), ("user", "vera"), ("description", "ci")],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let html = r.text().await.unwrap();
+    let i = html.find("id=\"new-token\">").unwrap() + "id=\"new-token\">".len();
+    let secret = &html[i..i + html[i..].find('<').unwrap()];
+    let r = s
+        .http
+        .get(format!("{}{vm_url}", s.url))
+        .bearer_auth(secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "the new viewer token reads");
+    let r = s
+        .http
+        .delete(format!("{}{vm_url}", s.url))
+        .bearer_auth(secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "and only reads");
+
     // The admin deletes the VM from its page.
     let r = b
         .post(
@@ -450,4 +556,19 @@ async fn assets_are_embedded() {
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
+}
+
+#[tokio::test]
+async fn cookies_are_secure_over_tls() {
+    let s = start_on("0.0.0.0:0");
+    let port = s.url.rsplit(':').next().unwrap().to_string();
+    let r = s
+        .http
+        .get(format!("https://127.0.0.1:{port}/ui/login"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (_, line) = set_cookie(r.headers(), "edgevirt_prelogin").unwrap();
+    assert!(line.contains("Secure"), "{line}");
 }

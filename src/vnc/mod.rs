@@ -28,7 +28,7 @@ use axum::{Json, body::Bytes};
 use futures::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 use crate::api::auth::{self, Access, Principal, Role};
@@ -474,6 +474,9 @@ async fn websocket(
     tracing::info!(user = %ticket.user, namespace = %key.0, name = %key.1, kind = kind.as_str(), connection = viewer.id, control = viewer.control.load(Ordering::SeqCst), "console connected");
     let consoles = st.consoles.clone();
     ws.protocols(["binary"])
+        // What viewers send is small (input events, update requests): a small read buffer
+        // keeps idle connections cheap.
+        .read_buffer_size(8 << 10)
         .max_message_size(1 << 20)
         .on_upgrade(move |socket| async move {
             let r = match kind {
@@ -488,6 +491,9 @@ async fn websocket(
         })
 }
 
+/// Most read from a VM's socket at once (one websocket message); below glibc's mmap threshold.
+const READ_CHUNK: usize = 64 << 10;
+
 /// Copy bytes both ways until either side closes. With a viewer, the client's RFB stream is
 /// framed and its input dropped while it has no control.
 async fn relay(
@@ -495,17 +501,19 @@ async fn relay(
     target: UnixStream,
     viewer: Option<Arc<Viewer>>,
 ) -> anyhow::Result<()> {
-    let (mut rd, mut wr) = target.into_split();
+    let (rd, mut wr) = target.into_split();
     let (mut tx, mut rx) = socket.split();
     let down = async move {
-        let mut buf = bytes::BytesMut::with_capacity(256 << 10);
+        // A buffer only while there is something to read: idle consoles hold none.
         loop {
-            buf.reserve(64 << 10);
-            let n = rd.read_buf(&mut buf).await?;
-            if n == 0 {
-                break;
+            rd.readable().await?;
+            let mut buf = bytes::BytesMut::with_capacity(READ_CHUNK);
+            match rd.try_read_buf(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => tx.send(Message::Binary(buf.freeze())).await?,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e.into()),
             }
-            tx.send(Message::Binary(buf.split().freeze())).await?;
         }
         let _ = tx.send(Message::Close(None)).await;
         anyhow::Ok(())

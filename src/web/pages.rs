@@ -563,7 +563,7 @@ pub async fn vm_rows(State(st): S, Query(q): Query<ListQuery>) -> Response {
 
 // ---------------------------------------------------------------- create
 
-#[derive(Deserialize, Clone)]
+#[derive(Deserialize, Clone, Default)]
 pub struct VmForm {
     #[serde(default)]
     name: String,
@@ -662,18 +662,8 @@ async fn image_names(st: &AppState) -> Vec<String> {
 
 pub async fn new_vm(State(st): S, Extension(u): Extension<WebUser>) -> Response {
     let blank = VmForm {
-        name: String::new(),
-        namespace: String::new(),
-        cpus: String::new(),
-        memory: String::new(),
-        image: String::new(),
-        kernel: String::new(),
-        initrd: String::new(),
-        kernel_args: String::new(),
-        user_data: String::new(),
-        network: String::new(),
-        labels: String::new(),
         start: Some("yes".into()),
+        ..Default::default()
     };
     render(&NewVmTpl {
         c: Chrome::new(&u, "New VM"),
@@ -843,18 +833,8 @@ pub async fn create_from_yaml(
     let mut c = Chrome::new(&u, "New VM");
     c.error = Some(msg);
     let blank: FormValues = VmForm {
-        name: String::new(),
-        namespace: String::new(),
-        cpus: String::new(),
-        memory: String::new(),
-        image: String::new(),
-        kernel: String::new(),
-        initrd: String::new(),
-        kernel_args: String::new(),
-        user_data: String::new(),
-        network: String::new(),
-        labels: String::new(),
         start: Some("yes".into()),
+        ..Default::default()
     }
     .into();
     render_status(

@@ -3,6 +3,7 @@
 //! a TOML file, in that order of precedence.
 
 mod console;
+mod k8s;
 mod output;
 mod vm;
 
@@ -43,6 +44,12 @@ enum Command {
     Vmi(vm::VmiArgs),
     /// Import, list and delete images (disks, kernels, initrds).
     Image(vm::ImageArgs),
+    /// Print the CustomResourceDefinitions of the kinds edgevirt serves, for a Kubernetes cluster.
+    Crds(k8s::CrdsArgs),
+    /// Print the VMs as clean KubeVirt manifests (no status, no edgevirt-only fields).
+    Export(k8s::ExportArgs),
+    /// Print a kubeconfig for kubectl and other Kubernetes clients.
+    Kubeconfig(k8s::KubeconfigArgs),
     /// Per-VM launcher process (started by the agent, not by hand).
     #[command(hide = true)]
     Launcher(LauncherArgs),
@@ -159,8 +166,21 @@ struct ClientFile {
     ca_cert: Option<PathBuf>,
 }
 
+/// Where and how a client command talks to the server, after flags, environment and file.
+pub struct ClientSettings {
+    pub server: String,
+    pub token: String,
+    pub ca_cert: Option<PathBuf>,
+    pub insecure: bool,
+}
+
 impl ClientOpts {
     pub fn client(&self) -> anyhow::Result<Client> {
+        let s = self.settings()?;
+        Client::new(&s.server, &s.token, s.ca_cert.as_deref(), s.insecure)
+    }
+
+    pub fn settings(&self) -> anyhow::Result<ClientSettings> {
         let file: ClientFile = std::env::var_os("HOME")
             .map(|h| PathBuf::from(h).join(".config/edgevirt/client.toml"))
             .and_then(|p| std::fs::read_to_string(p).ok())
@@ -185,13 +205,12 @@ impl ClientOpts {
             "no API token: pass --token, set EDGEVIRT_TOKEN, or put token = \"...\" in \
              ~/.config/edgevirt/client.toml (the first one is in <data-dir>/initial-admin)",
         )?;
-        let ca = self.ca_cert.clone().or(file.ca_cert);
-        Client::new(
-            &server,
-            &token,
-            ca.as_deref(),
-            self.insecure_skip_tls_verify,
-        )
+        Ok(ClientSettings {
+            server,
+            token,
+            ca_cert: self.ca_cert.clone().or(file.ca_cert),
+            insecure: self.insecure_skip_tls_verify,
+        })
     }
 }
 
@@ -266,6 +285,14 @@ fn init_logging() {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
+    if !matches!(cli.command, Command::Serve(_) | Command::Launcher(_)) {
+        // Client commands end quietly when their output pipe closes (`edgevirt crds | head`),
+        // as command-line tools do, instead of panicking in `print!`.
+        // SAFETY: called before any other thread exists; SIG_DFL is a valid disposition.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     // A launcher runs per VM: keep it to one thread plus a few blocking ones.
     let built = if matches!(cli.command, Command::Launcher(_)) {
         tokio::runtime::Builder::new_current_thread()
@@ -302,6 +329,9 @@ pub fn main() -> ExitCode {
             Command::Vm(a) => vm::run_vm(a).await,
             Command::Vmi(a) => vm::run_vmi(a).await,
             Command::Image(a) => vm::run_image(a).await,
+            Command::Crds(a) => k8s::crds(a),
+            Command::Export(a) => k8s::export(a).await,
+            Command::Kubeconfig(a) => k8s::kubeconfig(a),
         }
     });
     match r {

@@ -1,0 +1,182 @@
+//! The way to a Kubernetes cluster: `edgevirt crds` (CRDs generated from the Rust types),
+//! `edgevirt export` (a site's VMs as clean KubeVirt manifests) and `edgevirt kubeconfig`
+//! (so `kubectl` talks to edgevirt today).
+
+use anyhow::Context as _;
+use clap::Args;
+use kube::CustomResourceExt;
+use serde_json::{Map, Value, json};
+
+use super::ClientOpts;
+use crate::types::{edgevirt, kubevirt};
+
+#[derive(Args, Debug)]
+pub struct CrdsArgs {
+    /// Which API group's CRDs: `kubevirt.io` (a KubeVirt cluster already has these from its
+    /// operator), `edgevirt.io`, or `all`.
+    #[arg(long, default_value = "all", value_parser = ["all", "kubevirt.io", "edgevirt.io"])]
+    group: String,
+}
+
+/// The CRDs as `apiextensions.k8s.io/v1` objects.
+pub fn crd_documents(group: &str) -> Vec<Value> {
+    let all = [
+        kubevirt::VirtualMachine::crd(),
+        kubevirt::VirtualMachineInstance::crd(),
+        edgevirt::Node::crd(),
+        edgevirt::Image::crd(),
+    ];
+    all.into_iter()
+        .filter(|c| group == "all" || c.spec.group == group)
+        .map(|c| serde_json::to_value(c).expect("a CRD serializes"))
+        .collect()
+}
+
+fn print_yaml_docs(docs: &[Value]) -> anyhow::Result<()> {
+    for d in docs {
+        print!("---\n{}", serde_yaml_ng::to_string(d)?);
+    }
+    Ok(())
+}
+
+pub fn crds(a: CrdsArgs) -> anyhow::Result<()> {
+    print_yaml_docs(&crd_documents(&a.group))
+}
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// Only this namespace [default: all namespaces].
+    #[arg(short, long)]
+    namespace: Option<String>,
+    #[command(flatten)]
+    client: ClientOpts,
+}
+
+/// Annotations that mean something only to edgevirt or to one client's history.
+fn local_annotation(key: &str) -> bool {
+    key.starts_with("edgevirt.io/") || key == "kubectl.kubernetes.io/last-applied-configuration"
+}
+
+/// A VM as a KubeVirt manifest: kind, name, namespace, labels, annotations and spec; no
+/// status, server-set metadata or edgevirt bookkeeping.
+pub fn clean_manifest(vm: &Value) -> Value {
+    let m = &vm["metadata"];
+    let mut meta = Map::new();
+    meta.insert("name".into(), m["name"].clone());
+    meta.insert("namespace".into(), m["namespace"].clone());
+    if let Some(l) = m["labels"].as_object().filter(|l| !l.is_empty()) {
+        meta.insert("labels".into(), Value::Object(l.clone()));
+    }
+    if let Some(a) = m["annotations"].as_object() {
+        let kept: Map<String, Value> = a
+            .iter()
+            .filter(|(k, _)| !local_annotation(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if !kept.is_empty() {
+            meta.insert("annotations".into(), Value::Object(kept));
+        }
+    }
+    json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": meta,
+        "spec": vm["spec"],
+    })
+}
+
+pub async fn export(a: ExportArgs) -> anyhow::Result<()> {
+    let c = a.client.client()?;
+    let path = match &a.namespace {
+        Some(ns) => format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines"),
+        None => "/apis/kubevirt.io/v1/virtualmachines".to_string(),
+    };
+    let list = c.get(&path).await?;
+    let docs: Vec<Value> = list["items"]
+        .as_array()
+        .map(|items| items.iter().map(clean_manifest).collect())
+        .unwrap_or_default();
+    print_yaml_docs(&docs)
+}
+
+#[derive(Args, Debug)]
+pub struct KubeconfigArgs {
+    /// Name of the cluster, user and context in the file.
+    #[arg(long, default_value = "edgevirt")]
+    name: String,
+    /// Namespace of the context.
+    #[arg(short, long, default_value = "default")]
+    namespace: String,
+    #[command(flatten)]
+    client: ClientOpts,
+}
+
+pub fn kubeconfig(a: KubeconfigArgs) -> anyhow::Result<()> {
+    use base64::Engine;
+    let s = a.client.settings()?;
+    let mut cluster = json!({"server": s.server});
+    if let Some(ca) = &s.ca_cert {
+        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+        cluster["certificate-authority-data"] =
+            json!(base64::engine::general_purpose::STANDARD.encode(pem));
+    } else if s.insecure {
+        cluster["insecure-skip-tls-verify"] = json!(true);
+    }
+    let n = &a.name;
+    let cfg = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": n, "cluster": cluster}],
+        "users": [{"name": n, "user": {"token": s.token}}],
+        "contexts": [{"name": n, "context": {"cluster": n, "user": n, "namespace": a.namespace}}],
+        "current-context": n,
+    });
+    print!("{}", serde_yaml_ng::to_string(&cfg)?);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crds_are_valid_apiextensions_v1() {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let docs = crd_documents("all");
+        assert_eq!(docs.len(), 4);
+        for d in &docs {
+            // through YAML, as a cluster would read the printed text
+            let text = serde_yaml_ng::to_string(d).unwrap();
+            let crd: CustomResourceDefinition = serde_yaml_ng::from_str(&text).unwrap();
+            assert_eq!(d["apiVersion"], "apiextensions.k8s.io/v1");
+            let v = &crd.spec.versions[0];
+            assert!(v.served && v.storage, "{}", crd.spec.names.kind);
+            assert!(v.schema.as_ref().unwrap().open_api_v3_schema.is_some());
+        }
+        let vm = crd_documents("kubevirt.io");
+        assert_eq!(vm.len(), 2);
+        assert_eq!(vm[0]["spec"]["names"]["shortNames"], json!(["vm", "vms"]));
+        assert_eq!(vm[0]["metadata"]["name"], "virtualmachines.kubevirt.io");
+    }
+
+    #[test]
+    fn export_drops_status_and_edgevirt_bookkeeping() {
+        let vm = json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": "a", "namespace": "ns", "uid": "u", "resourceVersion": "7",
+                "generation": 2, "creationTimestamp": "t", "finalizers": ["edgevirt.io/volumes"],
+                "labels": {"app": "a"},
+                "annotations": {"edgevirt.io/volumes-node": "n", "team": "x",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{}"}},
+            "spec": {"runStrategy": "Always"},
+            "status": {"printableStatus": "Running"},
+        });
+        assert_eq!(
+            clean_manifest(&vm),
+            json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                "metadata": {"name": "a", "namespace": "ns", "labels": {"app": "a"},
+                    "annotations": {"team": "x"}},
+                "spec": {"runStrategy": "Always"}})
+        );
+    }
+}

@@ -107,6 +107,12 @@ pub async fn admit(
             obj["spec"] = canon;
         }
         Kind::Node => {}
+        Kind::Namespace => {
+            if let Some(o) = obj.as_object_mut() {
+                o.remove("spec");
+            }
+            obj["status"] = json!({"phase": "Active"});
+        }
         Kind::Image => {
             if existing.is_none() {
                 return Err(ApiError::bad_request(
@@ -118,12 +124,16 @@ pub async fn admit(
     }
     match existing {
         // Status is written through the status subresource only.
-        Some(old) if kind != Kind::Node => {
+        Some(old) if !matches!(kind, Kind::Node | Kind::Namespace) => {
             if let Some(s) = old.get("status") {
                 obj["status"] = s.clone();
             }
         }
-        None if kind != Kind::Node && kind != Kind::VirtualMachineInstance => {
+        None if !matches!(
+            kind,
+            Kind::Node | Kind::VirtualMachineInstance | Kind::Namespace
+        ) =>
+        {
             if let Some(o) = obj.as_object_mut() {
                 o.remove("status");
             }

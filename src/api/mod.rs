@@ -9,6 +9,7 @@ pub mod error;
 mod images;
 mod resources;
 mod subresources;
+mod table;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use super::auth::{Access, Principal};
 use super::error::{ApiError, ApiResult};
+use super::table;
 use super::{AppState, S, admission, parse_body};
 use crate::store::{FieldSelector, LabelSelector, rv_of};
 use crate::types::Kind;
@@ -32,6 +33,7 @@ pub struct ListParams {
     continue_: Option<String>,
     timeout_seconds: Option<u64>,
     dry_run: Option<String>,
+    include_object: Option<String>,
 }
 
 /// Map a path's group, version and plural onto a kind this server stores.
@@ -61,9 +63,10 @@ pub async fn list_all(
     Extension(p): Extension<Principal>,
     Path((group, version, plural)): Path<(String, String, String)>,
     Query(q): Query<ListParams>,
+    headers: HeaderMap,
 ) -> ApiResult<Response> {
     let kind = kind_for(&group, &version, &plural)?;
-    list(st, p, kind, None, q).await
+    list(st, p, kind, None, q, &headers).await
 }
 
 pub async fn list_ns(
@@ -71,10 +74,11 @@ pub async fn list_ns(
     Extension(p): Extension<Principal>,
     Path((group, version, ns, plural)): Path<(String, String, String, String)>,
     Query(q): Query<ListParams>,
+    headers: HeaderMap,
 ) -> ApiResult<Response> {
     let kind = kind_for(&group, &version, &plural)?;
     check_scope(kind, true)?;
-    list(st, p, kind, Some(ns), q).await
+    list(st, p, kind, Some(ns), q, &headers).await
 }
 
 async fn list(
@@ -83,12 +87,14 @@ async fn list(
     kind: Kind,
     ns: Option<String>,
     q: ListParams,
+    headers: &HeaderMap,
 ) -> ApiResult<Response> {
+    let as_table = table::wanted(headers, q.include_object.as_deref());
     p.require(Access::Read)?;
     let labels = LabelSelector::parse(q.label_selector.as_deref().unwrap_or(""))?;
     let fields = FieldSelector::parse(q.field_selector.as_deref().unwrap_or(""))?;
     if matches!(q.watch.as_deref(), Some("true") | Some("1")) {
-        return watch(st, kind, ns, labels, fields, q).await;
+        return watch(st, kind, ns, labels, fields, q, as_table).await;
     }
     let (mut items, rv) = st.store.list(kind, ns.as_deref(), &labels, &fields).await?;
     let mut cont = None;
@@ -111,6 +117,11 @@ async fn list(
     let mut meta = json!({"resourceVersion": rv.to_string()});
     if let Some(c) = cont {
         meta["continue"] = json!(c);
+    }
+    if let Some(include) = as_table {
+        return Ok(table_response(table::table(
+            kind, &items, meta, include, true,
+        )));
     }
     Ok(Json(json!({
         "apiVersion": kind.api_version(),
@@ -137,8 +148,21 @@ async fn watch(
     labels: LabelSelector,
     fields: FieldSelector,
     q: ListParams,
+    as_table: Option<table::Include>,
 ) -> ApiResult<Response> {
     let mut rx = st.store.subscribe();
+    // As a Table, each event's object is a one-row table; only the first has the columns.
+    let mut first = true;
+    let mut event = move |t: &str, o: Value| -> Value {
+        let object = match as_table {
+            Some(include) => {
+                let with_columns = std::mem::replace(&mut first, false);
+                table::table(kind, &[o], json!({}), include, with_columns)
+            }
+            None => o,
+        };
+        json!({"type": t, "object": object})
+    };
     let since: u64 = match q.resource_version.as_deref() {
         None | Some("") | Some("0") => 0,
         Some(v) => v
@@ -169,13 +193,13 @@ async fn watch(
             )
             .await?;
         for o in items.into_iter().filter(|o| wanted(kind, o)) {
-            initial.push(json!({"type": "ADDED", "object": o}));
+            initial.push(event("ADDED", o));
         }
         last = rv;
     } else {
         for ev in st.store.events_since(since).await? {
             if wanted(ev.kind, &ev.object) {
-                initial.push(json!({"type": ev.event_type, "object": ev.object}));
+                initial.push(event(ev.event_type, ev.object));
             }
             last = ev.rv;
         }
@@ -202,7 +226,7 @@ async fn watch(
                 ev = rx.recv() => match ev {
                     Ok(ev) if ev.rv > last && wanted(ev.kind, &ev.object) => {
                         last = ev.rv;
-                        if tx.send(line(&json!({"type": ev.event_type, "object": ev.object}))).await.is_err() {
+                        if tx.send(line(&event(ev.event_type, ev.object.clone()))).await.is_err() {
                             return;
                         }
                     }
@@ -227,22 +251,58 @@ pub async fn get_ns(
     State(st): S,
     Extension(p): Extension<Principal>,
     Path((group, version, ns, plural, name)): Path<(String, String, String, String, String)>,
-) -> ApiResult<Json<Value>> {
+    Query(q): Query<ListParams>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     let kind = kind_for(&group, &version, &plural)?;
     check_scope(kind, true)?;
+    get(st, p, kind, &ns, &name, q, &headers).await
+}
+
+async fn get(
+    st: Arc<AppState>,
+    p: Principal,
+    kind: Kind,
+    ns: &str,
+    name: &str,
+    q: ListParams,
+    headers: &HeaderMap,
+) -> ApiResult<Response> {
     p.require(Access::Read)?;
-    Ok(Json(st.store.must_get(kind, &ns, &name).await?))
+    let obj = st.store.must_get(kind, ns, name).await?;
+    match table::wanted(headers, q.include_object.as_deref()) {
+        Some(include) => {
+            let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
+            Ok(table_response(table::table(
+                kind,
+                &[obj],
+                meta,
+                include,
+                true,
+            )))
+        }
+        None => Ok(Json(obj).into_response()),
+    }
+}
+
+fn table_response(t: Value) -> Response {
+    (
+        [(header::CONTENT_TYPE, table::CONTENT_TYPE)],
+        serde_json::to_vec(&t).unwrap_or_default(),
+    )
+        .into_response()
 }
 
 pub async fn get_cluster(
     State(st): S,
     Extension(p): Extension<Principal>,
     Path((group, version, plural, name)): Path<(String, String, String, String)>,
-) -> ApiResult<Json<Value>> {
+    Query(q): Query<ListParams>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     let kind = kind_for(&group, &version, &plural)?;
     check_scope(kind, false)?;
-    p.require(Access::Read)?;
-    Ok(Json(st.store.must_get(kind, "", &name).await?))
+    get(st, p, kind, "", &name, q, &headers).await
 }
 
 fn write_access(kind: Kind) -> Access {

@@ -103,7 +103,7 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                             // A node that became ready again may take pending VMIs.
                             enqueue_unscheduled(&ctx, &queue).await;
                         }
-                        Kind::Image => {}
+                        Kind::Image | Kind::Namespace => {}
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => resync(&ctx, &queue).await,

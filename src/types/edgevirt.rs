@@ -13,7 +13,13 @@ use super::kubevirt::Condition;
     version = "v1",
     kind = "Node",
     status = "NodeStatus",
-    shortname = "evnode"
+    shortname = "evnode",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type=='Ready')].status"}"#,
+    printcolumn = r#"{"name":"Vendor","type":"string","jsonPath":".status.cpu.vendor"}"#,
+    printcolumn = r#"{"name":"Accel","type":"string","jsonPath":".status.accelerator"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.version"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Model","type":"string","jsonPath":".status.cpu.model","priority":1}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeSpec {
@@ -60,7 +66,10 @@ pub struct CpuFacts {
     group = "edgevirt.io",
     version = "v1",
     kind = "Image",
-    status = "ImageStatus"
+    status = "ImageStatus",
+    printcolumn = r#"{"name":"Format","type":"string","jsonPath":".status.format"}"#,
+    printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.sizeBytes"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ImageSpec {

@@ -27,19 +27,47 @@ pub use edgevirt::{Image, Node};
 pub use kubevirt::{VirtualMachine, VirtualMachineInstance};
 
 /// The current time as RFC 3339 with second precision, as Kubernetes writes timestamps.
-/// Kubernetes-style age of an RFC 3339 timestamp: 45s, 3m, 2h, 4d.
+/// Kubernetes-style age of an RFC 3339 timestamp, as `kubectl get` prints it.
 pub fn age(ts: &str) -> String {
     let Ok(t) = chrono::DateTime::parse_from_rfc3339(ts) else {
         return "<unknown>".into();
     };
-    let s = (chrono::Utc::now() - t.with_timezone(&chrono::Utc))
-        .num_seconds()
-        .max(0);
-    match s {
-        0..=119 => format!("{s}s"),
-        120..=7199 => format!("{}m", s / 60),
-        7200..=172_799 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86400),
+    human_duration((chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_seconds())
+}
+
+/// The rounding of Kubernetes' `duration.HumanDuration`: 45s, 3m20s, 2h5m, 4d, 2y3d.
+pub fn human_duration(secs: i64) -> String {
+    if secs < -1 {
+        return "<invalid>".into();
+    }
+    let s = secs.max(0);
+    if s < 120 {
+        return format!("{s}s");
+    }
+    let (m, h) = (s / 60, s / 3600);
+    let with = |big: i64, unit: &str, small: i64, sunit: &str| {
+        if small == 0 {
+            format!("{big}{unit}")
+        } else {
+            format!("{big}{unit}{small}{sunit}")
+        }
+    };
+    if m < 10 {
+        with(m, "m", s % 60, "s")
+    } else if m < 180 {
+        format!("{m}m")
+    } else if h < 8 {
+        with(h, "h", m % 60, "m")
+    } else if h < 48 {
+        format!("{h}h")
+    } else if h < 24 * 8 {
+        with(h / 24, "d", h % 24, "h")
+    } else if h < 24 * 365 * 2 {
+        format!("{}d", h / 24)
+    } else if h < 24 * 365 * 8 {
+        with(h / 24 / 365, "y", (h / 24) % 365, "d")
+    } else {
+        format!("{}y", h / 24 / 365)
     }
 }
 
@@ -54,14 +82,17 @@ pub enum Kind {
     VirtualMachineInstance,
     Node,
     Image,
+    /// Core `v1` namespaces: a name scope, as in Kubernetes; `default` always exists.
+    Namespace,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [
+    pub const ALL: [Kind; 5] = [
         Kind::VirtualMachine,
         Kind::VirtualMachineInstance,
         Kind::Node,
         Kind::Image,
+        Kind::Namespace,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +101,7 @@ impl Kind {
             Kind::VirtualMachineInstance => "VirtualMachineInstance",
             Kind::Node => "Node",
             Kind::Image => "Image",
+            Kind::Namespace => "Namespace",
         }
     }
 
@@ -79,6 +111,7 @@ impl Kind {
             Kind::VirtualMachineInstance => "virtualmachineinstances",
             Kind::Node => "nodes",
             Kind::Image => "images",
+            Kind::Namespace => "namespaces",
         }
     }
 
@@ -86,11 +119,23 @@ impl Kind {
         match self {
             Kind::VirtualMachine | Kind::VirtualMachineInstance => "kubevirt.io",
             Kind::Node | Kind::Image => "edgevirt.io",
+            Kind::Namespace => "",
         }
     }
 
     pub fn api_version(self) -> String {
-        format!("{}/v1", self.group())
+        match self.group() {
+            "" => "v1".to_string(),
+            g => format!("{g}/v1"),
+        }
+    }
+
+    /// The path prefix of its group and version: `/apis/<group>/v1`, or `/api/v1` for core.
+    pub fn path_prefix(self) -> String {
+        match self.group() {
+            "" => "/api/v1".to_string(),
+            g => format!("/apis/{g}/v1"),
+        }
     }
 
     pub fn namespaced(self) -> bool {

@@ -32,6 +32,7 @@ pub struct Settings {
     pub controller: Option<String>,
     pub join_token: Option<String>,
     pub controller_ca: Option<PathBuf>,
+    pub tls: bool,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub node_name: String,
@@ -105,8 +106,9 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
         .setting_init("installId", &uuid::Uuid::new_v4().to_string())
         .await?;
     first_start(&store, &s.data_dir).await?;
+    api::ensure_namespaces(&store).await?;
 
-    let tls_files = if s.listen.ip().is_loopback() && s.tls_cert.is_none() {
+    let tls_files = if s.listen.ip().is_loopback() && s.tls_cert.is_none() && !s.tls {
         None
     } else {
         match (&s.tls_cert, &s.tls_key) {

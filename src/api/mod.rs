@@ -5,9 +5,13 @@
 
 pub mod admission;
 pub mod auth;
+mod discovery;
 pub mod error;
 mod images;
+mod openapi;
+mod protobuf;
 mod resources;
+pub use resources::ensure_namespaces;
 mod subresources;
 mod table;
 
@@ -88,6 +92,24 @@ fn api_routes() -> Router<Arc<AppState>> {
         .route("/readyz", get(readyz))
         .route("/version", get(version))
         .route("/apis/edgevirt.io/v1/info", get(info))
+        .route("/api", get(discovery::core))
+        .route("/api/{version}", get(discovery::core_version))
+        .route("/apis", get(discovery::groups))
+        .route("/apis/{group}/{version}", get(discovery::group_version))
+        .route("/openapi/v2", get(openapi::v2))
+        .route("/openapi/v3", get(openapi::v3_index))
+        .route("/openapi/v3/{*path}", get(openapi::v3_group))
+        .route(
+            "/api/{version}/{plural}",
+            get(resources::core_list).post(resources::core_create),
+        )
+        .route(
+            "/api/{version}/{plural}/{name}",
+            get(resources::core_get)
+                .put(resources::core_replace)
+                .patch(resources::core_patch)
+                .delete(resources::core_delete),
+        )
         .route(
             "/apis/{group}/{version}/{plural}",
             get(resources::list_all).post(resources::create_cluster),
@@ -206,6 +228,15 @@ pub fn parse_body(headers: &HeaderMap, body: &Bytes) -> ApiResult<Value> {
         .unwrap_or("");
     if body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
+    }
+    if ct.starts_with(protobuf::CONTENT_TYPE) {
+        return protobuf::decode(body).map_err(|m| {
+            ApiError::new(
+                axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "UnsupportedMediaType",
+                m,
+            )
+        });
     }
     let text = std::str::from_utf8(body)
         .map_err(|_| ApiError::bad_request("the request body is not UTF-8"))?;

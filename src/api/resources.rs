@@ -34,6 +34,7 @@ pub struct ListParams {
     timeout_seconds: Option<u64>,
     dry_run: Option<String>,
     include_object: Option<String>,
+    send_initial_events: Option<bool>,
 }
 
 /// Map a path's group, version and plural onto a kind this server stores.
@@ -182,7 +183,10 @@ async fn watch(
     };
     let mut initial = Vec::new();
     let mut last = since;
-    if since == 0 {
+    // Watch-list (current kubectl's `wait`): the current objects, then a bookmark saying
+    // they are all there, then changes.
+    let watch_list = q.send_initial_events == Some(true);
+    if since == 0 || watch_list {
         let (items, rv) = st
             .store
             .list(
@@ -196,6 +200,13 @@ async fn watch(
             initial.push(event("ADDED", o));
         }
         last = rv;
+        if watch_list {
+            initial.push(json!({"type": "BOOKMARK", "object": {
+                "kind": kind.name(), "apiVersion": kind.api_version(),
+                "metadata": {"resourceVersion": rv.to_string(),
+                             "annotations": {"k8s.io/initial-events-end": "true"}},
+            }}));
+        }
     } else {
         for ev in st.store.events_since(since).await? {
             if wanted(ev.kind, &ev.object) {
@@ -353,6 +364,11 @@ async fn create(
 ) -> ApiResult<Response> {
     p.require(write_access(kind))?;
     let obj = parse_body(&headers, &body)?;
+    if kind.namespaced() && st.store.get(Kind::Namespace, "", &ns).await?.is_none() {
+        return Err(ApiError::not_found(format!(
+            "namespaces \"{ns}\" not found; create it first (kubectl create namespace {ns})"
+        )));
+    }
     let obj = admission::admit(&st.store, kind, &ns, obj, None).await?;
     if dry_run(&q) {
         return Ok((StatusCode::CREATED, Json(obj)).into_response());
@@ -601,6 +617,9 @@ async fn delete(
     if kind == Kind::Image {
         super::images::check_unused(&st, &name).await?;
     }
+    if kind == Kind::Namespace {
+        check_namespace_empty(&st, &name).await?;
+    }
     if dry_run(&q) {
         return Ok(Json(existing));
     }
@@ -613,4 +632,163 @@ async fn delete(
     }
     tracing::info!(kind = kind.name(), namespace = %ns, %name, user = %p.user, "deleted");
     Ok(Json(out))
+}
+
+/// A namespace goes only when nothing is left in it (Kubernetes would delete its contents; for
+/// VMs and their disks, edgevirt asks for that to be done on purpose).
+async fn check_namespace_empty(st: &AppState, name: &str) -> ApiResult<()> {
+    if name == "default" {
+        return Err(ApiError::forbidden(
+            "namespace \"default\" may not be deleted",
+        ));
+    }
+    for kind in Kind::ALL.into_iter().filter(|k| k.namespaced()) {
+        let (items, _) = st
+            .store
+            .list(
+                kind,
+                Some(name),
+                &LabelSelector::default(),
+                &FieldSelector::default(),
+            )
+            .await?;
+        if let Some(o) = items.first() {
+            return Err(ApiError::conflict(format!(
+                "namespace {name:?} still holds {} {:?} (and maybe more); delete its VMs first",
+                kind.name(),
+                o["metadata"]["name"].as_str().unwrap_or("")
+            )));
+        }
+    }
+    Ok(())
+}
+
+// The core group (`/api/v1/...`, namespaces): the same handlers with group "".
+
+type CoreName = Path<(String, String, String)>;
+
+pub async fn core_list(
+    st: S,
+    p: Extension<Principal>,
+    Path((version, plural)): Path<(String, String)>,
+    q: Query<ListParams>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    list_all(st, p, Path((String::new(), version, plural)), q, headers).await
+}
+
+pub async fn core_create(
+    st: S,
+    p: Extension<Principal>,
+    Path((version, plural)): Path<(String, String)>,
+    q: Query<ListParams>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    create_cluster(
+        st,
+        p,
+        Path((String::new(), version, plural)),
+        q,
+        headers,
+        body,
+    )
+    .await
+}
+
+pub async fn core_get(
+    st: S,
+    p: Extension<Principal>,
+    Path((version, plural, name)): CoreName,
+    q: Query<ListParams>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    get_cluster(
+        st,
+        p,
+        Path((String::new(), version, plural, name)),
+        q,
+        headers,
+    )
+    .await
+}
+
+pub async fn core_replace(
+    st: S,
+    p: Extension<Principal>,
+    Path((version, plural, name)): CoreName,
+    q: Query<ListParams>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    replace_cluster(
+        st,
+        p,
+        Path((String::new(), version, plural, name)),
+        q,
+        headers,
+        body,
+    )
+    .await
+}
+
+pub async fn core_patch(
+    st: S,
+    p: Extension<Principal>,
+    Path((version, plural, name)): CoreName,
+    q: Query<ListParams>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    patch_cluster(
+        st,
+        p,
+        Path((String::new(), version, plural, name)),
+        q,
+        headers,
+        body,
+    )
+    .await
+}
+
+pub async fn core_delete(
+    st: S,
+    p: Extension<Principal>,
+    Path((version, plural, name)): CoreName,
+    q: Query<ListParams>,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    delete_cluster(st, p, Path((String::new(), version, plural, name)), q, body).await
+}
+
+/// `default` and every namespace an object is in exist as Namespace objects (databases from
+/// before namespaces were stored get theirs here).
+pub async fn ensure_namespaces(store: &crate::store::Store) -> crate::store::Result<()> {
+    let mut names = std::collections::BTreeSet::from(["default".to_string()]);
+    for kind in Kind::ALL.into_iter().filter(|k| k.namespaced()) {
+        let (items, _) = store
+            .list(
+                kind,
+                None,
+                &LabelSelector::default(),
+                &FieldSelector::default(),
+            )
+            .await?;
+        for o in items {
+            if let Some(ns) = o["metadata"]["namespace"].as_str() {
+                names.insert(ns.to_string());
+            }
+        }
+    }
+    for ns in names {
+        if store.get(Kind::Namespace, "", &ns).await?.is_none() {
+            let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
+                             "status": {"phase": "Active"}});
+            match store.create(Kind::Namespace, obj, false).await {
+                Ok(_) | Err(crate::store::Error::AlreadyExists { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
 }

@@ -34,6 +34,7 @@ async fn setup() -> T {
         )
         .await
         .unwrap();
+    super::ensure_namespaces(&store).await.unwrap();
     let app = router(AppState::new(
         store.clone(),
         dir.path().to_path_buf(),

@@ -82,6 +82,10 @@ struct ServeArgs {
     /// DATA_DIR/tls/server.crt (agent role).
     #[arg(long, env = "EDGEVIRT_CONTROLLER_CA")]
     controller_ca: Option<PathBuf>,
+    /// Serve HTTPS on loopback too (a self-signed certificate unless --tls-cert/--tls-key).
+    /// kubectl sends tokens only over HTTPS.
+    #[arg(long, env = "EDGEVIRT_TLS")]
+    tls: bool,
     /// TLS certificate (PEM); with --tls-key. Generated when listening beyond loopback.
     #[arg(long, env = "EDGEVIRT_TLS_CERT")]
     tls_cert: Option<PathBuf>,
@@ -121,6 +125,7 @@ struct FileSettings {
     controller: Option<String>,
     join_token: Option<String>,
     controller_ca: Option<PathBuf>,
+    tls: Option<bool>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     node_name: Option<String>,
@@ -256,6 +261,7 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
         controller: a.controller.or(f.controller),
         join_token: a.join_token.or(f.join_token),
         controller_ca: a.controller_ca.or(f.controller_ca),
+        tls: a.tls || f.tls.unwrap_or(false),
         tls_cert: a.tls_cert.or(f.tls_cert),
         tls_key: a.tls_key.or(f.tls_key),
         node_name,

@@ -1,0 +1,404 @@
+//! OpenAPI documents for the served kinds, built from the CRD schemas (the Rust types):
+//! v3 (`/openapi/v3` index and one document per group/version), which current `kubectl`
+//! uses for `explain` and to learn that the server validates fields itself; and v2
+//! (`/openapi/v2`) as the gnostic protobuf older `kubectl` (1.20) insists on before `apply`,
+//! `create` and `edit`, and reads for `explain`.
+
+use axum::extract::{Path, Query};
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use kube::CustomResourceExt;
+use serde_json::{Map, Value, json};
+
+use super::error::{ApiError, ApiResult};
+use crate::types::{Kind, edgevirt, kubevirt};
+
+fn gvk(kind: Kind) -> Value {
+    json!({"group": kind.group(), "version": "v1", "kind": kind.name()})
+}
+
+/// The schema's name in the documents: Kubernetes' reversed-group style.
+fn schema_name(kind: Kind) -> String {
+    match kind.group() {
+        "" => format!("io.k8s.api.core.v1.{}", kind.name()),
+        g => {
+            let rev: Vec<&str> = g.split('.').rev().collect();
+            format!("{}.v1.{}", rev.join("."), kind.name())
+        }
+    }
+}
+
+/// The kind's schema, with the fields every object has and its GVK as a list (what
+/// `kubectl explain` looks for).
+fn schema(kind: Kind) -> Value {
+    let crd = match kind {
+        Kind::VirtualMachine => Some(kubevirt::VirtualMachine::crd()),
+        Kind::VirtualMachineInstance => Some(kubevirt::VirtualMachineInstance::crd()),
+        Kind::Node => Some(edgevirt::Node::crd()),
+        Kind::Image => Some(edgevirt::Image::crd()),
+        Kind::Namespace => None,
+    };
+    let mut s = crd
+        .and_then(|c| c.spec.versions[0].schema.clone())
+        .and_then(|s| s.open_api_v3_schema)
+        .map(|s| serde_json::to_value(s).unwrap_or_default())
+        .unwrap_or_else(|| {
+            json!({"type": "object", "description": "A name scope for VMs, as in Kubernetes.",
+                   "properties": {"status": {"type": "object", "properties":
+                       {"phase": {"type": "string", "description": "Active."}}}}})
+        });
+    if let Some(o) = s.as_object_mut() {
+        o.remove("title");
+        o.remove("required");
+        o.insert("description".into(), json!(description(kind)));
+    }
+    let props = s["properties"].as_object_mut().expect("an object schema");
+    props.insert(
+        "apiVersion".into(),
+        json!({"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object."}),
+    );
+    props.insert(
+        "kind".into(),
+        json!({"type": "string", "description": "Kind is a string value representing the REST resource this object represents."}),
+    );
+    props.insert(
+        "metadata".into(),
+        json!({"type": "object", "description": "Standard object's metadata: name, namespace, labels, annotations."}),
+    );
+    s["x-kubernetes-group-version-kind"] = json!([gvk(kind)]);
+    s
+}
+
+fn description(kind: Kind) -> &'static str {
+    match kind {
+        Kind::VirtualMachine => {
+            "VirtualMachine handles the VirtualMachines that are not running or are in a stopped \
+             state. It keeps a VirtualMachineInstance running as its runStrategy says."
+        }
+        Kind::VirtualMachineInstance => {
+            "VirtualMachineInstance is a running virtual machine: one libvirt domain on one node."
+        }
+        Kind::Node => "Node is a host running the edgevirt agent.",
+        Kind::Image => "Image is a disk, kernel or initrd image imported into edgevirt.",
+        Kind::Namespace => "Namespace is a name scope for VMs, as in Kubernetes.",
+    }
+}
+
+fn gv_key(group: &str) -> String {
+    if group.is_empty() {
+        "api/v1".into()
+    } else {
+        format!("apis/{group}/v1")
+    }
+}
+
+/// Changes whenever the documents may: the version of this binary.
+fn hash() -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(&Sha256::digest(env!("CARGO_PKG_VERSION").as_bytes())[..8])
+}
+
+/// `GET /openapi/v3`
+pub async fn v3_index() -> Response {
+    let mut paths = Map::new();
+    for g in ["", "kubevirt.io", "edgevirt.io"] {
+        let key = gv_key(g);
+        paths.insert(
+            key.clone(),
+            json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={}", hash())}),
+        );
+    }
+    axum::Json(json!({ "paths": paths })).into_response()
+}
+
+fn operation(kind: Kind, verb: &str) -> Value {
+    let mut op = json!({
+        "operationId": format!("{verb}{}", kind.name()),
+        "responses": {"200": {"description": "OK", "content": {"application/json": {"schema":
+            {"$ref": format!("#/components/schemas/{}", schema_name(kind))}}}}},
+        "x-kubernetes-group-version-kind": gvk(kind),
+        "x-kubernetes-action": verb,
+    });
+    if matches!(verb, "patch" | "put" | "post") {
+        // edgevirt checks fields itself (unknown fields are refused), so kubectl need not.
+        op["parameters"] = json!([
+            {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+            {"name": "dryRun", "in": "query", "schema": {"type": "string"}},
+            {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
+        ]);
+        // No strategic-merge-patch here: kubectl then sends JSON merge patches.
+        let types: &[&str] = if verb == "patch" {
+            &[
+                "application/merge-patch+json",
+                "application/json-patch+json",
+            ]
+        } else {
+            &["application/json", "application/yaml"]
+        };
+        let content: Map<String, Value> = types
+            .iter()
+            .map(|t| (t.to_string(), json!({"schema": {"type": "object"}})))
+            .collect();
+        op["requestBody"] = json!({ "content": content });
+    }
+    op
+}
+
+fn v3_document(group: &str) -> Value {
+    let mut paths = Map::new();
+    let mut schemas = Map::new();
+    for kind in Kind::ALL.into_iter().filter(|k| k.group() == group) {
+        let base = if kind.namespaced() {
+            format!(
+                "{}/namespaces/{{namespace}}/{}",
+                kind.path_prefix(),
+                kind.plural()
+            )
+        } else {
+            format!("{}/{}", kind.path_prefix(), kind.plural())
+        };
+        paths.insert(
+            base.clone(),
+            json!({"get": operation(kind, "list"), "post": operation(kind, "post")}),
+        );
+        paths.insert(
+            format!("{base}/{{name}}"),
+            json!({
+                "get": operation(kind, "get"),
+                "put": operation(kind, "put"),
+                "patch": operation(kind, "patch"),
+                "delete": operation(kind, "delete"),
+            }),
+        );
+        schemas.insert(schema_name(kind), schema(kind));
+    }
+    json!({
+        "openapi": "3.0.0",
+        "info": {"title": "edgevirt", "version": env!("CARGO_PKG_VERSION")},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    })
+}
+
+/// `GET /openapi/v3/{*path}`: `api/v1` or `apis/{group}/v1`.
+pub async fn v3_group(
+    Path(path): Path<String>,
+    Query(_q): Query<std::collections::HashMap<String, String>>,
+) -> ApiResult<Response> {
+    let group = match path.as_str() {
+        "api/v1" => "",
+        "apis/kubevirt.io/v1" => "kubevirt.io",
+        "apis/edgevirt.io/v1" => "edgevirt.io",
+        _ => return Err(ApiError::not_found(format!("no OpenAPI document {path:?}"))),
+    };
+    Ok(axum::Json(v3_document(group)).into_response())
+}
+
+/// The Content-Type of the v2 protobuf, as kube-apiserver sends it (Go's mime parser
+/// refuses the `@` of the Accept form).
+const PROTO_V2: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+
+/// `GET /openapi/v2`: protobuf when asked (kubectl), JSON otherwise.
+pub async fn v2(headers: HeaderMap) -> Response {
+    let definitions: Map<String, Value> = Kind::ALL
+        .into_iter()
+        .map(|k| (schema_name(k), schema(k)))
+        .collect();
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if accept.contains("protobuf") {
+        return (
+            [(header::CONTENT_TYPE, PROTO_V2)],
+            proto::document(&definitions),
+        )
+            .into_response();
+    }
+    axum::Json(json!({
+        "swagger": "2.0",
+        "info": {"title": "edgevirt", "version": env!("CARGO_PKG_VERSION")},
+        "paths": {},
+        "definitions": definitions,
+    }))
+    .into_response()
+}
+
+/// Just enough of gnostic's `openapi_v2.Document` protobuf (google/gnostic,
+/// `openapiv2/OpenAPIv2.proto`) for kubectl to read definitions: field numbers from that file.
+mod proto {
+    use serde_json::{Map, Value};
+
+    fn varint(mut n: u64, out: &mut Vec<u8>) {
+        loop {
+            let b = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(b);
+                return;
+            }
+            out.push(b | 0x80);
+        }
+    }
+
+    /// A length-delimited field.
+    fn field(num: u64, payload: &[u8], out: &mut Vec<u8>) {
+        varint(num << 3 | 2, out);
+        varint(payload.len() as u64, out);
+        out.extend_from_slice(payload);
+    }
+
+    fn bool_field(num: u64, v: bool, out: &mut Vec<u8>) {
+        varint(num << 3, out);
+        out.push(v as u8);
+    }
+
+    /// `Any { yaml = 2 }`: JSON is YAML.
+    fn any(v: &Value) -> Vec<u8> {
+        let mut o = vec![];
+        field(2, v.to_string().as_bytes(), &mut o);
+        o
+    }
+
+    /// `NamedAny { name = 1; value = 2 }`
+    fn named_any(name: &str, v: &Value) -> Vec<u8> {
+        let mut o = vec![];
+        field(1, name.as_bytes(), &mut o);
+        field(2, &any(v), &mut o);
+        o
+    }
+
+    fn schema(s: &Value) -> Vec<u8> {
+        let mut o = vec![];
+        if let Some(r) = s["$ref"].as_str() {
+            field(1, r.as_bytes(), &mut o);
+        }
+        if let Some(f) = s["format"].as_str() {
+            field(2, f.as_bytes(), &mut o);
+        }
+        if let Some(d) = s["description"].as_str() {
+            field(4, d.as_bytes(), &mut o);
+        }
+        for r in s["required"].as_array().into_iter().flatten() {
+            if let Some(r) = r.as_str() {
+                field(19, r.as_bytes(), &mut o);
+            }
+        }
+        for e in s["enum"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| !e.is_null())
+        {
+            field(20, &any(e), &mut o);
+        }
+        match &s["additionalProperties"] {
+            Value::Object(_) => {
+                let mut ap = vec![];
+                field(1, &schema(&s["additionalProperties"]), &mut ap);
+                field(21, &ap, &mut o);
+            }
+            Value::Bool(b) => {
+                let mut ap = vec![];
+                bool_field(2, *b, &mut ap);
+                field(21, &ap, &mut o);
+            }
+            _ => {}
+        }
+        if let Some(t) = s["type"].as_str() {
+            // TypeItem { repeated string value = 1 }
+            let mut ti = vec![];
+            field(1, t.as_bytes(), &mut ti);
+            field(22, &ti, &mut o);
+        }
+        if s["items"].is_object() {
+            // ItemsItem { repeated Schema schema = 1 }
+            let mut it = vec![];
+            field(1, &schema(&s["items"]), &mut it);
+            field(23, &it, &mut o);
+        }
+        if let Some(props) = s["properties"].as_object() {
+            // Properties { repeated NamedSchema additional_properties = 1 }
+            let mut ps = vec![];
+            for (k, v) in props {
+                let mut ns = vec![];
+                field(1, k.as_bytes(), &mut ns);
+                field(2, &schema(v), &mut ns);
+                field(1, &ns, &mut ps);
+            }
+            field(25, &ps, &mut o);
+        }
+        if let Some(obj) = s.as_object() {
+            for (k, v) in obj.iter().filter(|(k, _)| k.starts_with("x-")) {
+                field(31, &named_any(k, v), &mut o);
+            }
+        }
+        o
+    }
+
+    /// `Document { swagger = 1; info = 2; definitions = 9 }`
+    pub fn document(definitions: &Map<String, Value>) -> Vec<u8> {
+        let mut o = vec![];
+        field(1, b"2.0", &mut o);
+        let mut info = vec![];
+        field(1, b"edgevirt", &mut info);
+        field(2, env!("CARGO_PKG_VERSION").as_bytes(), &mut info);
+        field(2, &info, &mut o);
+        let mut defs = vec![];
+        for (name, s) in definitions {
+            let mut ns = vec![];
+            field(1, name.as_bytes(), &mut ns);
+            field(2, &schema(s), &mut ns);
+            field(1, &ns, &mut defs);
+        }
+        field(9, &defs, &mut o);
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v3_patch_operations_say_the_server_validates_fields() {
+        let d = v3_document("kubevirt.io");
+        let p = &d["paths"]["/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}"]["patch"];
+        assert_eq!(
+            p["x-kubernetes-group-version-kind"]["kind"],
+            "VirtualMachine"
+        );
+        assert!(
+            p["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x["name"] == "fieldValidation")
+        );
+        assert!(
+            p["requestBody"]["content"]
+                .get("application/strategic-merge-patch+json")
+                .is_none()
+        );
+        let s = &d["components"]["schemas"]["io.kubevirt.v1.VirtualMachine"];
+        assert_eq!(
+            s["x-kubernetes-group-version-kind"][0]["kind"],
+            "VirtualMachine"
+        );
+        assert_eq!(
+            s["properties"]["spec"]["properties"]["runStrategy"]["type"],
+            "string"
+        );
+        let core = v3_document("");
+        assert!(core["paths"].get("/api/v1/namespaces/{name}").is_some());
+    }
+
+    #[test]
+    fn v2_protobuf_starts_with_the_swagger_version() {
+        let defs: Map<String, Value> = [("a".to_string(), json!({"type": "object"}))]
+            .into_iter()
+            .collect();
+        let b = proto::document(&defs);
+        assert_eq!(&b[..5], b"\x0a\x032.0");
+    }
+}

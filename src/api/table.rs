@@ -26,11 +26,12 @@ pub fn wanted(headers: &HeaderMap, include_object: Option<&str>) -> Option<Inclu
         let params: Vec<&str> = part.split(';').map(str::trim).collect();
         params.contains(&"as=Table") && params.contains(&"g=meta.k8s.io")
     });
-    table.then(|| match include_object {
+    let include = match include_object {
         Some("None") => Include::None,
         Some("Object") => Include::Object,
         _ => Include::Metadata,
-    })
+    };
+    table.then_some(include)
 }
 
 /// The Content-Type of a Table answer.

@@ -477,10 +477,15 @@ impl Store {
 
     /// Drop events older than the keep window.
     pub async fn prune_events(&self) -> Result<u64> {
+        self.prune_events_keep(EVENT_LOG_KEEP).await
+    }
+
+    /// Keep only the last `keep` events (tests compact the log on purpose).
+    pub async fn prune_events_keep(&self, keep: i64) -> Result<u64> {
         let r = sqlx::query(
             "DELETE FROM events WHERE rv < (SELECT value FROM counters WHERE name = 'resourceVersion') - ?",
         )
-        .bind(EVENT_LOG_KEEP)
+        .bind(keep)
         .execute(&self.writer)
         .await?;
         Ok(r.rows_affected())

@@ -186,6 +186,13 @@ impl Appliance {
                 )
             });
         self.child = Some(child);
+        if self.url.starts_with("https://") {
+            let pem = std::fs::read(self.dir.join("tls/server.crt")).unwrap();
+            self.http = reqwest::Client::builder()
+                .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
+                .build()
+                .unwrap();
+        }
         let creds = std::fs::read_to_string(self.dir.join("initial-admin")).unwrap();
         self.token = creds
             .lines()

@@ -19,7 +19,7 @@
 # Environment knobs:
 #   EDGEVIRT_APT_MAX_AGE_MIN   apt lists older than this are refreshed (default 60)
 #   EDGEVIRT_LIBVIRT_TIMEOUT   seconds to wait for libvirtd (default 30)
-#   EDGEVIRT_TEST_PACKAGES=1   also install the test suite's chromium, chromium-driver and
+#   EDGEVIRT_TEST_PACKAGES=1   also install the test suite's chromium, chromium-driver, python3-venv and
 #                              websockify (scripts/test.sh sets it)
 set -euo pipefail
 
@@ -78,7 +78,7 @@ done
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 # Test-only tools (browser test, websockify baseline of the console benchmark).
 if [ "${EDGEVIRT_TEST_PACKAGES:-0}" = 1 ]; then
-    for p in chromium chromium-driver websockify; do
+    for p in chromium chromium-driver websockify python3-venv; do
         [ -n "$(installed_version "$p")" ] || missing+=("$p")
     done
 fi

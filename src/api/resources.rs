@@ -474,6 +474,13 @@ pub fn apply_patch(headers: &HeaderMap, body: &Bytes, target: &mut Value) -> Api
         let patch: Value = serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("invalid merge patch: {e}")))?;
         json_patch::merge(target, &patch);
+    } else if ct.starts_with("application/apply-patch+yaml") {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            "server-side apply is not supported by edgevirt; use client-side apply \
+             (`kubectl apply` without --server-side), which edgevirt fully supports",
+        ));
     } else {
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -529,6 +536,15 @@ async fn patch(
     }
     // Like Kubernetes, a patch is re-applied when the object changed underneath it (the
     // controller and agents write status often), unless the patch pins a resourceVersion.
+    if headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/apply-patch"))
+    {
+        // Refused before anything is looked up, whether or not the object exists.
+        let mut probe = Value::Null;
+        apply_patch(&headers, &body, &mut probe)?;
+    }
     let pinned = String::from_utf8_lossy(&body).contains("resourceVersion");
     let mut attempts = 0;
     loop {

@@ -132,6 +132,38 @@ fn client_commands_work_against_a_real_server() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("cli-vm"));
+    // export: a clean KubeVirt manifest that applies back unchanged, and recreates the VM
+    // as it was once deleted.
+    let (ok, exported, err) = edgevirt(&url, &token, &["export", "--namespace", "default"]);
+    assert!(ok, "{err}");
+    assert!(
+        exported.contains("name: cli-vm") && !exported.contains("status:"),
+        "{exported}"
+    );
+    assert!(
+        !exported.contains("uid:") && !exported.contains("edgevirt.io/"),
+        "{exported}"
+    );
+    let file = dir.path().join("exported.yaml");
+    std::fs::write(&file, &exported).unwrap();
+    let (ok, out, err) = edgevirt(&url, &token, &["vm", "apply", "-f", file.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "virtualmachine/cli-vm unchanged");
+    let (_, before, _) = edgevirt(&url, &token, &["vm", "get", "cli-vm", "-o", "json"]);
+    let before: serde_json::Value = serde_json::from_str(&before).unwrap();
+    // crds: valid YAML documents, one per kind
+    let (ok, crds, _) = edgevirt(&url, &token, &["crds"]);
+    assert!(
+        ok && crds.matches("kind: CustomResourceDefinition").count() == 4,
+        "{crds}"
+    );
+    // kubeconfig: server and token for kubectl
+    let (ok, kc, _) = edgevirt(&url, &token, &["kubeconfig"]);
+    assert!(
+        ok && kc.contains(&format!("server: {url}")) && kc.contains(&token),
+        "{kc}"
+    );
+
     let (ok, out, _) = edgevirt(&url, &token, &["vm", "delete", "cli-vm"]);
     assert!(ok && out.contains("deleted"), "{out}");
     // Deletion completes once the controller has released the VM (no volumes to clean).
@@ -147,6 +179,16 @@ fn client_commands_work_against_a_real_server() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    let (ok, out, err) = edgevirt(&url, &token, &["vm", "apply", "-f", file.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "virtualmachine/cli-vm created");
+    let (_, after, _) = edgevirt(&url, &token, &["vm", "get", "cli-vm", "-o", "json"]);
+    let after: serde_json::Value = serde_json::from_str(&after).unwrap();
+    assert_eq!(
+        after["spec"], before["spec"],
+        "the exported VM comes back the same"
+    );
+    assert_eq!(after["metadata"]["labels"], before["metadata"]["labels"]);
     child.kill().unwrap();
     child.wait().unwrap();
 }

@@ -124,13 +124,23 @@ async fn list(
             kind, &items, meta, include, true,
         )));
     }
-    Ok(Json(json!({
-        "apiVersion": kind.api_version(),
-        "kind": format!("{}List", kind.name()),
-        "metadata": meta,
-        "items": items,
-    }))
-    .into_response())
+    // Serialized straight from the items: `json!` would deep-copy every object first.
+    #[derive(serde::Serialize)]
+    struct List<'a> {
+        #[serde(rename = "apiVersion")]
+        api_version: String,
+        kind: String,
+        metadata: Value,
+        items: &'a [Value],
+    }
+    let body = serde_json::to_vec(&List {
+        api_version: kind.api_version(),
+        kind: format!("{}List", kind.name()),
+        metadata: meta,
+        items: &items,
+    })
+    .map_err(ApiError::internal)?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 fn obj_key(o: &Value) -> String {

@@ -45,7 +45,22 @@ struct Column {
     description: String,
 }
 
-fn columns(kind: Kind) -> Vec<Column> {
+/// The columns of a kind, computed once (deriving a CRD runs schemars).
+fn columns(kind: Kind) -> &'static [Column] {
+    static CACHE: std::sync::OnceLock<Vec<(Kind, Vec<Column>)>> = std::sync::OnceLock::new();
+    let all = CACHE.get_or_init(|| {
+        Kind::ALL
+            .into_iter()
+            .map(|k| (k, make_columns(k)))
+            .collect()
+    });
+    all.iter()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, c)| c.as_slice())
+        .unwrap_or(&[])
+}
+
+fn make_columns(kind: Kind) -> Vec<Column> {
     let crd = match kind {
         Kind::VirtualMachine => kubevirt::VirtualMachine::crd(),
         Kind::VirtualMachineInstance => kubevirt::VirtualMachineInstance::crd(),
@@ -155,7 +170,7 @@ pub fn table(
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": metadata,
-        "rows": objs.iter().map(|o| row(kind, &cols, o, include)).collect::<Vec<_>>(),
+        "rows": objs.iter().map(|o| row(kind, cols, o, include)).collect::<Vec<_>>(),
     });
     if with_columns {
         let mut defs = vec![json!({

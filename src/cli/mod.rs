@@ -281,9 +281,12 @@ fn init_logging() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("EDGEVIRT_LOG")
         .unwrap_or_else(|_| EnvFilter::new("info,tower_http=warn,sqlx=warn"));
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // colours only for a person at a terminal, not in files or the journal
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 

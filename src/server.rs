@@ -177,7 +177,12 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
         tasks.spawn(async move {
             match tls_files {
                 None => {
-                    let l = tokio::net::TcpListener::from_std(listener)?;
+                    use axum::serve::ListenerExt;
+                    // TCP_NODELAY: console frames are many websocket messages; without it each
+                    // waits for the peer's delayed ACK.
+                    let l = tokio::net::TcpListener::from_std(listener)?.tap_io(|t| {
+                        let _ = t.set_nodelay(true);
+                    });
                     axum::serve(l, app)
                         .with_graceful_shutdown(async move { cancel.cancelled().await })
                         .await?;
@@ -192,7 +197,10 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
                         cancel.cancelled().await;
                         h2.graceful_shutdown(Some(Duration::from_secs(5)));
                     });
-                    axum_server::from_tcp_rustls(listener, cfg)?
+                    let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(cfg)
+                        .acceptor(axum_server::accept::NoDelayAcceptor::new());
+                    axum_server::from_tcp(listener)?
+                        .acceptor(acceptor)
                         .handle(handle)
                         .serve(app.into_make_service())
                         .await?;

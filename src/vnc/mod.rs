@@ -504,19 +504,34 @@ async fn relay(
     let (rd, mut wr) = target.into_split();
     let (mut tx, mut rx) = socket.split();
     let down = async move {
-        // A buffer only while there is something to read: idle consoles hold none.
+        // A buffer only while there is something to read: idle consoles hold none. Whatever
+        // the socket has ready goes out as messages flushed together, once.
         loop {
             rd.readable().await?;
-            let mut buf = bytes::BytesMut::with_capacity(READ_CHUNK);
-            match rd.try_read_buf(&mut buf) {
-                Ok(0) => break,
-                Ok(_) => tx.send(Message::Binary(buf.freeze())).await?,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(e.into()),
+            let mut sent = 0;
+            loop {
+                let mut buf = bytes::BytesMut::with_capacity(READ_CHUNK);
+                match rd.try_read_buf(&mut buf) {
+                    Ok(0) if sent == 0 => {
+                        let _ = tx.send(Message::Close(None)).await;
+                        return anyhow::Ok(());
+                    }
+                    Ok(0) => break,
+                    Ok(_) => {
+                        tx.feed(Message::Binary(buf.freeze())).await?;
+                        sent += 1;
+                        if sent == 16 {
+                            break; // flush at least every 1 MiB
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if sent > 0 {
+                tx.flush().await?;
             }
         }
-        let _ = tx.send(Message::Close(None)).await;
-        anyhow::Ok(())
     };
     let up = async move {
         let mut filter = viewer.as_ref().map(|_| rfb::ClientFilter::new());

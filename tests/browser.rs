@@ -24,8 +24,11 @@ struct Driver {
 }
 
 impl Drop for Driver {
+    /// chromedriver runs in its own process group with the chromium it starts: end them all,
+    /// whether the test passed or panicked.
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        let pgid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
         let _ = self.child.wait();
     }
 }
@@ -40,8 +43,10 @@ fn free_port() -> u16 {
 
 async fn start_browser() -> Driver {
     let port = free_port();
+    use std::os::unix::process::CommandExt;
     let child = Command::new("/usr/bin/chromedriver")
         .arg(format!("--port={port}"))
+        .process_group(0)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -388,4 +393,5 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     assert!(!body.contains("browser"), "{body}");
     shot(c, "07-deleted").await;
     assert!(a.our_domains().is_empty(), "the domain is gone too");
+    d.client.clone().close().await.unwrap();
 }

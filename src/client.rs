@@ -64,6 +64,28 @@ impl Client {
         })
     }
 
+    /// A client that trusts only the server certificate with this SHA-256 (hex): how an
+    /// agent talks to the controller it joined.
+    pub fn pinned(base: &str, token: &str, pin: &str) -> anyhow::Result<Client> {
+        crate::tls::install_crypto_provider();
+        anyhow::ensure!(
+            base.starts_with("https://"),
+            "the controller URL {base:?} must be https:// (agents talk to it over TLS only)"
+        );
+        let builder = |alpn: &[&str]| -> anyhow::Result<reqwest::ClientBuilder> {
+            Ok(reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .pool_idle_timeout(Duration::from_secs(30))
+                .tls_backend_preconfigured(crate::tls::pinned_client_config(pin, alpn)?))
+        };
+        Ok(Client {
+            http: builder(&["h2", "http/1.1"])?.build()?,
+            http1: builder(&["http/1.1"])?.http1_only().build()?,
+            base: base.trim_end_matches('/').to_string(),
+            token: token.to_string(),
+        })
+    }
+
     /// Ask for a one-time console ticket (`kind`: `vnc` or `serial`) and open its websocket.
     pub async fn console(
         &self,

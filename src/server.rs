@@ -65,15 +65,20 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     }
     match s.role {
         Role::Agent => {
-            let controller = s
-                .controller
-                .clone()
-                .context("--role agent needs --controller URL and --join-token TOKEN")?;
-            let token = s
-                .join_token
-                .clone()
-                .context("--role agent needs --join-token TOKEN")?;
-            let cfg = agent_config(&s, controller, token, s.controller_ca.clone())?;
+            let controller = s.controller.clone().context(
+                "--role agent needs --controller https://HOST:PORT (and --join-token TOKEN the \
+                 first time)",
+            )?;
+            std::fs::create_dir_all(&s.data_dir)?;
+            let cred = crate::agent::join::credential(
+                &s.data_dir,
+                &controller,
+                &s.node_name,
+                s.join_token.as_deref(),
+            )
+            .await?;
+            let mut cfg = agent_config(&s, cred.controller, cred.token, None)?;
+            cfg.cert_pin = Some(cred.cert_sha256);
             crate::agent::run(cfg, cancel).await
         }
         Role::Controller | Role::All => serve_controller(s, cancel).await,
@@ -94,6 +99,7 @@ fn agent_config(
         controller_url: url,
         token,
         ca_file: ca,
+        cert_pin: None,
         exe: std::env::current_exe().context("finding this executable")?,
         nat_network: s.nat_network.clone(),
         nat_prefix: s.nat_prefix.clone(),
@@ -127,6 +133,10 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
     let scheme = if tls_files.is_some() { "https" } else { "http" };
     let mut state = AppState::new(store.clone(), s.data_dir.clone(), install_id);
     state.tls = tls_files.is_some();
+    if let Some((cert, _)) = &tls_files {
+        let pem = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
+        state.cert_pin = Some(tls::pem_sha256(&pem)?);
+    }
     state.consoles = std::sync::Arc::new(crate::vnc::Consoles::new(s.console_ticket_ttl));
     if s.role == Role::All {
         state.local_node = Some(api::LocalNode {

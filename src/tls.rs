@@ -38,3 +38,106 @@ pub fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
     f.write_all(data)?;
     f.sync_all()
 }
+
+/// SHA-256 of a certificate's DER bytes, in hex: what a join token pins.
+pub fn cert_sha256(der: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(der))
+}
+
+/// The SHA-256 pin of the first certificate in a PEM file.
+pub fn pem_sha256(pem: &[u8]) -> anyhow::Result<String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let der = CertificateDer::pem_slice_iter(pem)
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("no certificate in the PEM data"))??;
+    Ok(cert_sha256(der.as_ref()))
+}
+
+/// Accepts exactly one server certificate, named by its SHA-256: the controller's, pinned
+/// when the agent joined. Host names and CAs do not matter, the certificate itself does; the
+/// handshake signatures are still checked against its key.
+#[derive(Debug)]
+struct PinnedCert {
+    sha256: String,
+    provider: std::sync::Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedCert {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let got = cert_sha256(end_entity.as_ref());
+        if same_hex(&got, &self.sha256) {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::General(format!(
+                "the server's certificate (sha256 {got}) is not the pinned controller certificate \
+                 (sha256 {})",
+                self.sha256
+            )))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+fn same_hex(a: &str, b: &str) -> bool {
+    a.eq_ignore_ascii_case(b)
+}
+
+/// A client TLS configuration that trusts only the certificate with this SHA-256 (hex),
+/// offering `alpn` (e.g. `h2`, `http/1.1`).
+pub fn pinned_client_config(sha256: &str, alpn: &[&str]) -> anyhow::Result<rustls::ClientConfig> {
+    let sha256 = sha256.trim().to_ascii_lowercase();
+    anyhow::ensure!(
+        sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_hexdigit()),
+        "a certificate pin is 64 hex digits (a SHA-256)"
+    );
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(PinnedCert { sha256, provider }))
+        .with_no_client_auth();
+    cfg.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+    Ok(cfg)
+}

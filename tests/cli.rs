@@ -154,7 +154,7 @@ fn client_commands_work_against_a_real_server() {
     // crds: valid YAML documents, one per kind
     let (ok, crds, _) = edgevirt(&url, &token, &["crds"]);
     assert!(
-        ok && crds.matches("kind: CustomResourceDefinition").count() == 4,
+        ok && crds.matches("kind: CustomResourceDefinition").count() == 5,
         "{crds}"
     );
     // kubeconfig: server and token for kubectl

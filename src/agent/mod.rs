@@ -4,6 +4,7 @@
 //! turns launcher status into VMI status, and removes domains of this installation that no
 //! VMI owns any more. It talks to the controller only over the API, with its own token.
 
+pub mod join;
 mod prepare;
 mod sync;
 
@@ -33,6 +34,8 @@ pub struct Config {
     pub controller_url: String,
     pub token: String,
     pub ca_file: Option<PathBuf>,
+    /// SHA-256 of the controller's certificate, pinned at join time (separate agents).
+    pub cert_pin: Option<String>,
     /// This executable, started again as `edgevirt launcher`.
     pub exe: PathBuf,
     pub nat_network: String,
@@ -110,15 +113,26 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             .await?
             .with_context(|| format!("connecting to libvirt at {}", cfg.libvirt_uri))?,
     );
-    let api = Client::new(
-        &cfg.controller_url,
-        &cfg.token,
-        cfg.ca_file.as_deref(),
-        false,
-    )?;
+    let api = match &cfg.cert_pin {
+        Some(pin) => Client::pinned(&cfg.controller_url, &cfg.token, pin)?,
+        None => Client::new(
+            &cfg.controller_url,
+            &cfg.token,
+            cfg.ca_file.as_deref(),
+            false,
+        )?,
+    };
     let info = loop {
         match api.get("/apis/edgevirt.io/v1/info").await {
             Ok(v) => break v,
+            Err(e) if crate::client::is_status(&e, reqwest::StatusCode::UNAUTHORIZED) => {
+                anyhow::bail!(
+                    "the controller at {} does not accept this node's credential (was the node \
+                     deleted?): remove {} and join again with a new token",
+                    cfg.controller_url,
+                    join::credential_path(&cfg.data_dir).display()
+                );
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "controller not reachable yet; retrying");
                 tokio::select! {
@@ -167,8 +181,15 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         n += 1;
         if last_beat.elapsed() >= Duration::from_secs(10) {
             last_beat = Instant::now();
-            if let Err(e) = heartbeat(&agent).await {
-                tracing::warn!(error = %e, "heartbeat failed");
+            match heartbeat(&agent).await {
+                Err(e) if crate::client::is_status(&e, reqwest::StatusCode::UNAUTHORIZED) => {
+                    anyhow::bail!(
+                        "the controller no longer accepts this node's credential (the node was \
+                         deleted?); the agent stops, running VMs stay up"
+                    );
+                }
+                Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+                Ok(()) => {}
             }
         }
         if let Err(e) = sync::sync_all(&agent, n.is_multiple_of(5)).await {

@@ -6,11 +6,13 @@ use serde_json::{Value, json};
 
 use super::error::{ApiError, ApiResult};
 use crate::store::Store;
-use crate::types::kubevirt::{VirtualMachineInstanceSpec, VirtualMachineSpec};
+use crate::types::kubevirt::{
+    VirtualMachineInstanceMigrationSpec, VirtualMachineInstanceSpec, VirtualMachineSpec,
+};
 use crate::types::{Kind, check_name, decode};
 use crate::virt::convert;
 
-pub use crate::types::annotations::{LAUNCHER_FINALIZER, VOLUMES_FINALIZER};
+pub use crate::types::annotations::{LAUNCHER_FINALIZER, MIGRATION_FINALIZER, VOLUMES_FINALIZER};
 
 /// Check and canonicalize an object for `kind` about to be created (no `existing`) or to
 /// replace `existing`.
@@ -39,6 +41,20 @@ pub async fn admit(
     }
     if !obj["metadata"].is_object() {
         return Err(ApiError::invalid("metadata is required"));
+    }
+    if existing.is_none()
+        && obj["metadata"]["name"].as_str().is_none_or(str::is_empty)
+        && let Some(prefix) = obj["metadata"]["generateName"].as_str()
+    {
+        // Kubernetes' generateName: the prefix plus five random characters.
+        use rand::Rng;
+        let suffix: String = (0..5)
+            .map(|_| {
+                let c = rand::rng().random_range(0..36u8);
+                (if c < 10 { b'0' + c } else { b'a' + c - 10 }) as char
+            })
+            .collect();
+        obj["metadata"]["name"] = json!(format!("{prefix}{suffix}"));
     }
     let name = obj["metadata"]["name"]
         .as_str()
@@ -103,6 +119,34 @@ pub async fn admit(
                 check_vmi_spec(store, &vmi, "spec").await?;
                 add_finalizer(&mut obj, LAUNCHER_FINALIZER);
                 obj["status"] = json!({"phase": "Pending"});
+            }
+            obj["spec"] = canon;
+        }
+        Kind::VirtualMachineInstanceMigration => {
+            if spec.is_null() {
+                return Err(ApiError::invalid("spec is required"));
+            }
+            let m: VirtualMachineInstanceMigrationSpec =
+                decode("VirtualMachineInstanceMigration", spec)?;
+            let canon = serde_json::to_value(&m).map_err(ApiError::internal)?;
+            match existing {
+                Some(old) if old["spec"] != canon => {
+                    return Err(ApiError::invalid(
+                        "the spec of a VirtualMachineInstanceMigration cannot be changed; \
+                         delete it and create another",
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    crate::controller::check_migration_request(store, ns, &m.vmi_name)
+                        .await
+                        .map_err(|e| match e {
+                            crate::controller::MigrationRefused::Store(e) => e.into(),
+                            crate::controller::MigrationRefused::Invalid(m) => ApiError::invalid(m),
+                        })?;
+                    add_finalizer(&mut obj, MIGRATION_FINALIZER);
+                    obj["status"] = json!({"phase": "Pending"});
+                }
             }
             obj["spec"] = canon;
         }

@@ -32,6 +32,7 @@ fn resource(kind: Kind) -> Resource {
     let crd = match kind {
         Kind::VirtualMachine => kubevirt::VirtualMachine::crd(),
         Kind::VirtualMachineInstance => kubevirt::VirtualMachineInstance::crd(),
+        Kind::VirtualMachineInstanceMigration => kubevirt::VirtualMachineInstanceMigration::crd(),
         Kind::Node => edgevirt::Node::crd(),
         Kind::Image => edgevirt::Image::crd(),
         Kind::Namespace => {
@@ -49,7 +50,12 @@ fn resource(kind: Kind) -> Resource {
         singular: crd.spec.names.singular.clone().unwrap_or_default(),
         short_names: crd.spec.names.short_names.clone().unwrap_or_default(),
         categories: crd.spec.names.categories.clone().unwrap_or_default(),
-        status: matches!(kind, Kind::VirtualMachine | Kind::VirtualMachineInstance),
+        status: matches!(
+            kind,
+            Kind::VirtualMachine
+                | Kind::VirtualMachineInstance
+                | Kind::VirtualMachineInstanceMigration
+        ),
     }
 }
 
@@ -262,7 +268,9 @@ mod tests {
                 "virtualmachines",
                 "virtualmachines/status",
                 "virtualmachineinstances",
-                "virtualmachineinstances/status"
+                "virtualmachineinstances/status",
+                "virtualmachineinstancemigrations",
+                "virtualmachineinstancemigrations/status"
             ]
         );
         assert_eq!(l["resources"][0]["shortNames"], json!(["vm", "vms"]));

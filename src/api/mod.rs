@@ -8,9 +8,11 @@ pub mod auth;
 mod discovery;
 pub mod error;
 mod images;
+pub mod join;
 mod openapi;
 mod protobuf;
 mod resources;
+mod scope;
 pub use resources::ensure_namespaces;
 mod subresources;
 mod table;
@@ -48,6 +50,8 @@ pub struct AppState {
     pub consoles: Arc<crate::vnc::Consoles>,
     /// Served over TLS: cookies get the Secure attribute.
     pub tls: bool,
+    /// SHA-256 (hex) of the certificate served, which join tokens carry for agents to pin.
+    pub cert_pin: Option<String>,
 }
 
 impl AppState {
@@ -59,6 +63,7 @@ impl AppState {
             local_node: None,
             consoles: Default::default(),
             tls: false,
+            cert_pin: None,
         }
     }
 
@@ -79,6 +84,7 @@ pub fn router(state: AppState) -> Router {
     let api_for_web = authed.clone().with_state(state.clone());
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/join", axum::routing::post(join::join))
         .merge(authed)
         .merge(crate::vnc::ticket_routes())
         .merge(crate::web::routes(state.clone(), api_for_web))
@@ -92,6 +98,14 @@ fn api_routes() -> Router<Arc<AppState>> {
         .route("/readyz", get(readyz))
         .route("/version", get(version))
         .route("/apis/edgevirt.io/v1/info", get(info))
+        .route(
+            "/apis/edgevirt.io/v1/jointokens",
+            get(join::list_tokens).post(join::create_token),
+        )
+        .route(
+            "/apis/edgevirt.io/v1/jointokens/{id}",
+            axum::routing::delete(join::delete_token),
+        )
         .route("/api", get(discovery::core))
         .route("/api/{version}", get(discovery::core_version))
         .route("/apis", get(discovery::groups))

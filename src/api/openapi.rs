@@ -34,6 +34,9 @@ fn schema(kind: Kind) -> Value {
     let crd = match kind {
         Kind::VirtualMachine => Some(kubevirt::VirtualMachine::crd()),
         Kind::VirtualMachineInstance => Some(kubevirt::VirtualMachineInstance::crd()),
+        Kind::VirtualMachineInstanceMigration => {
+            Some(kubevirt::VirtualMachineInstanceMigration::crd())
+        }
         Kind::Node => Some(edgevirt::Node::crd()),
         Kind::Image => Some(edgevirt::Image::crd()),
         Kind::Namespace => None,
@@ -77,6 +80,10 @@ fn description(kind: Kind) -> &'static str {
         }
         Kind::VirtualMachineInstance => {
             "VirtualMachineInstance is a running virtual machine: one libvirt domain on one node."
+        }
+        Kind::VirtualMachineInstanceMigration => {
+            "VirtualMachineInstanceMigration moves a running VirtualMachineInstance to another \
+             node; deleting it while it runs cancels the migration."
         }
         Kind::Node => "Node is a host running the edgevirt agent.",
         Kind::Image => "Image is a disk, kernel or initrd image imported into edgevirt.",

@@ -35,6 +35,9 @@ pub struct ListParams {
     dry_run: Option<String>,
     include_object: Option<String>,
     send_initial_events: Option<bool>,
+    /// Deleting a node: the administrator confirms the host is down, so its instances may
+    /// be started elsewhere.
+    force: Option<bool>,
 }
 
 /// Map a path's group, version and plural onto a kind this server stores.
@@ -373,7 +376,10 @@ async fn create(
     body: Bytes,
 ) -> ApiResult<Response> {
     p.require(write_access(kind))?;
-    let obj = parse_body(&headers, &body)?;
+    let mut obj = parse_body(&headers, &body)?;
+    let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
+    super::scope::check(&st.store, &p, kind, &ns, &name, None).await?;
+    super::scope::keep_node_spec(&p, kind, None, &mut obj);
     if kind.namespaced() && st.store.get(Kind::Namespace, "", &ns).await?.is_none() {
         return Err(ApiError::not_found(format!(
             "namespaces \"{ns}\" not found; create it first (kubectl create namespace {ns})"
@@ -440,6 +446,9 @@ async fn replace(
         _ => None,
     };
     let existing = st.store.get(kind, &ns, &name).await?;
+    super::scope::check(&st.store, &p, kind, &ns, &name, existing.as_ref()).await?;
+    let mut obj = obj;
+    super::scope::keep_node_spec(&p, kind, existing.as_ref(), &mut obj);
     let Some(existing) = existing else {
         // PUT of a missing node registers it (agents upsert their Node).
         if kind == Kind::Node {
@@ -560,6 +569,7 @@ async fn patch(
     loop {
         attempts += 1;
         let existing = st.store.must_get(kind, &ns, &name).await?;
+        super::scope::check(&st.store, &p, kind, &ns, &name, Some(&existing)).await?;
         let mut obj = existing.clone();
         apply_patch(&headers, &body, &mut obj)?;
         if obj["metadata"]["resourceVersion"] != existing["metadata"]["resourceVersion"] {
@@ -646,6 +656,9 @@ async fn delete(
     if kind == Kind::Namespace {
         check_namespace_empty(&st, &name).await?;
     }
+    if kind == Kind::Node {
+        release_node(&st, &name, q.force == Some(true), dry_run(&q)).await?;
+    }
     if dry_run(&q) {
         return Ok(Json(existing));
     }
@@ -656,8 +669,83 @@ async fn delete(
     {
         let _ = std::fs::remove_file(st.images_dir().join(file));
     }
+    if kind == Kind::Node {
+        let n = st.store.revoke_node_credentials(&name).await?;
+        tracing::info!(node = %name, credentials = n, "revoked the node's agent credentials");
+    }
     tracing::info!(kind = kind.name(), namespace = %ns, %name, user = %p.user, "deleted");
     Ok(Json(out))
+}
+
+/// Before a node is deleted: refuse while instances are placed on it, unless `force` (the
+/// administrator confirms the host is down), which fails them so that their VMs start again
+/// elsewhere. This is the only way an instance leaves a node that stopped reporting.
+async fn release_node(st: &AppState, node: &str, force: bool, dry_run: bool) -> ApiResult<()> {
+    let (vmis, _) = st
+        .store
+        .list(
+            Kind::VirtualMachineInstance,
+            None,
+            &LabelSelector::default(),
+            &FieldSelector::node(node),
+        )
+        .await?;
+    if vmis.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<String> = vmis
+        .iter()
+        .map(|v| {
+            format!(
+                "{}/{}",
+                v["metadata"]["namespace"].as_str().unwrap_or(""),
+                v["metadata"]["name"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    if !force {
+        return Err(ApiError::conflict(format!(
+            "node {node:?} still holds {} instance(s): {}; drain it first (edgevirt node drain \
+             {node}), or, if the host is down for good, delete it with --force so they start \
+             elsewhere",
+            names.len(),
+            names.join(", ")
+        )));
+    }
+    if dry_run {
+        return Ok(());
+    }
+    for v in &vmis {
+        let ns = v["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let name = v["metadata"]["name"].as_str().unwrap_or("").to_string();
+        let node2 = node.to_string();
+        st.store
+            .update(Kind::VirtualMachineInstance, &ns, &name, move |o| {
+                o["status"]["phase"] = json!(crate::types::kubevirt::phase::FAILED);
+                o["status"]["reason"] = json!("NodeDeleted");
+                o["status"]["message"] = json!(format!(
+                    "node {node2} was deleted as down by an administrator"
+                ));
+                if let Some(f) = o["metadata"]["finalizers"].as_array_mut() {
+                    f.retain(|f| f != crate::types::annotations::LAUNCHER_FINALIZER);
+                }
+                Ok(())
+            })
+            .await?;
+        match st
+            .store
+            .delete(Kind::VirtualMachineInstance, &ns, &name, None)
+            .await
+        {
+            Ok(_) | Err(crate::store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        tracing::warn!(%node, namespace = %ns, %name, "instance of a node deleted as down: failed and removed");
+    }
+    Ok(())
 }
 
 /// A namespace goes only when nothing is left in it (Kubernetes would delete its contents; for

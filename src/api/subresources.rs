@@ -159,6 +159,8 @@ async fn status_write(
     }
     let kind = kind_for(group, version, plural)?;
     p.require(Access::AgentWrite)?;
+    let stored = st.store.get(kind, ns, name).await?;
+    super::scope::check(&st.store, &p, kind, ns, name, stored.as_ref()).await?;
     let new_status = if patch {
         let mut cur = st.store.must_get(kind, ns, name).await?;
         apply_patch(&headers, &body, &mut cur)?;

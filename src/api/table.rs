@@ -64,6 +64,7 @@ fn make_columns(kind: Kind) -> Vec<Column> {
     let crd = match kind {
         Kind::VirtualMachine => kubevirt::VirtualMachine::crd(),
         Kind::VirtualMachineInstance => kubevirt::VirtualMachineInstance::crd(),
+        Kind::VirtualMachineInstanceMigration => kubevirt::VirtualMachineInstanceMigration::crd(),
         Kind::Node => edgevirt::Node::crd(),
         Kind::Image => edgevirt::Image::crd(),
         Kind::Namespace => {

@@ -23,6 +23,7 @@ pub fn crd_documents(group: &str) -> Vec<Value> {
     let all = [
         kubevirt::VirtualMachine::crd(),
         kubevirt::VirtualMachineInstance::crd(),
+        kubevirt::VirtualMachineInstanceMigration::crd(),
         edgevirt::Node::crd(),
         edgevirt::Image::crd(),
     ];
@@ -143,7 +144,7 @@ mod tests {
     fn crds_are_valid_apiextensions_v1() {
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         let docs = crd_documents("all");
-        assert_eq!(docs.len(), 4);
+        assert_eq!(docs.len(), 5);
         for d in &docs {
             // through YAML, as a cluster would read the printed text
             let text = serde_yaml_ng::to_string(d).unwrap();
@@ -154,7 +155,7 @@ mod tests {
             assert!(v.schema.as_ref().unwrap().open_api_v3_schema.is_some());
         }
         let vm = crd_documents("kubevirt.io");
-        assert_eq!(vm.len(), 2);
+        assert_eq!(vm.len(), 3);
         assert_eq!(vm[0]["spec"]["names"]["shortNames"], json!(["vm", "vms"]));
         assert_eq!(vm[0]["metadata"]["name"], "virtualmachines.kubevirt.io");
     }

@@ -4,6 +4,7 @@
 
 mod console;
 mod k8s;
+mod node;
 mod output;
 mod vm;
 
@@ -44,6 +45,8 @@ enum Command {
     Vmi(vm::VmiArgs),
     /// Import, list and delete images (disks, kernels, initrds).
     Image(vm::ImageArgs),
+    /// The hosts: list, inspect, cordon, delete; join tokens for adding hosts.
+    Node(node::NodeArgs),
     /// Print the CustomResourceDefinitions of the kinds edgevirt serves, for a Kubernetes cluster.
     Crds(k8s::CrdsArgs),
     /// Print the VMs as clean KubeVirt manifests (no status, no edgevirt-only fields).
@@ -72,15 +75,17 @@ struct ServeArgs {
     /// Accelerator: auto (kvm where /dev/kvm works, else qemu), kvm, or qemu (TCG).
     #[arg(long, env = "EDGEVIRT_ACCEL", value_parser = ["auto", "kvm", "qemu"])]
     accel: Option<String>,
-    /// Controller URL (agent role).
+    /// Controller URL, https://HOST:PORT (agent role).
     #[arg(long, env = "EDGEVIRT_CONTROLLER")]
     controller: Option<String>,
-    /// Token the agent presents to the controller (agent role).
-    #[arg(long, env = "EDGEVIRT_JOIN_TOKEN")]
+    /// One-time join token from `edgevirt node token create` on the controller (agent role,
+    /// first start only). It names the controller's certificate, which the agent then
+    /// trusts alone; the credential it gets back is kept in DATA_DIR/agent-credential.json.
+    #[arg(long, env = "EDGEVIRT_JOIN_TOKEN", hide_env_values = true)]
     join_token: Option<String>,
-    /// CA certificate (PEM) the agent trusts for the controller, e.g. its self-signed
-    /// DATA_DIR/tls/server.crt (agent role).
-    #[arg(long, env = "EDGEVIRT_CONTROLLER_CA")]
+    /// Unused: agents trust the certificate their join token names. Kept so that older
+    /// configuration files still parse.
+    #[arg(long, env = "EDGEVIRT_CONTROLLER_CA", hide = true)]
     controller_ca: Option<PathBuf>,
     /// Serve HTTPS on loopback too (a self-signed certificate unless --tls-cert/--tls-key).
     /// kubectl sends tokens only over HTTPS.
@@ -338,6 +343,7 @@ pub fn main() -> ExitCode {
             Command::Vm(a) => vm::run_vm(a).await,
             Command::Vmi(a) => vm::run_vmi(a).await,
             Command::Image(a) => vm::run_image(a).await,
+            Command::Node(a) => node::run_node(a).await,
             Command::Crds(a) => k8s::crds(a),
             Command::Export(a) => k8s::export(a).await,
             Command::Kubeconfig(a) => k8s::kubeconfig(a),

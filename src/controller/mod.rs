@@ -3,8 +3,15 @@
 //! state and is idempotent; a per-object queue is fed by store events and a periodic resync,
 //! and a failed reconcile is retried with backoff.
 
+mod migration;
 mod scheduler;
 mod vm;
+
+pub use migration::{
+    Migratability, MigrationRefused, active_migration, check_migration_request, live_migratable,
+    set_phase as set_migration_phase,
+};
+pub use scheduler::node_ready;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -103,6 +110,9 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                             // A node that became ready again may take pending VMIs.
                             enqueue_unscheduled(&ctx, &queue).await;
                         }
+                        Kind::VirtualMachineInstanceMigration => {
+                            queue.push(&(Kind::VirtualMachineInstanceMigration, ns, name));
+                        }
                         Kind::Image | Kind::Namespace => {}
                     }
                 }
@@ -125,6 +135,9 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
             let r = match key.0 {
                 Kind::VirtualMachine => vm::reconcile_vm(&ctx, &key.1, &key.2).await,
                 Kind::VirtualMachineInstance => vm::reconcile_vmi(&ctx, &key.1, &key.2).await,
+                Kind::VirtualMachineInstanceMigration => {
+                    migration::reconcile_migration(&ctx, &key.1, &key.2).await
+                }
                 _ => Ok(Action::Done),
             };
             match r {
@@ -148,7 +161,11 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
 }
 
 async fn resync(ctx: &Context, queue: &Queue) {
-    for kind in [Kind::VirtualMachine, Kind::VirtualMachineInstance] {
+    for kind in [
+        Kind::VirtualMachine,
+        Kind::VirtualMachineInstance,
+        Kind::VirtualMachineInstanceMigration,
+    ] {
         if let Ok((items, _)) = ctx
             .store
             .list(

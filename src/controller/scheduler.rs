@@ -1,7 +1,9 @@
 //! The scheduler binds a pending VMI to a Ready, schedulable node with enough free memory
-//! (capacity minus the instances already placed), honouring `nodeSelector`; it spreads by
-//! picking the node with the most free memory. Node leases mark silent nodes NotReady and
-//! their instances Unknown, never deleting them.
+//! and vCPUs (capacity minus the instances already placed), honouring `nodeSelector` and
+//! cordons; it spreads by picking the node with the most free memory. vCPUs are
+//! overcommitted as KubeVirt does by default (`cpuAllocationRatio` 10: each vCPU asks for a
+//! tenth of a host CPU), but one VM never gets more vCPUs than its node has CPUs. Node
+//! leases mark silent nodes NotReady and their instances Unknown, never deleting them.
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
@@ -29,6 +31,18 @@ pub fn node_ready(node: &Value) -> bool {
         })
 }
 
+/// KubeVirt's default `cpuAllocationRatio`: placed vCPUs may be ten times the host's CPUs.
+pub const CPU_ALLOCATION_RATIO: u64 = 10;
+
+fn vcpus_of(vmi: &Value) -> u64 {
+    serde_json::from_value::<VirtualMachineInstanceSpec>(vmi["spec"].clone())
+        .map(|s| {
+            let (so, co, th) = crate::virt::convert::topology(&s);
+            u64::from(so * co * th)
+        })
+        .unwrap_or(1)
+}
+
 fn memory_of(vmi: &Value) -> u64 {
     serde_json::from_value::<VirtualMachineInstanceSpec>(vmi["spec"].clone())
         .ok()
@@ -36,8 +50,15 @@ fn memory_of(vmi: &Value) -> u64 {
         .unwrap_or(0)
 }
 
-/// Try to place a VMI; false (with an explaining condition) if no node fits.
-pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
+/// The node a VMI fits best, or why none fits: ("0/N nodes are available: ...").
+/// `exclude` leaves out one node (a migration's source); `extra_selector` adds labels the
+/// node must carry.
+pub async fn pick_node(
+    ctx: &Context,
+    vmi: &Value,
+    exclude: Option<&str>,
+    extra_selector: &serde_json::Map<String, Value>,
+) -> Result<Result<String, String>, Error> {
     let (nodes, _) = ctx
         .store
         .list(
@@ -57,14 +78,20 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
         )
         .await?;
     let need = memory_of(vmi);
-    let selector = vmi["spec"]["nodeSelector"]
+    let need_vcpus = vcpus_of(vmi);
+    let mut selector = vmi["spec"]["nodeSelector"]
         .as_object()
         .cloned()
         .unwrap_or_default();
+    selector.extend(extra_selector.clone());
     let mut reasons = Vec::new();
     let mut best: Option<(u64, String)> = None;
     for n in &nodes {
         let name = n["metadata"]["name"].as_str().unwrap_or("").to_string();
+        if exclude == Some(name.as_str()) {
+            reasons.push(format!("{name}: the instance runs there"));
+            continue;
+        }
         if !node_ready(n) {
             reasons.push(format!("{name}: not ready"));
             continue;
@@ -80,12 +107,12 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
             reasons.push(format!("{name}: does not match nodeSelector"));
             continue;
         }
-        let used: u64 = placed
+        let here: Vec<&Value> = placed
             .iter()
             .filter(|v| v["status"]["nodeName"].as_str() == Some(name.as_str()))
             .filter(|v| !phase::is_final(v["status"]["phase"].as_str().unwrap_or("")))
-            .map(memory_of)
-            .sum();
+            .collect();
+        let used: u64 = here.iter().map(|v| memory_of(v)).sum();
         let cap = n["status"]["memoryBytes"].as_u64().unwrap_or(0);
         let free = cap.saturating_sub(used);
         if free < need {
@@ -96,10 +123,41 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
             ));
             continue;
         }
+        let cpus = n["status"]["cpu"]["count"].as_u64().unwrap_or(0);
+        if cpus > 0 {
+            let used_vcpus: u64 = here.iter().map(|v| vcpus_of(v)).sum();
+            if need_vcpus > cpus {
+                reasons.push(format!(
+                    "{name}: insufficient cpu ({need_vcpus} vCPUs requested, the host has {cpus})"
+                ));
+                continue;
+            }
+            if used_vcpus + need_vcpus > cpus * CPU_ALLOCATION_RATIO {
+                reasons.push(format!(
+                    "{name}: insufficient cpu ({used_vcpus} vCPUs placed of {} allowed, {need_vcpus} requested)",
+                    cpus * CPU_ALLOCATION_RATIO
+                ));
+                continue;
+            }
+        }
         if best.as_ref().is_none_or(|(f, _)| free > *f) {
             best = Some((free, name));
         }
     }
+    Ok(match best {
+        Some((_, node)) => Ok(node),
+        None if nodes.is_empty() => Err("0/0 nodes are available: no node has registered".into()),
+        None => Err(format!(
+            "0/{} nodes are available: {}",
+            nodes.len(),
+            reasons.join("; ")
+        )),
+    })
+}
+
+/// Try to place a VMI; false (with an explaining condition) if no node fits.
+pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
+    let picked = pick_node(ctx, vmi, None, &Default::default()).await?;
     let (ns, name) = (
         vmi["metadata"]["namespace"]
             .as_str()
@@ -107,8 +165,8 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
             .to_string(),
         vmi["metadata"]["name"].as_str().unwrap_or("").to_string(),
     );
-    match best {
-        Some((_, node)) => {
+    match picked {
+        Ok(node) => {
             let node2 = node.clone();
             ctx.store
                 .update(Kind::VirtualMachineInstance, &ns, &name, move |o| {
@@ -128,16 +186,7 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
             tracing::info!(namespace = %ns, %name, %node, "scheduled");
             Ok(true)
         }
-        None => {
-            let msg = if nodes.is_empty() {
-                "0/0 nodes are available: no node has registered".to_string()
-            } else {
-                format!(
-                    "0/{} nodes are available: {}",
-                    nodes.len(),
-                    reasons.join("; ")
-                )
-            };
+        Err(msg) => {
             ctx.store
                 .update(Kind::VirtualMachineInstance, &ns, &name, move |o| {
                     set_cond(o, "PodScheduled", "False", "Unschedulable", &msg);
@@ -149,7 +198,7 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
     }
 }
 
-fn set_cond(o: &mut Value, t: &str, status: &str, reason: &str, message: &str) {
+pub(super) fn set_cond(o: &mut Value, t: &str, status: &str, reason: &str, message: &str) {
     if !o["status"]["conditions"].is_array() {
         o["status"]["conditions"] = json!([]);
     }

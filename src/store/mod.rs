@@ -6,6 +6,8 @@
 //! clients queue instead of failing with `SQLITE_BUSY`. This is the only module with SQL.
 
 mod accounts;
+mod join;
+pub use join::{JoinRefusal, JoinTokenInfo, node_user};
 mod selector;
 
 use std::path::Path;

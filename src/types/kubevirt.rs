@@ -480,3 +480,96 @@ pub mod phase {
         p == SUCCEEDED || p == FAILED
     }
 }
+
+/// A request to move a running instance to another node, as KubeVirt's
+/// `VirtualMachineInstanceMigration`. Deleting it while it runs cancels the migration.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "kubevirt.io",
+    version = "v1",
+    kind = "VirtualMachineInstanceMigration",
+    namespaced,
+    status = "VirtualMachineInstanceMigrationStatus",
+    shortname = "vmim",
+    shortname = "vmims",
+    category = "all",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"VMI","type":"string","jsonPath":".spec.vmiName"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VirtualMachineInstanceMigrationSpec {
+    pub vmi_name: String,
+    /// Extra node labels the target must have (KubeVirt's `addedNodeSelector`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub added_node_selector: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineInstanceMigrationStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phase_transition_timestamps: Vec<PhaseTransition>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration_state: Option<MigrationState>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseTransition {
+    pub phase: String,
+    pub phase_transition_timestamp: String,
+}
+
+/// KubeVirt's `VirtualMachineInstanceMigrationState`, on the VMI and its migration.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationState {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration_uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_timestamp: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_timestamp: Option<String>,
+    #[serde(default)]
+    pub completed: bool,
+    #[serde(default)]
+    pub failed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_reason: Option<String>,
+    #[serde(default)]
+    pub abort_requested: bool,
+    /// `Aborting`, `Succeeded` or `Failed` once an abort was asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abort_status: Option<String>,
+    /// `PreCopy` (the only mode edgevirt uses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// edgevirt extension: how long the guest was paused at the switch-over, from libvirt's
+    /// job statistics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downtime_ms: Option<u64>,
+}
+
+/// KubeVirt's migration phases.
+pub mod migration_phase {
+    pub const PENDING: &str = "Pending";
+    pub const SCHEDULING: &str = "Scheduling";
+    pub const SCHEDULED: &str = "Scheduled";
+    pub const PREPARING_TARGET: &str = "PreparingTarget";
+    pub const TARGET_READY: &str = "TargetReady";
+    pub const RUNNING: &str = "Running";
+    pub const SUCCEEDED: &str = "Succeeded";
+    pub const FAILED: &str = "Failed";
+
+    pub fn is_final(p: &str) -> bool {
+        p == SUCCEEDED || p == FAILED
+    }
+}

@@ -17,6 +17,12 @@ pub mod annotations {
     pub const SOFTREBOOT_ANNOTATION: &str = "edgevirt.io/softreboot-requested";
     /// On a VMI: the last soft-reboot request the agent carried out.
     pub const SOFTREBOOT_DONE_ANNOTATION: &str = "edgevirt.io/softreboot-done";
+    /// Keeps a migration until its agents are done with it (an abort, when it is deleted
+    /// while running).
+    pub const MIGRATION_FINALIZER: &str = "edgevirt.io/migration";
+    /// On a VM template or VMI: `"true"` allows live migration of local (non-shared) disks
+    /// by copying them (block migration).
+    pub const BLOCK_MIGRATION_ANNOTATION: &str = "edgevirt.io/block-migration";
 }
 pub mod kubevirt;
 
@@ -80,6 +86,7 @@ pub fn now() -> String {
 pub enum Kind {
     VirtualMachine,
     VirtualMachineInstance,
+    VirtualMachineInstanceMigration,
     Node,
     Image,
     /// Core `v1` namespaces: a name scope, as in Kubernetes; `default` always exists.
@@ -87,9 +94,10 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 6] = [
         Kind::VirtualMachine,
         Kind::VirtualMachineInstance,
+        Kind::VirtualMachineInstanceMigration,
         Kind::Node,
         Kind::Image,
         Kind::Namespace,
@@ -99,6 +107,7 @@ impl Kind {
         match self {
             Kind::VirtualMachine => "VirtualMachine",
             Kind::VirtualMachineInstance => "VirtualMachineInstance",
+            Kind::VirtualMachineInstanceMigration => "VirtualMachineInstanceMigration",
             Kind::Node => "Node",
             Kind::Image => "Image",
             Kind::Namespace => "Namespace",
@@ -109,6 +118,7 @@ impl Kind {
         match self {
             Kind::VirtualMachine => "virtualmachines",
             Kind::VirtualMachineInstance => "virtualmachineinstances",
+            Kind::VirtualMachineInstanceMigration => "virtualmachineinstancemigrations",
             Kind::Node => "nodes",
             Kind::Image => "images",
             Kind::Namespace => "namespaces",
@@ -117,7 +127,9 @@ impl Kind {
 
     pub fn group(self) -> &'static str {
         match self {
-            Kind::VirtualMachine | Kind::VirtualMachineInstance => "kubevirt.io",
+            Kind::VirtualMachine
+            | Kind::VirtualMachineInstance
+            | Kind::VirtualMachineInstanceMigration => "kubevirt.io",
             Kind::Node | Kind::Image => "edgevirt.io",
             Kind::Namespace => "",
         }
@@ -139,7 +151,12 @@ impl Kind {
     }
 
     pub fn namespaced(self) -> bool {
-        matches!(self, Kind::VirtualMachine | Kind::VirtualMachineInstance)
+        matches!(
+            self,
+            Kind::VirtualMachine
+                | Kind::VirtualMachineInstance
+                | Kind::VirtualMachineInstanceMigration
+        )
     }
 
     pub fn from_plural(group: &str, plural: &str) -> Option<Kind> {

@@ -153,7 +153,12 @@ impl Appliance {
             .arg("serve")
             .arg("--data-dir")
             .arg(&self.dir)
-            .args(["--listen", "127.0.0.1:0", "--accel", "qemu"])
+            .args(if self.extra.iter().any(|a| a == "--listen") {
+                &[][..]
+            } else {
+                &["--listen", "127.0.0.1:0"][..]
+            })
+            .args(["--accel", "qemu"])
             .args(["--nat-network", NAT_NETWORK, "--nat-prefix", NAT_PREFIX])
             .args(["--node-name", "testnode"])
             .args(&self.extra)

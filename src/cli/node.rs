@@ -1,0 +1,289 @@
+//! `edgevirt node ...`: the hosts of a site. Nodes appear when their agent joins with a token
+//! from `node token create`; an administrator cordons them (no new VMs), uncordons them, and
+//! deletes them (`--force` when the host is down for good, so its VMs start elsewhere).
+
+use anyhow::bail;
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+use super::ClientOpts;
+use super::output::{Format, age, print_value, s, table};
+
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    #[command(subcommand)]
+    cmd: NodeCmd,
+    #[command(flatten)]
+    client: ClientOpts,
+}
+
+#[derive(Subcommand, Debug)]
+enum NodeCmd {
+    /// List nodes with their readiness, CPU, accelerator, capacity and version.
+    List {
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Format,
+    },
+    /// Show one node.
+    Get {
+        name: String,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Format,
+    },
+    /// Place no new VMs on a node (running ones stay).
+    Cordon { name: String },
+    /// Let the scheduler use a cordoned node again.
+    Uncordon { name: String },
+    /// Remove a node and revoke its agent's credential. Refused while VMs are placed on it,
+    /// unless --force.
+    Delete {
+        name: String,
+        /// The host is down for good: fail its VM instances so they start on other nodes.
+        /// Only when you are sure it is off: a VM must never run on two hosts.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Join tokens for adding hosts.
+    Token(TokenArgs),
+}
+
+#[derive(Args, Debug)]
+struct TokenArgs {
+    #[command(subcommand)]
+    cmd: TokenCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenCmd {
+    /// Create a one-time join token and print the command that joins a host with it.
+    Create {
+        /// How long the token stays valid: 90s, 30m, 1h, 2d (from 1m to 7d).
+        #[arg(long, default_value = "1h", value_parser = parse_ttl)]
+        ttl: i64,
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// List join tokens (never their secrets) and who used them.
+    List,
+    /// Delete a join token that is no longer wanted.
+    Delete { id: String },
+}
+
+/// `90s`, `30m`, `1h`, `2d` or plain seconds.
+fn parse_ttl(s: &str) -> Result<i64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 's')) => (&s[..i], 1),
+        Some((i, 'm')) => (&s[..i], 60),
+        Some((i, 'h')) => (&s[..i], 3600),
+        Some((i, 'd')) => (&s[..i], 86400),
+        _ => (s, 1),
+    };
+    num.parse::<i64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .map(|n| n * mult)
+        .ok_or_else(|| format!("{s:?} is not a duration like 90s, 30m, 1h or 2d"))
+}
+
+const NODES: &str = "/apis/edgevirt.io/v1/nodes";
+
+fn condition<'a>(n: &'a Value, t: &str) -> Option<&'a Value> {
+    n["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == t)
+}
+
+fn ready(n: &Value) -> String {
+    let r = match condition(n, "Ready").map(|c| c["status"].as_str().unwrap_or("")) {
+        Some("True") => "Ready",
+        Some(_) => "NotReady",
+        None => "Unknown",
+    };
+    if n["spec"]["unschedulable"] == true {
+        format!("{r},SchedulingDisabled")
+    } else {
+        r.to_string()
+    }
+}
+
+fn rows(nodes: &[Value], vmis: &[Value], wide: bool) -> Vec<Vec<String>> {
+    nodes
+        .iter()
+        .map(|n| {
+            let name = s(n, &["metadata", "name"]);
+            let count = vmis
+                .iter()
+                .filter(|v| v["status"]["nodeName"].as_str() == Some(name))
+                .count();
+            let mut r = vec![
+                name.to_string(),
+                ready(n),
+                s(n, &["status", "cpu", "vendor"]).to_string(),
+                s(n, &["status", "accelerator"]).to_string(),
+                n["status"]["cpu"]["count"]
+                    .as_u64()
+                    .unwrap_or(0)
+                    .to_string(),
+                format!(
+                    "{}Mi",
+                    n["status"]["memoryBytes"].as_u64().unwrap_or(0) >> 20
+                ),
+                count.to_string(),
+                s(n, &["status", "version"]).to_string(),
+                age(s(n, &["metadata", "creationTimestamp"])),
+            ];
+            if wide {
+                r.push(s(n, &["status", "cpu", "model"]).to_string());
+                r.push(
+                    n["status"]["lastHeartbeatTime"]
+                        .as_str()
+                        .map(age)
+                        .unwrap_or_else(|| "never".into()),
+                );
+                r.push(
+                    condition(n, "Ready")
+                        .and_then(|c| c["reason"].as_str())
+                        .unwrap_or("")
+                        .to_string(),
+                );
+            }
+            r
+        })
+        .collect()
+}
+
+fn headers(wide: bool) -> Vec<&'static str> {
+    let mut h = vec![
+        "NAME", "STATUS", "VENDOR", "ACCEL", "CPUS", "MEMORY", "VMIS", "VERSION", "AGE",
+    ];
+    if wide {
+        h.extend(["MODEL", "HEARTBEAT", "REASON"]);
+    }
+    h
+}
+
+pub async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
+    let c = a.client.client()?;
+    match a.cmd {
+        NodeCmd::List { output } => {
+            let list = c.get(NODES).await?;
+            match output {
+                Format::Json | Format::Yaml => print_value(&list, output)?,
+                f => {
+                    let vmis = c
+                        .get("/apis/kubevirt.io/v1/virtualmachineinstances")
+                        .await?;
+                    let items = list["items"].as_array().cloned().unwrap_or_default();
+                    let vmis = vmis["items"].as_array().cloned().unwrap_or_default();
+                    let wide = f == Format::Wide;
+                    print!("{}", table(&headers(wide), &rows(&items, &vmis, wide)));
+                }
+            }
+        }
+        NodeCmd::Get { name, output } => {
+            let n = c.get(&format!("{NODES}/{name}")).await?;
+            match output {
+                Format::Json | Format::Yaml => print_value(&n, output)?,
+                f => {
+                    let vmis = c
+                        .get(&format!(
+                            "/apis/kubevirt.io/v1/virtualmachineinstances?fieldSelector=status.nodeName%3D{name}"
+                        ))
+                        .await?;
+                    let vmis = vmis["items"].as_array().cloned().unwrap_or_default();
+                    let wide = f == Format::Wide;
+                    print!("{}", table(&headers(wide), &rows(&[n], &vmis, wide)));
+                }
+            }
+        }
+        NodeCmd::Cordon { name } => {
+            c.merge_patch(
+                &format!("{NODES}/{name}"),
+                &json!({"spec": {"unschedulable": true}}),
+            )
+            .await?;
+            println!("node/{name} cordoned");
+        }
+        NodeCmd::Uncordon { name } => {
+            c.merge_patch(
+                &format!("{NODES}/{name}"),
+                &json!({"spec": {"unschedulable": false}}),
+            )
+            .await?;
+            println!("node/{name} uncordoned");
+        }
+        NodeCmd::Delete { name, force } => {
+            let q = if force { "?force=true" } else { "" };
+            c.send(c.request(reqwest::Method::DELETE, &format!("{NODES}/{name}{q}")))
+                .await?;
+            println!("node/{name} deleted; its agent's credential is revoked");
+        }
+        NodeCmd::Token(t) => match t.cmd {
+            TokenCmd::Create { ttl, description } => {
+                let v = c
+                    .post(
+                        "/apis/edgevirt.io/v1/jointokens",
+                        &json!({"ttlSeconds": ttl, "description": description}),
+                    )
+                    .await?;
+                let token = v["token"].as_str().unwrap_or("");
+                if token.is_empty() {
+                    bail!("the server's answer has no token");
+                }
+                println!("{token}");
+                eprintln!(
+                    "join token {} valid until {} (usable once). On the new host run:\n  \
+                     edgevirt serve --role agent --controller {} --join-token {token}",
+                    s(&v, &["id"]),
+                    s(&v, &["expires"]),
+                    c.base()
+                );
+            }
+            TokenCmd::List => {
+                let v = c.get("/apis/edgevirt.io/v1/jointokens").await?;
+                let rows: Vec<Vec<String>> = v["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|t| {
+                        vec![
+                            s(t, &["id"]).to_string(),
+                            s(t, &["state"]).to_string(),
+                            s(t, &["expires"]).to_string(),
+                            s(t, &["usedBy"]).to_string(),
+                            s(t, &["description"]).to_string(),
+                        ]
+                    })
+                    .collect();
+                print!(
+                    "{}",
+                    table(&["ID", "STATE", "EXPIRES", "USED BY", "DESCRIPTION"], &rows)
+                );
+            }
+            TokenCmd::Delete { id } => {
+                c.send(c.request(
+                    reqwest::Method::DELETE,
+                    &format!("/apis/edgevirt.io/v1/jointokens/{id}"),
+                ))
+                .await?;
+                println!("join token {id} deleted");
+            }
+        },
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ttl() {
+        assert_eq!(super::parse_ttl("90s"), Ok(90));
+        assert_eq!(super::parse_ttl("30m"), Ok(1800));
+        assert_eq!(super::parse_ttl("2d"), Ok(172800));
+        assert_eq!(super::parse_ttl("600"), Ok(600));
+        assert!(super::parse_ttl("-1h").is_err());
+        assert!(super::parse_ttl("soon").is_err());
+    }
+}

@@ -1,0 +1,528 @@
+//! Multi-host tests: a controller in this machine's root namespace and test hosts made by
+//! `tests/multihost/host.sh` (a network namespace on the test bridge plus a mount namespace
+//! with a libvirtd of its own), each running `edgevirt serve --role agent`. They need root and
+//! the test guest, so plain `cargo test` skips them (`#[ignore]`); `scripts/test.sh` runs them.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+const BOOT: Duration = Duration::from_secs(180);
+/// The controller's address on the test bridge.
+const CONTROLLER_IP: &str = "10.213.60.1";
+/// NAT network of the guests on every test host (each host has its own, in its namespace).
+const HOST_NAT: &str = "evmh";
+const HOST_NAT_PREFIX: &str = "10.213.61";
+
+fn host_sh(args: &[&str]) -> std::process::Output {
+    Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/multihost/host.sh"
+    ))
+    .args(args)
+    .output()
+    .expect("running tests/multihost/host.sh")
+}
+
+/// One test host; `down` on drop removes it with everything that runs in it.
+struct Host {
+    name: String,
+    data: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    agent: Option<Child>,
+}
+
+impl Host {
+    fn up(name: &str, index: u8) -> Host {
+        let _ = host_sh(&["down", name]);
+        let out = host_sh(&["up", name, &index.to_string()]);
+        assert!(
+            out.status.success(),
+            "host {name} did not come up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("evmh-{name}-"))
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        Host {
+            name: name.to_string(),
+            data: tmp.path().to_path_buf(),
+            _tmp: Some(tmp),
+            agent: None,
+        }
+    }
+
+    /// Start the agent; returns immediately (see [`Host::wait_agent_exit`] for refusals).
+    fn start_agent(&mut self, controller: &str, join_token: Option<&str>) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.data.join("agent.log"))
+            .unwrap();
+        let mut cmd = Command::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/multihost/host.sh"
+        ));
+        cmd.args(["exec", &self.name, exe(), "serve", "--role", "agent"])
+            .args(["--controller", controller])
+            .arg("--data-dir")
+            .arg(&self.data)
+            .args(["--node-name", &self.name, "--accel", "qemu"])
+            .args(["--nat-network", HOST_NAT, "--nat-prefix", HOST_NAT_PREFIX])
+            .env("EDGEVIRT_LOG", "info,edgevirt=debug")
+            .stdout(Stdio::null())
+            .stderr(log);
+        if let Some(t) = join_token {
+            cmd.args(["--join-token", t]);
+        }
+        self.agent = Some(cmd.spawn().expect("starting the agent"));
+    }
+
+    /// Wait for an agent that should refuse to run; its exit status and log.
+    fn wait_agent_exit(&mut self, timeout: Duration) -> (bool, String) {
+        let mut child = self.agent.take().expect("agent started");
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                let log = std::fs::read_to_string(self.data.join("agent.log")).unwrap_or_default();
+                return (st.success(), log);
+            }
+            if start.elapsed() > timeout {
+                let _ = child.kill();
+                panic!("the agent of {} kept running", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGKILL the agent (nsenter execs it, so the child is the agent itself).
+    fn kill_agent(&mut self) {
+        if let Some(mut c) = self.agent.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn virsh(&self, args: &[&str]) -> (bool, String) {
+        let mut a = vec!["exec", &self.name, "virsh", "-c", "qemu:///system"];
+        a.extend_from_slice(args);
+        let out = host_sh(&a);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        )
+    }
+
+    fn domains(&self) -> Vec<String> {
+        let (_, out) = self.virsh(&["list", "--name"]);
+        out.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Seconds since the guest booted, through its guest agent.
+    fn guest_uptime(&self, dom: &str) -> Option<f64> {
+        let cmd = r#"{"execute":"guest-exec","arguments":{"path":"/bin/cat","arg":["/proc/uptime"],"capture-output":true}}"#;
+        let (ok, out) = self.virsh(&["qemu-agent-command", dom, cmd]);
+        if !ok {
+            return None;
+        }
+        let pid = serde_json::from_str::<Value>(&out).ok()?["return"]["pid"].as_i64()?;
+        for _ in 0..50 {
+            let status =
+                format!(r#"{{"execute":"guest-exec-status","arguments":{{"pid":{pid}}}}}"#);
+            let (ok, out) = self.virsh(&["qemu-agent-command", dom, &status]);
+            if !ok {
+                return None;
+            }
+            let v: Value = serde_json::from_str(&out).ok()?;
+            if v["return"]["exited"] == true {
+                use base64::Engine;
+                let data = base64::engine::general_purpose::STANDARD
+                    .decode(v["return"]["out-data"].as_str()?)
+                    .ok()?;
+                return String::from_utf8(data)
+                    .ok()?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.kill_agent();
+        let _ = Command::new("pkill")
+            .arg("-9")
+            .arg("-f")
+            .arg(format!("launcher --socket {}", self.data.display()))
+            .status();
+        let _ = host_sh(&["down", &self.name]);
+        if std::thread::panicking()
+            && let Some(t) = self._tmp.take()
+        {
+            eprintln!("keeping {} for inspection", t.keep().display());
+        }
+    }
+}
+
+async fn controller() -> Appliance {
+    // The bridge exists once a host is up; the controller listens on it (TLS: not loopback).
+    Appliance::start(&[
+        "--role",
+        "controller",
+        "--listen",
+        &format!("{CONTROLLER_IP}:0"),
+    ])
+    .await
+}
+
+async fn join_token(c: &Appliance) -> String {
+    let (code, v) = c
+        .call(
+            reqwest::Method::POST,
+            "/apis/edgevirt.io/v1/jointokens",
+            Some(("application/json", br#"{"ttlSeconds": 600}"#.to_vec())),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    v["token"].as_str().unwrap().to_string()
+}
+
+async fn node(c: &Appliance, name: &str) -> Option<Value> {
+    let (code, v) = c.get(&format!("/apis/edgevirt.io/v1/nodes/{name}")).await;
+    (code == 200).then_some(v)
+}
+
+fn is_ready(n: &Value) -> bool {
+    n["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+async fn wait_ready(c: &Appliance, name: &str, timeout: Duration) -> Value {
+    wait_for(&format!("node {name} Ready"), timeout, || async {
+        node(c, name).await.filter(is_ready)
+    })
+    .await
+}
+
+fn small_vm(name: &str, memory: &str) -> String {
+    vm_yaml(name, "Always", false).replace("guest: 192Mi", &format!("guest: {memory}"))
+}
+
+#[tokio::test]
+#[ignore = "needs root, libvirtd, network namespaces and the test guest: run scripts/test.sh"]
+async fn hosts_join_vms_spread_and_a_lost_host_comes_back() {
+    let mut a = Host::up("a", 11);
+    let mut b = Host::up("b", 12);
+    let c = controller().await;
+    assert!(c.url.starts_with("https://"), "{}", c.url);
+    c.import_guest().await;
+
+    // --- Join: two agents with their own tokens.
+    let (ta, tb) = (join_token(&c).await, join_token(&c).await);
+    a.start_agent(&c.url, Some(&ta));
+    b.start_agent(&c.url, Some(&tb));
+    for h in ["a", "b"] {
+        let n = wait_ready(&c, h, Duration::from_secs(60)).await;
+        assert_eq!(n["status"]["accelerator"], "qemu", "{n}");
+        assert!(
+            !n["status"]["cpu"]["vendor"]
+                .as_str()
+                .unwrap_or("")
+                .is_empty(),
+            "{n}"
+        );
+        assert!(
+            n["status"]["memoryBytes"].as_u64().unwrap_or(0) > 1 << 30,
+            "{n}"
+        );
+        assert_eq!(n["status"]["version"], env!("CARGO_PKG_VERSION"), "{n}");
+    }
+    // Each agent keeps its own credential, and only it, bound to its node.
+    let cred: Value = serde_json::from_str(
+        &std::fs::read_to_string(a.data.join("agent-credential.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(cred["nodeName"], "a");
+    let a_token = cred["token"].as_str().unwrap().to_string();
+    assert_ne!(a_token, ta, "the join token is not the credential");
+    let as_a = |method: reqwest::Method, path: String, body: Value| {
+        let http = c.http.clone();
+        let url = format!("{}{path}", c.url);
+        let t = a_token.clone();
+        async move {
+            let r = http
+                .request(method, url)
+                .bearer_auth(t)
+                .header("content-type", "application/merge-patch+json")
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            r.status().as_u16()
+        }
+    };
+    assert_eq!(
+        as_a(
+            reqwest::Method::PATCH,
+            "/apis/edgevirt.io/v1/nodes/b/status".into(),
+            json!({"status": {"memoryBytes": 1}})
+        )
+        .await,
+        403,
+        "node a's agent may not change node b"
+    );
+    assert_eq!(
+        as_a(
+            reqwest::Method::PATCH,
+            "/apis/edgevirt.io/v1/nodes/a".into(),
+            json!({"spec": {"unschedulable": false}, "metadata": {"labels": {"x": "y"}}})
+        )
+        .await,
+        200,
+        "an agent may patch its own node"
+    );
+
+    // --- Refusals: a wrong secret, a used token, a token for another certificate.
+    let mut x = Host::up("x", 13);
+    let (secret_len, pin) = {
+        let parts: Vec<&str> = ta.split('.').collect();
+        (parts[1].len(), parts[2].to_string())
+    };
+    x.start_agent(
+        &c.url,
+        Some(&format!("ev1.{}.{pin}", "0".repeat(secret_len))),
+    );
+    let (ok, log) = x.wait_agent_exit(Duration::from_secs(30));
+    assert!(!ok && log.contains("join token is not valid"), "{log}");
+    x.start_agent(&c.url, Some(&ta));
+    let (ok, log) = x.wait_agent_exit(Duration::from_secs(30));
+    assert!(
+        !ok && log.contains("join token is not valid"),
+        "a used token: {log}"
+    );
+    let t3 = join_token(&c).await;
+    let wrong_pin = t3.rsplit_once('.').unwrap().0.to_string() + "." + &"ab".repeat(32);
+    x.start_agent(&c.url, Some(&wrong_pin));
+    let (ok, log) = x.wait_agent_exit(Duration::from_secs(30));
+    assert!(
+        !ok && log.contains("not the pinned controller certificate"),
+        "{log}"
+    );
+    x.start_agent(&c.url, None);
+    let (ok, log) = x.wait_agent_exit(Duration::from_secs(30));
+    assert!(!ok && log.contains("has not joined"), "{log}");
+    assert!(
+        node(&c, "x").await.is_none(),
+        "a refused host registers nothing"
+    );
+    drop(x);
+    // An unknown bearer token gets nothing.
+    let r = c
+        .http
+        .get(format!(
+            "{}/apis/kubevirt.io/v1/virtualmachineinstances",
+            c.url
+        ))
+        .bearer_auth("not-a-credential")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+
+    // --- Ten VMs spread over the two nodes; one that fits nowhere stays Pending, saying why.
+    for i in 0..10 {
+        let (code, v) = c
+            .post_yaml(VMS, &small_vm(&format!("spread-{i}"), "128Mi"))
+            .await;
+        assert_eq!(code, 201, "{v}");
+    }
+    let (code, v) = c.post_yaml(VMS, &small_vm("huge", "4096Gi")).await;
+    assert_eq!(code, 201, "{v}");
+    let mut per_node = std::collections::BTreeMap::new();
+    for i in 0..10 {
+        let vmi = c.wait_running(&format!("spread-{i}"), None, BOOT).await;
+        *per_node
+            .entry(vmi["status"]["nodeName"].as_str().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    assert_eq!(per_node.len(), 2, "both nodes got VMs: {per_node:?}");
+    assert!(
+        per_node.values().all(|n| *n >= 4),
+        "spread evenly: {per_node:?}"
+    );
+    assert_eq!(a.domains().len() + b.domains().len(), 10);
+    let huge = wait_for(
+        "the huge VMI to say why it is Pending",
+        Duration::from_secs(30),
+        || async {
+            c.vmi("huge").await.filter(|v| {
+                v["status"]["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        c["type"] == "PodScheduled"
+                            && c["status"] == "False"
+                            && c["reason"] == "Unschedulable"
+                            && c["message"]
+                                .as_str()
+                                .is_some_and(|m| m.contains("insufficient memory"))
+                    })
+                })
+            })
+        },
+    )
+    .await;
+    assert_eq!(huge["status"]["phase"], "Pending", "{huge}");
+    assert!(huge["status"]["nodeName"].as_str().unwrap_or("").is_empty());
+    for i in 0..10 {
+        c.delete(&format!("{VMS}/spread-{i}")).await;
+    }
+    c.delete(&format!("{VMS}/huge")).await;
+    wait_for("the spread VMs gone", BOOT, || async {
+        (a.domains().is_empty() && b.domains().is_empty()).then_some(())
+    })
+    .await;
+
+    // --- Host b dies (agent and libvirtd killed; its QEMU keeps running): NotReady and
+    // Unknown, nothing started on a; back again, Ready and Running without a reboot.
+    let mut ccmd = Command::new(exe());
+    ccmd.args([
+        "node", "cordon", "a", "--server", &c.url, "--token", &c.token,
+    ])
+    .arg("--ca-cert")
+    .arg(c.dir.join("tls/server.crt"));
+    assert!(ccmd.status().unwrap().success(), "cordon a");
+    let (code, v) = c.post_yaml(VMS, &small_vm("survivor", "128Mi")).await;
+    assert_eq!(code, 201, "{v}");
+    let vmi = c.wait_running("survivor", None, BOOT).await;
+    assert_eq!(vmi["status"]["nodeName"], "b", "cordoned a takes no VMs");
+    let uid = vmi["metadata"]["uid"].as_str().unwrap().to_string();
+    let dom = wait_for("survivor's domain on b", BOOT, || async {
+        b.domains().into_iter().find(|d| d.contains("survivor"))
+    })
+    .await;
+    let up_before = wait_for("the guest agent on b", BOOT, || async {
+        b.guest_uptime(&dom)
+    })
+    .await;
+    let qemu_pid = {
+        let (_, out) = b.virsh(&["qemu-monitor-command", &dom, "--hmp", "info status"]);
+        assert!(out.contains("running"), "{out}");
+        find_qemu_pid(&dom)
+    };
+    let mut ucmd = Command::new(exe());
+    ucmd.args([
+        "node", "uncordon", "a", "--server", &c.url, "--token", &c.token,
+    ])
+    .arg("--ca-cert")
+    .arg(c.dir.join("tls/server.crt"));
+    assert!(ucmd.status().unwrap().success(), "uncordon a");
+
+    b.kill_agent();
+    assert!(host_sh(&["kill-libvirtd", "b"]).status.success());
+    let lost = Duration::from_secs(90);
+    wait_for("node b NotReady", lost, || async {
+        node(&c, "b").await.filter(|n| !is_ready(n))
+    })
+    .await;
+    let vmi = wait_for("survivor Unknown", lost, || async {
+        c.vmi("survivor")
+            .await
+            .filter(|v| v["status"]["phase"] == "Unknown")
+    })
+    .await;
+    assert_eq!(
+        vmi["metadata"]["uid"],
+        uid.as_str(),
+        "the same instance, not a new one"
+    );
+    assert_eq!(vmi["status"]["nodeName"], "b");
+    assert!(
+        std::path::Path::new(&format!("/proc/{qemu_pid}")).exists(),
+        "the guest keeps running while its host is unreachable"
+    );
+    // Fencing: a VM of a NotReady node is not started elsewhere. This watches for something
+    // that must not happen, so it looks for a fixed window: two controller resyncs (10 s each).
+    tokio::time::sleep(Duration::from_secs(21)).await;
+    assert!(
+        a.domains().is_empty(),
+        "nothing was started on a: {:?}",
+        a.domains()
+    );
+    let (code, v) = c
+        .get("/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances")
+        .await;
+    assert_eq!(code, 200);
+    assert_eq!(v["items"].as_array().unwrap().len(), 1, "one instance: {v}");
+
+    assert!(host_sh(&["start-libvirtd", "b"]).status.success());
+    b.start_agent(&c.url, None); // its stored credential, no join token
+    wait_ready(&c, "b", Duration::from_secs(60)).await;
+    let vmi = c.wait_running("survivor", None, BOOT).await;
+    assert_eq!(
+        vmi["metadata"]["uid"],
+        uid.as_str(),
+        "adopted, not restarted"
+    );
+    assert_eq!(find_qemu_pid(&dom), qemu_pid, "the same QEMU process");
+    let up_after = wait_for("the guest agent on b again", BOOT, || async {
+        b.guest_uptime(&dom)
+    })
+    .await;
+    assert!(
+        up_after > up_before,
+        "uptime did not reset: {up_before} -> {up_after}"
+    );
+    assert!(a.domains().is_empty());
+
+    // A node with instances is not deleted unless the host is confirmed down.
+    let (code, v) = c.delete("/apis/edgevirt.io/v1/nodes/b").await;
+    assert_eq!(code, 409, "{v}");
+    assert!(
+        v["message"].as_str().unwrap_or("").contains("survivor"),
+        "{v}"
+    );
+    c.delete(&format!("{VMS}/survivor")).await;
+    wait_for("survivor gone", BOOT, || async {
+        b.domains().is_empty().then_some(())
+    })
+    .await;
+    wait_for("survivor's VMI gone", BOOT, || async {
+        c.vmi("survivor").await.is_none().then_some(())
+    })
+    .await;
+    let (code, v) = c.delete("/apis/edgevirt.io/v1/nodes/b").await;
+    assert_eq!(code, 200, "{v}");
+    let (ok, log) = b.wait_agent_exit(Duration::from_secs(60));
+    assert!(!ok, "a deleted node's agent stops: {log}");
+}
+
+/// The pid of the QEMU process running domain `dom` (any namespace).
+fn find_qemu_pid(dom: &str) -> u32 {
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd);
+        if cmd.contains("qemu-system") && cmd.contains(&format!("guest={dom},")) {
+            return pid;
+        }
+    }
+    panic!("no QEMU process for {dom}");
+}

@@ -112,6 +112,7 @@ impl Client {
         let r = self
             .http1
             .get(format!("{}{}", self.base, path))
+            .bearer_auth(&self.token)
             .header(header::CONNECTION, "Upgrade")
             .header(header::UPGRADE, "websocket")
             .header(header::SEC_WEBSOCKET_VERSION, "13")

@@ -128,15 +128,15 @@ impl Host {
             .collect()
     }
 
-    /// Seconds since the guest booted, through its guest agent.
-    fn guest_uptime(&self, dom: &str) -> Option<f64> {
-        let cmd = r#"{"execute":"guest-exec","arguments":{"path":"/bin/cat","arg":["/proc/uptime"],"capture-output":true}}"#;
-        let (ok, out) = self.virsh(&["qemu-agent-command", dom, cmd]);
+    /// Run a program in the guest through its guest agent; its stdout.
+    fn guest_exec(&self, dom: &str, path: &str, args: &[&str]) -> Option<String> {
+        let cmd = json!({"execute": "guest-exec", "arguments": {"path": path, "arg": args, "capture-output": true}}).to_string();
+        let (ok, out) = self.virsh(&["qemu-agent-command", dom, &cmd]);
         if !ok {
             return None;
         }
         let pid = serde_json::from_str::<Value>(&out).ok()?["return"]["pid"].as_i64()?;
-        for _ in 0..50 {
+        for _ in 0..100 {
             let status =
                 format!(r#"{{"execute":"guest-exec-status","arguments":{{"pid":{pid}}}}}"#);
             let (ok, out) = self.virsh(&["qemu-agent-command", dom, &status]);
@@ -147,18 +147,22 @@ impl Host {
             if v["return"]["exited"] == true {
                 use base64::Engine;
                 let data = base64::engine::general_purpose::STANDARD
-                    .decode(v["return"]["out-data"].as_str()?)
+                    .decode(v["return"]["out-data"].as_str().unwrap_or(""))
                     .ok()?;
-                return String::from_utf8(data)
-                    .ok()?
-                    .split_whitespace()
-                    .next()?
-                    .parse()
-                    .ok();
+                return String::from_utf8(data).ok();
             }
             std::thread::sleep(Duration::from_millis(100));
         }
         None
+    }
+
+    /// Seconds since the guest booted, through its guest agent.
+    fn guest_uptime(&self, dom: &str) -> Option<f64> {
+        self.guest_exec(dom, "/bin/cat", &["/proc/uptime"])?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
     }
 }
 
@@ -525,4 +529,240 @@ fn find_qemu_pid(dom: &str) -> u32 {
         }
     }
     panic!("no QEMU process for {dom}");
+}
+
+fn cli(c: &Appliance, args: &[&str]) -> (bool, String) {
+    let out = Command::new(exe())
+        .args(args)
+        .args(["--server", &c.url, "--token", &c.token])
+        .arg("--ca-cert")
+        .arg(c.dir.join("tls/server.crt"))
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+async fn migrate(c: &Appliance, vm: &str) -> (u16, Value) {
+    c.put_json(
+        &format!(
+            "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/{vm}/migrate"
+        ),
+        &json!({}),
+    )
+    .await
+}
+
+async fn migration(c: &Appliance, name: &str) -> Option<Value> {
+    let (code, v) = c
+        .get(&format!(
+            "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstancemigrations/{name}"
+        ))
+        .await;
+    (code == 200).then_some(v)
+}
+
+async fn wait_migration_phase(
+    c: &Appliance,
+    name: &str,
+    phases: &[&str],
+    timeout: Duration,
+) -> Value {
+    wait_for(
+        &format!("migration {name} in {phases:?}"),
+        timeout,
+        || async {
+            migration(c, name).await.filter(|m| {
+                let p = m["status"]["phase"].as_str().unwrap_or("");
+                assert!(
+                    phases.contains(&p) || !["Succeeded", "Failed"].contains(&p),
+                    "migration {name} ended {p}: {m}"
+                );
+                phases.contains(&p)
+            })
+        },
+    )
+    .await
+}
+
+fn domain_of(h: &Host, vm: &str) -> Option<String> {
+    h.domains()
+        .into_iter()
+        .find(|d| d.starts_with(&format!("ev-default-{vm}-")))
+}
+
+#[tokio::test]
+#[ignore = "needs root, libvirtd, network namespaces and the test guest: run scripts/test.sh"]
+async fn vms_live_migrate_cancel_and_drain() {
+    let mut a = Host::up("a", 11);
+    let mut b = Host::up("b", 12);
+    let c = controller().await;
+    c.import_guest().await;
+    let disk = c.dir.join("blank.qcow2");
+    assert!(
+        Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2"])
+            .arg(&disk)
+            .arg("16M")
+            .status()
+            .unwrap()
+            .success()
+    );
+    c.import("test-disk", &disk).await;
+    let (ta, tb) = (join_token(&c).await, join_token(&c).await);
+    a.start_agent(&c.url, Some(&ta));
+    b.start_agent(&c.url, Some(&tb));
+    wait_ready(&c, "a", Duration::from_secs(60)).await;
+    wait_ready(&c, "b", Duration::from_secs(60)).await;
+
+    // Two VMs on a: diskless, and with a local disk.
+    assert!(cli(&c, &["node", "cordon", "b"]).0);
+    for (name, yaml) in [
+        ("mig", small_vm("mig", "128Mi")),
+        (
+            "disky",
+            vm_yaml("disky", "Always", true).replace("guest: 192Mi", "guest: 128Mi"),
+        ),
+    ] {
+        let (code, v) = c.post_yaml(VMS, &yaml).await;
+        assert_eq!(code, 201, "{name}: {v}");
+    }
+    for name in ["mig", "disky"] {
+        let vmi = c.wait_running(name, None, BOOT).await;
+        assert_eq!(vmi["status"]["nodeName"], "a", "{name}");
+    }
+    assert!(cli(&c, &["node", "uncordon", "b"]).0);
+    let dom = wait_for("mig's domain", BOOT, || async { domain_of(&a, "mig") }).await;
+    let up0 = wait_for("mig's guest agent on a", BOOT, || async {
+        a.guest_uptime(&dom)
+    })
+    .await;
+    let vmi = c.vmi("mig").await.unwrap();
+    let cond = |v: &Value| {
+        v["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "LiveMigratable").cloned())
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(cond(&vmi)["status"], "True", "{vmi}");
+
+    // --- A live migration a -> b: the guest keeps running (uptime grows), now on b.
+    let (code, m) = migrate(&c, "mig").await;
+    assert_eq!(code, 201, "{m}");
+    let mname = m["metadata"]["name"].as_str().unwrap().to_string();
+    let done = wait_migration_phase(&c, &mname, &["Succeeded"], Duration::from_secs(180)).await;
+    let ms = &done["status"]["migrationState"];
+    assert_eq!(
+        (ms["sourceNode"].as_str(), ms["targetNode"].as_str()),
+        (Some("a"), Some("b")),
+        "{done}"
+    );
+    assert_eq!(ms["completed"], true, "{done}");
+    let vmi = c.vmi("mig").await.unwrap();
+    assert_eq!(vmi["status"]["nodeName"], "b", "{vmi}");
+    assert_eq!(vmi["status"]["migrationState"]["completed"], true, "{vmi}");
+    assert!(
+        vmi["status"]["migrationState"]["endTimestamp"].is_string(),
+        "{vmi}"
+    );
+    assert!(domain_of(&a, "mig").is_none(), "the domain left a");
+    let up1 = wait_for("mig's guest agent on b", BOOT, || async {
+        b.guest_uptime(&dom)
+    })
+    .await;
+    assert!(up1 > up0, "the guest did not reboot: uptime {up0} -> {up1}");
+    let vmi = c.wait_running("mig", None, BOOT).await;
+    assert_eq!(vmi["status"]["nodeName"], "b", "adopted on b: {vmi}");
+
+    // --- A migration cancelled mid-flight (the link throttled) leaves the VM on b.
+    let tc = |args: &str| {
+        let mut a = vec!["exec", "b", "tc"];
+        a.extend(args.split(' '));
+        host_sh(&a)
+    };
+    let out = tc("qdisc add dev eth0 root tbf rate 1mbit burst 32kbit latency 400ms");
+    assert!(
+        out.status.success(),
+        "tc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (code, m) = migrate(&c, "mig").await;
+    assert_eq!(code, 201, "{m}");
+    let mname = m["metadata"]["name"].as_str().unwrap().to_string();
+    wait_migration_phase(&c, &mname, &["Running"], Duration::from_secs(120)).await;
+    // Let data flow for a moment so the abort hits a migration in progress.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (code, v) = c
+        .delete(&format!(
+            "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstancemigrations/{mname}"
+        ))
+        .await;
+    assert_eq!(code, 200, "{v}");
+    wait_for(
+        "the cancelled migration gone",
+        Duration::from_secs(120),
+        || async { migration(&c, &mname).await.is_none().then_some(()) },
+    )
+    .await;
+    assert!(tc("qdisc del dev eth0 root").status.success());
+    let vmi = c.vmi("mig").await.unwrap();
+    assert_eq!(vmi["status"]["nodeName"], "b", "{vmi}");
+    assert_eq!(
+        vmi["status"]["migrationState"]["abortStatus"], "Succeeded",
+        "{vmi}"
+    );
+    assert_eq!(vmi["status"]["migrationState"]["completed"], false, "{vmi}");
+    let up2 = wait_for("mig's guest agent still on b", BOOT, || async {
+        b.guest_uptime(&dom)
+    })
+    .await;
+    assert!(up2 > up1, "still the same guest: {up1} -> {up2}");
+    wait_for("nothing left on a", Duration::from_secs(60), || async {
+        domain_of(&a, "mig").is_none().then_some(())
+    })
+    .await;
+
+    // --- A local disk: not live-migratable, with the reason; asking is refused.
+    let vmi = c.vmi("disky").await.unwrap();
+    assert_eq!(cond(&vmi)["status"], "False", "{vmi}");
+    assert_eq!(cond(&vmi)["reason"], "DisksNotLiveMigratable", "{vmi}");
+    let (code, v) = migrate(&c, "disky").await;
+    assert_eq!(code, 422, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("DisksNotLiveMigratable"),
+        "{v}"
+    );
+    // --- Drain b: mig moves to a (disky is there already). Then drain a: disky cannot
+    // move and drain says so, while mig moves back to b.
+    let (ok, out) = cli(&c, &["node", "drain", "b"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("default/mig: moved to a"), "{out}");
+    assert_eq!(c.vmi("mig").await.unwrap()["status"]["nodeName"], "a");
+    assert!(b.domains().is_empty(), "{:?}", b.domains());
+    assert!(cli(&c, &["node", "uncordon", "b"]).0);
+    let (ok, out) = cli(&c, &["node", "drain", "a"]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("default/disky: cannot migrate") && out.contains("DisksNotLiveMigratable"),
+        "{out}"
+    );
+    assert!(out.contains("could not move: default/disky"), "{out}");
+    assert!(out.contains("default/mig: moved to b"), "{out}");
+    assert_eq!(c.vmi("mig").await.unwrap()["status"]["nodeName"], "b");
+    for name in ["mig", "disky"] {
+        c.delete(&format!("{VMS}/{name}")).await;
+    }
+    wait_for("all VMs gone", BOOT, || async {
+        (a.domains().is_empty() && b.domains().is_empty()).then_some(())
+    })
+    .await;
 }

@@ -5,6 +5,7 @@
 //! VMI owns any more. It talks to the controller only over the API, with its own token.
 
 pub mod join;
+mod migrate;
 mod prepare;
 mod sync;
 
@@ -60,6 +61,13 @@ pub struct Agent {
     pub stopping: Mutex<HashMap<String, Instant>>,
     /// Wakes the sync loop early: a VMI of this node changed, or a launcher came up.
     pub wake: Arc<tokio::sync::Notify>,
+    /// Instances (VMI uids) migrating away: the migration task writes their status, the
+    /// sync loop leaves them alone. Kept after success: they are no longer this node's.
+    pub migrating: Mutex<std::collections::HashSet<String>>,
+    /// Instances (VMI uids) migrating here: their incoming domain is not swept away.
+    pub incoming: Mutex<std::collections::HashSet<String>>,
+    /// Migrations this node takes part in, by migration uid.
+    pub migrations: Mutex<migrate::Tasks>,
 }
 
 impl Agent {
@@ -160,6 +168,9 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         failed_starts: Arc::new(Mutex::new(HashMap::new())),
         stopping: Mutex::new(HashMap::new()),
         wake: Arc::new(tokio::sync::Notify::new()),
+        migrating: Mutex::new(Default::default()),
+        incoming: Mutex::new(Default::default()),
+        migrations: Mutex::new(Default::default()),
     });
     prepare::ensure_network(&agent).await?;
     register(&agent, &facts).await?;
@@ -194,6 +205,9 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         }
         if let Err(e) = sync::sync_all(&agent, n.is_multiple_of(5)).await {
             tracing::warn!(error = %e, "sync failed");
+        }
+        if let Err(e) = migrate::sync(&agent).await {
+            tracing::warn!(error = %e, "syncing migrations failed");
         }
     }
 }

@@ -95,13 +95,16 @@ pub async fn sync_all(agent: &Agent, housekeeping: bool) -> anyhow::Result<()> {
         ))
         .await?;
     let vmis = list["items"].as_array().cloned().unwrap_or_default();
-    let mut known = HashSet::new();
+    let mut known: HashSet<String> = agent.incoming.lock().await.clone();
     for vmi in &vmis {
         let uid = vmi["metadata"]["uid"]
             .as_str()
             .unwrap_or_default()
             .to_string();
         known.insert(uid.clone());
+        if agent.migrating.lock().await.contains(&uid) {
+            continue;
+        }
         if let Err(e) = sync_vmi(agent, vmi).await {
             tracing::warn!(vmi = %vmi["metadata"]["name"].as_str().unwrap_or(""), error = %e, "syncing VMI failed");
         }
@@ -242,7 +245,12 @@ async fn sync_vmi(agent: &Agent, vmi: &Value) -> anyhow::Result<()> {
 
     let status_now = launcher_status(agent, &uid).await.unwrap_or(status);
     let new = running_status(agent, vmi, &status_now);
-    if new != vmi["status"] {
+    // migrationState is not the sync loop's: left out, the server keeps the stored one.
+    let mut old = vmi["status"].clone();
+    if let Some(o) = old.as_object_mut() {
+        o.remove("migrationState");
+    }
+    if new != old {
         agent
             .api
             .put(
@@ -302,6 +310,9 @@ async fn start_launcher(agent: &Agent, uid: &str, dom: &str, xml: &std::path::Pa
 
 fn running_status(agent: &Agent, vmi: &Value, s: &Status) -> Value {
     let mut st = vmi["status"].clone();
+    if let Some(o) = st.as_object_mut() {
+        o.remove("migrationState");
+    }
     let paused = s.state == Some(DomainState::Paused);
     st["phase"] = json!(phase::RUNNING);
     if st["phaseTransitionTimestampsMap"][phase::RUNNING].is_null() {
@@ -373,7 +384,16 @@ fn running_status(agent: &Agent, vmi: &Value, s: &Status) -> Value {
         paused,
         if paused { "PausedByUser" } else { "" },
     );
+    let m = crate::controller::live_migratable(vmi);
+    let new = json!({"type": "LiveMigratable", "status": if m.ok { "True" } else { "False" },
+        "reason": m.reason, "message": m.message, "lastTransitionTime": now()});
+    match conds.iter_mut().find(|c| c["type"] == "LiveMigratable") {
+        Some(c) if c["status"] == new["status"] && c["message"] == new["message"] => {}
+        Some(c) => *c = new,
+        None => conds.push(new),
+    }
     st["conditions"] = json!(conds);
+    st["migrationMethod"] = json!(m.method);
     st
 }
 

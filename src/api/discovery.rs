@@ -71,11 +71,13 @@ fn resources_of(group: &str) -> Vec<Resource> {
 }
 
 /// KubeVirt's action subresources (`subresources.kubevirt.io/v1`).
-const SUBRESOURCES: [(&str, &str); 10] = [
+const SUBRESOURCES: [(&str, &str); 12] = [
     ("virtualmachines", "start"),
     ("virtualmachines", "stop"),
     ("virtualmachines", "restart"),
     ("virtualmachines", "rename"),
+    ("virtualmachines", "migrate"),
+    ("virtualmachineinstances", "migrate"),
     ("virtualmachineinstances", "pause"),
     ("virtualmachineinstances", "unpause"),
     ("virtualmachineinstances", "softreboot"),

@@ -52,6 +52,8 @@ pub struct AppState {
     pub tls: bool,
     /// SHA-256 (hex) of the certificate served, which join tokens carry for agents to pin.
     pub cert_pin: Option<String>,
+    /// Migration tunnels waiting for their other side.
+    pub tunnels: Arc<crate::vnc::tunnel::Tunnels>,
 }
 
 impl AppState {
@@ -64,6 +66,7 @@ impl AppState {
             consoles: Default::default(),
             tls: false,
             cert_pin: None,
+            tunnels: Default::default(),
         }
     }
 

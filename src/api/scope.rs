@@ -48,6 +48,10 @@ pub async fn check(
     let ok = match kind {
         Kind::Node => name == node,
         Kind::VirtualMachineInstance => placed_here(existing),
+        Kind::VirtualMachineInstanceMigration => existing.is_some_and(|m| {
+            let s = &m["status"]["migrationState"];
+            s["sourceNode"].as_str() == Some(node) || s["targetNode"].as_str() == Some(node)
+        }),
         Kind::VirtualMachine => {
             existing.and_then(|o| o["metadata"]["annotations"][VOLUMES_NODE_ANNOTATION].as_str())
                 == Some(node)

@@ -166,7 +166,18 @@ async fn status_write(
         apply_patch(&headers, &body, &mut cur)?;
         cur["status"].clone()
     } else {
-        let v = super::parse_body(&headers, &body)?;
+        let mut v = super::parse_body(&headers, &body)?;
+        // migrationState belongs to the migration machinery: a status PUT that does not
+        // mention it (an agent's periodic status) keeps the stored one.
+        if kind == Kind::VirtualMachineInstance
+            && v["status"].is_object()
+            && v["status"].get("migrationState").is_none()
+            && let Some(ms) = stored
+                .as_ref()
+                .and_then(|o| o["status"].get("migrationState"))
+        {
+            v["status"]["migrationState"] = ms.clone();
+        }
         v["status"].clone()
     };
     let out = st
@@ -295,6 +306,38 @@ async fn action(
                 .await?;
             tracing::info!(namespace = %ns, from = %name, to = %new_name, "renamed VM");
             Ok(Json(out).into_response())
+        }
+        ("virtualmachines" | "virtualmachineinstances", "migrate") => {
+            // KubeVirt's `migrate` subresource: a VirtualMachineInstanceMigration for it.
+            let opts: Value = if body.is_empty() {
+                json!({})
+            } else {
+                serde_json::from_slice(&body)
+                    .map_err(|e| ApiError::bad_request(format!("invalid MigrateOptions: {e}")))?
+            };
+            let mut spec = json!({"vmiName": name});
+            if let Some(sel) = opts.get("addedNodeSelector") {
+                spec["addedNodeSelector"] = sel.clone();
+            }
+            let obj = json!({
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstanceMigration",
+                "metadata": {"generateName": format!("{name}-migration-"), "namespace": ns},
+                "spec": spec,
+            });
+            let obj = super::admission::admit(
+                store,
+                Kind::VirtualMachineInstanceMigration,
+                ns,
+                obj,
+                None,
+            )
+            .await?;
+            let created = store
+                .create(Kind::VirtualMachineInstanceMigration, obj, false)
+                .await?;
+            tracing::info!(namespace = %ns, vmi = %name, migration = %created["metadata"]["name"].as_str().unwrap_or(""), user = %p.user, "migration requested");
+            Ok((StatusCode::CREATED, Json(created)).into_response())
         }
         ("virtualmachines" | "virtualmachineinstances", "pause" | "unpause" | "softreboot") => {
             let vmi = store.get(Kind::VirtualMachineInstance, ns, name).await?;

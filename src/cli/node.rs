@@ -32,6 +32,10 @@ enum NodeCmd {
     },
     /// Place no new VMs on a node (running ones stay).
     Cordon { name: String },
+    /// Cordon a node and live-migrate every VM off it, before maintenance. Reports the VMs
+    /// that could not move (not live-migratable, no node to take them, failed) and exits
+    /// non-zero if there are any.
+    Drain { name: String },
     /// Let the scheduler use a cordoned node again.
     Uncordon { name: String },
     /// Remove a node and revoke its agent's credential. Refused while VMs are placed on it,
@@ -206,6 +210,7 @@ pub async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
             .await?;
             println!("node/{name} cordoned");
         }
+        NodeCmd::Drain { name } => drain(&c, &name).await?,
         NodeCmd::Uncordon { name } => {
             c.merge_patch(
                 &format!("{NODES}/{name}"),
@@ -273,6 +278,95 @@ pub async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
         },
     }
     Ok(())
+}
+
+/// Poll a migration until it succeeds or fails; print each phase when `show`.
+pub async fn wait_migration(
+    c: &crate::client::Client,
+    ns: &str,
+    name: &str,
+    show: bool,
+) -> anyhow::Result<Value> {
+    let path =
+        format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstancemigrations/{name}");
+    let mut last = String::new();
+    let start = std::time::Instant::now();
+    loop {
+        let m = c.get(&path).await?;
+        let p = s(&m, &["status", "phase"]).to_string();
+        if show && p != last {
+            eprintln!("{:>6.1}s  {name}: {p}", start.elapsed().as_secs_f64());
+            last = p.clone();
+        }
+        if p == "Succeeded" || p == "Failed" {
+            return Ok(m);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+async fn drain(c: &crate::client::Client, node: &str) -> anyhow::Result<()> {
+    c.merge_patch(
+        &format!("{NODES}/{node}"),
+        &json!({"spec": {"unschedulable": true}}),
+    )
+    .await?;
+    println!("node/{node} cordoned");
+    let vmis = c
+        .get(&format!(
+            "/apis/kubevirt.io/v1/virtualmachineinstances?fieldSelector=status.nodeName%3D{node}"
+        ))
+        .await?;
+    let mut stuck: Vec<String> = Vec::new();
+    let mut started: Vec<(String, String, String)> = Vec::new();
+    for v in vmis["items"].as_array().into_iter().flatten() {
+        let (ns, name) = (
+            s(v, &["metadata", "namespace"]),
+            s(v, &["metadata", "name"]),
+        );
+        if s(v, &["status", "phase"]) != "Running" {
+            continue;
+        }
+        let path = format!(
+            "/apis/subresources.kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances/{name}/migrate"
+        );
+        match c.put(&path, &json!({})).await {
+            Ok(m) => {
+                let mname = s(&m, &["metadata", "name"]).to_string();
+                println!("{ns}/{name}: migrating ({mname})");
+                started.push((ns.to_string(), name.to_string(), mname));
+            }
+            Err(e) => {
+                println!("{ns}/{name}: cannot migrate: {e}");
+                stuck.push(format!("{ns}/{name}"));
+            }
+        }
+    }
+    for (ns, name, mname) in started {
+        let m = wait_migration(c, &ns, &mname, false).await?;
+        if m["status"]["phase"] == "Succeeded" {
+            println!(
+                "{ns}/{name}: moved to {}",
+                s(&m, &["status", "migrationState", "targetNode"])
+            );
+        } else {
+            println!(
+                "{ns}/{name}: migration failed: {}",
+                s(&m, &["status", "migrationState", "failureReason"])
+            );
+            stuck.push(format!("{ns}/{name}"));
+        }
+    }
+    if stuck.is_empty() {
+        println!("node/{node} drained");
+        Ok(())
+    } else {
+        bail!(
+            "node {node} still runs {} VM(s) that could not move: {}",
+            stuck.len(),
+            stuck.join(", ")
+        )
+    }
 }
 
 #[cfg(test)]

@@ -52,6 +52,13 @@ enum VmCmd {
     Restart {
         name: String,
     },
+    /// Live-migrate the VM's instance to another node (a VirtualMachineInstanceMigration).
+    Migrate {
+        name: String,
+        /// Wait until it succeeds or fails, showing its phases.
+        #[arg(long)]
+        wait: bool,
+    },
     Pause {
         name: String,
     },
@@ -317,6 +324,22 @@ pub async fn run_vm(a: VmArgs) -> anyhow::Result<()> {
         VmCmd::Start { name } => act(&c, &sub(&name, "start"), &name, "start").await?,
         VmCmd::Stop { name } => act(&c, &sub(&name, "stop"), &name, "stop").await?,
         VmCmd::Restart { name } => act(&c, &sub(&name, "restart"), &name, "restart").await?,
+        VmCmd::Migrate { name, wait } => {
+            let m = c.put(&sub(&name, "migrate"), &json!({})).await?;
+            let mname = m["metadata"]["name"].as_str().unwrap_or("").to_string();
+            println!("virtualmachineinstancemigration/{mname} created");
+            if wait {
+                let done = super::node::wait_migration(&c, ns, &mname, true).await?;
+                if done["status"]["phase"] != "Succeeded" {
+                    bail!(
+                        "migration {mname} failed: {}",
+                        done["status"]["migrationState"]["failureReason"]
+                            .as_str()
+                            .unwrap_or("no reason given")
+                    );
+                }
+            }
+        }
         VmCmd::Pause { name } => act(&c, &sub(&name, "pause"), &name, "pause").await?,
         VmCmd::Unpause { name } => act(&c, &sub(&name, "unpause"), &name, "unpause").await?,
         VmCmd::Softreboot { name } => {

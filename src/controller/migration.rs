@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use super::{Action, Context, scheduler};
 use crate::store::{Error, FieldSelector, LabelSelector, Store};
-use crate::types::annotations::{BLOCK_MIGRATION_ANNOTATION, MIGRATION_FINALIZER};
+use crate::types::annotations::MIGRATION_FINALIZER;
 use crate::types::kubevirt::{migration_phase as mp, phase};
 use crate::types::{Kind, now};
 
@@ -39,14 +39,15 @@ pub struct Migratability {
     pub method: &'static str,
 }
 
-/// Compute the LiveMigratable condition from the instance's spec and annotations. Disks
-/// built from images (`containerDisk`, `dataVolume`) are copies on the node's local disk:
-/// they move only by block migration, which the `edgevirt.io/block-migration: "true"`
-/// annotation allows. NoCloud disks are made anew on the target. edgevirt has no shared
-/// storage pools and no disk hotplug yet, so those cases do not arise.
+/// Compute the LiveMigratable condition from the instance's spec. Disks built from images
+/// (`containerDisk`, `dataVolume`) are copies on the node's local disk: they could move only
+/// by block migration, which edgevirt cannot do through its tunnel yet (libvirt 9 does not
+/// tunnel the NBD disk copy), so such instances are not live-migratable. NoCloud disks are
+/// made anew on the target. edgevirt has no shared storage pools and no disk hotplug yet,
+/// so those cases do not arise.
 pub fn live_migratable(vmi: &Value) -> Migratability {
     let spec = &vmi["spec"];
-    let block = vmi["metadata"]["annotations"][BLOCK_MIGRATION_ANNOTATION] == "true";
+    let block = false;
     for i in spec["domain"]["devices"]["interfaces"]
         .as_array()
         .into_iter()
@@ -95,9 +96,8 @@ pub fn live_migratable(vmi: &Value) -> Migratability {
         ok: false,
         reason: "DisksNotLiveMigratable".into(),
         message: format!(
-            "cannot migrate VMI: disks {} are on this node's local storage, not shared; set \
-             the annotation {BLOCK_MIGRATION_ANNOTATION}: \"true\" on the VM's template to \
-             copy them while migrating (block migration)",
+            "cannot migrate VMI: disks {} are on this node's local storage, not shared, and \
+             edgevirt cannot copy disks while migrating yet (block migration)",
             local.join(", ")
         ),
         method: "LiveMigration",

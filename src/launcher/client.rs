@@ -43,6 +43,15 @@ impl LauncherClient {
     }
 
     pub async fn call(&mut self, request: Request) -> anyhow::Result<serde_json::Value> {
+        self.call_within(request, Duration::from_secs(30)).await
+    }
+
+    /// A call that may take up to `timeout` (a migration).
+    pub async fn call_within(
+        &mut self,
+        request: Request,
+        timeout: Duration,
+    ) -> anyhow::Result<serde_json::Value> {
         let mut line = serde_json::to_vec(&Envelope {
             version: self.version,
             request,
@@ -50,7 +59,7 @@ impl LauncherClient {
         line.push(b'\n');
         self.writer.write_all(&line).await?;
         let mut buf = String::new();
-        let n = tokio::time::timeout(Duration::from_secs(30), self.reader.read_line(&mut buf))
+        let n = tokio::time::timeout(timeout, self.reader.read_line(&mut buf))
             .await
             .context("launcher did not answer")??;
         if n == 0 {

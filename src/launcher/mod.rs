@@ -37,6 +37,9 @@ struct Launcher {
     cfg: Config,
     hv: Arc<dyn Hypervisor>,
     status: RwLock<Status>,
+    /// Answers still owed (a migration): the launcher does not exit while any is open, even
+    /// though a migrated domain is gone from here before libvirt returns.
+    owed: std::sync::atomic::AtomicUsize,
 }
 
 /// Run the launcher until its domain is gone.
@@ -54,6 +57,7 @@ pub async fn run_with(cfg: Config, hv: Arc<dyn Hypervisor>) -> anyhow::Result<()
         cfg: cfg.clone(),
         hv,
         status: RwLock::new(Status::default()),
+        owed: std::sync::atomic::AtomicUsize::new(0),
     });
     let state = l.blocking(|hv, name| hv.state(name)).await?;
     match state {
@@ -95,7 +99,9 @@ pub async fn run_with(cfg: Config, hv: Arc<dyn Hypervisor>) -> anyhow::Result<()
                 }
                 tick += 1;
                 // The guest agent is asked every 2 s; domain state every 0.5 s.
-                if !l.refresh(tick.is_multiple_of(4)).await {
+                if !l.refresh(tick.is_multiple_of(4)).await
+                    && l.owed.load(std::sync::atomic::Ordering::SeqCst) == 0
+                {
                     return;
                 }
             }
@@ -189,6 +195,17 @@ impl Launcher {
                         result: Value::Null,
                     }
                 }
+                Ok(env) if matches!(env.request, Request::Migrate { .. }) => {
+                    use std::sync::atomic::Ordering;
+                    self.owed.fetch_add(1, Ordering::SeqCst);
+                    let resp = self.handle(env.request).await;
+                    let mut out = serde_json::to_vec(&resp)?;
+                    out.push(b'\n');
+                    let r = w.write_all(&out).await;
+                    self.owed.fetch_sub(1, Ordering::SeqCst);
+                    r?;
+                    continue;
+                }
                 Ok(env) => self.handle(env.request).await,
                 Err(e) => Response {
                     ok: false,
@@ -219,6 +236,24 @@ impl Launcher {
             Request::Pause => self.act(|hv, n| hv.suspend(n)).await,
             Request::Unpause => self.act(|hv, n| hv.resume(n)).await,
             Request::Destroy => self.act(|hv, n| hv.destroy(n)).await,
+            Request::Migrate {
+                dest_uri,
+                dest_xml,
+                block,
+            } => {
+                tracing::info!(domain = %self.cfg.domain_name, block, "migrating");
+                let r = self
+                    .act(move |hv, n| hv.migrate(n, &dest_uri, &dest_xml, block))
+                    .await;
+                match &r {
+                    Ok(_) => tracing::info!(domain = %self.cfg.domain_name, "migration completed"),
+                    Err(e) => {
+                        tracing::warn!(domain = %self.cfg.domain_name, error = %e, "migration failed")
+                    }
+                }
+                r
+            }
+            Request::AbortMigration => self.act(|hv, n| hv.abort_job(n)).await,
             Request::SoftReboot => {
                 let agent = self.status.read().await.agent_connected;
                 self.act(move |hv, n| hv.reboot(n, agent)).await

@@ -30,6 +30,16 @@ pub enum Request {
     Unpause,
     /// Reboot through the guest agent if connected, else ACPI.
     SoftReboot,
+    /// Live-migrate the domain (peer to peer, tunnelled) to the libvirtd at `dest_uri`, as
+    /// `dest_xml` there; `block` copies local disks. Answers when libvirt has the outcome.
+    Migrate {
+        dest_uri: String,
+        dest_xml: String,
+        #[serde(default)]
+        block: bool,
+    },
+    /// Abort a running migration; the `Migrate` call then fails.
+    AbortMigration,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -20,9 +20,6 @@ pub mod annotations {
     /// Keeps a migration until its agents are done with it (an abort, when it is deleted
     /// while running).
     pub const MIGRATION_FINALIZER: &str = "edgevirt.io/migration";
-    /// On a VM template or VMI: `"true"` allows live migration of local (non-shared) disks
-    /// by copying them (block migration).
-    pub const BLOCK_MIGRATION_ANNOTATION: &str = "edgevirt.io/block-migration";
 }
 pub mod kubevirt;
 

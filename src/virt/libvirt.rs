@@ -149,6 +149,44 @@ impl Hypervisor for Libvirt {
         self.on_domain(name, |d| d.destroy())
     }
 
+    fn migrate(&self, name: &str, dest_uri: &str, dest_xml: &str, block: bool) -> Result<()> {
+        let mut flags = sys::VIR_MIGRATE_LIVE
+            | sys::VIR_MIGRATE_PEER2PEER
+            | sys::VIR_MIGRATE_TUNNELLED
+            | sys::VIR_MIGRATE_ABORT_ON_ERROR;
+        if block {
+            flags |= sys::VIR_MIGRATE_NON_SHARED_INC;
+        }
+        let params = virt::domain::MigrateParameters {
+            dest_xml: Some(dest_xml.to_string()),
+            ..Default::default()
+        };
+        self.on_domain(name, |d| {
+            d.migrate_to_uri3(Some(dest_uri), params.clone(), flags)
+        })
+    }
+
+    fn abort_job(&self, name: &str) -> Result<()> {
+        let d = self.domain(name)?;
+        // SAFETY: `d` is a live domain handle for the duration of the call;
+        // virDomainAbortJob takes no other pointers.
+        let r = unsafe { sys::virDomainAbortJob(d.as_ptr()) };
+        if r < 0 {
+            return Err(Error::Libvirt(
+                virt::error::Error::last_error().message().to_string(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn completed_migration_downtime_ms(&self, name: &str) -> Result<Option<u64>> {
+        let d = self.domain(name)?;
+        let stats = d
+            .job_stats(sys::VIR_DOMAIN_JOB_STATS_COMPLETED)
+            .map_err(lv)?;
+        Ok(stats.downtime)
+    }
+
     fn suspend(&self, name: &str) -> Result<()> {
         self.on_domain(name, |d| d.suspend())
     }

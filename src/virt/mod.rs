@@ -90,6 +90,23 @@ pub trait Hypervisor: Send + Sync + 'static {
     fn host_facts(&self) -> Result<HostFacts>;
     /// The live domain XML.
     fn xml(&self, name: &str) -> Result<String>;
+    /// Live-migrate the domain peer to peer to the libvirtd at `dest_uri`, tunnelled through
+    /// that connection, as `dest_xml` there; `block` copies local disks (the top layer of
+    /// each, onto disks the target prepared). Returns when libvirt reports the outcome.
+    fn migrate(&self, name: &str, dest_uri: &str, dest_xml: &str, block: bool) -> Result<()> {
+        let _ = (name, dest_uri, dest_xml, block);
+        Err(Error::Libvirt("this backend cannot migrate".into()))
+    }
+    /// Abort the domain's running job (a migration).
+    fn abort_job(&self, name: &str) -> Result<()> {
+        let _ = name;
+        Err(Error::Libvirt("this backend has no jobs".into()))
+    }
+    /// The guest's pause at the switch-over of the last completed incoming migration, in ms.
+    fn completed_migration_downtime_ms(&self, name: &str) -> Result<Option<u64>> {
+        let _ = name;
+        Ok(None)
+    }
     /// Call `on_event` whenever libvirt reports a lifecycle event (started, suspended,
     /// resumed, stopped, ...) for the domain. Backends without events do nothing; callers
     /// keep polling as a fallback either way.

@@ -9,6 +9,7 @@
 //! input is dropped by the proxy (see [`rfb::ClientFilter`]). Control passes on request.
 
 pub mod rfb;
+pub mod tunnel;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -233,6 +234,7 @@ pub fn authed_routes() -> Router<Arc<AppState>> {
         .route("/console/tickets", post(create_ticket))
         .route("/console/state/{ns}/{name}", get(console_state))
         .route("/console/control/{ns}/{name}", post(take_control))
+        .route("/migration-tunnel/{ns}/{name}/{n}", get(tunnel::tunnel))
 }
 
 /// The websocket itself: the ticket is its credential.

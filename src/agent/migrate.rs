@@ -1,0 +1,494 @@
+//! Live migration, the agents' part (the controller's is in `controller::migration`).
+//!
+//! Target node: when a migration to this node is `Scheduled`, prepare the instance as for a
+//! start (images, overlays, NoCloud disk, domain XML with this node's paths), publish the
+//! XML in the migration's status and set `TargetReady`; then keep a tunnel side waiting at
+//! the controller and join each paired tunnel to the local libvirtd socket.
+//!
+//! Source node: at `TargetReady`, set `Running`, listen on a loopback port whose every
+//! connection becomes a tunnel to the target, and have the launcher migrate the domain
+//! peer to peer, tunnelled, to `qemu+tcp://127.0.0.1:PORT/system` with the target's XML.
+//! Only when libvirt reports success does the VMI's `nodeName` change; any failure or an
+//! abort (the migration was deleted) leaves the VM running here.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::Message;
+
+use super::Agent;
+use super::prepare::{domain_name, prepare};
+use crate::launcher::client::LauncherClient;
+use crate::launcher::protocol::Request;
+use crate::types::kubevirt::migration_phase as mp;
+use crate::types::now;
+
+/// The local libvirtd's socket, which paired tunnels reach on the target.
+pub fn libvirt_socket() -> String {
+    std::env::var("EDGEVIRT_LIBVIRT_SOCKET").unwrap_or_else(|_| "/run/libvirt/libvirt-sock".into())
+}
+
+/// A migration this agent takes part in.
+pub struct Task {
+    source: bool,
+    handle: tokio::task::JoinHandle<()>,
+    abort_sent: bool,
+    vmi_uid: String,
+}
+
+const MIGRATIONS: &str = "/apis/kubevirt.io/v1/virtualmachineinstancemigrations";
+
+fn vmim_path(ns: &str, name: &str) -> String {
+    format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstancemigrations/{name}")
+}
+
+fn vmi_path(ns: &str, name: &str) -> String {
+    format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances/{name}")
+}
+
+/// Move a migration to `phase`, adding to KubeVirt's transition list, plus `extra` status.
+async fn set_phase(
+    agent: &Agent,
+    ns: &str,
+    name: &str,
+    phase: &str,
+    extra: Value,
+) -> anyhow::Result<()> {
+    let cur = agent.api.get(&vmim_path(ns, name)).await?;
+    let mut o = json!({"status": cur["status"].clone()});
+    crate::controller::set_migration_phase(&mut o, phase);
+    json_patch::merge(&mut o["status"], &extra);
+    agent
+        .api
+        .merge_patch(&format!("{}/status", vmim_path(ns, name)), &o)
+        .await?;
+    Ok(())
+}
+
+/// One pass over the migrations that involve this node.
+pub async fn sync(agent: &Arc<Agent>) -> anyhow::Result<()> {
+    let list = agent.api.get(MIGRATIONS).await?;
+    let me = agent.cfg.node_name.as_str();
+    let mut seen = Vec::new();
+    for m in list["items"].as_array().into_iter().flatten() {
+        let st = &m["status"]["migrationState"];
+        let uid = m["metadata"]["uid"].as_str().unwrap_or("").to_string();
+        let phase = m["status"]["phase"].as_str().unwrap_or("");
+        let (source, target) = (
+            st["sourceNode"].as_str() == Some(me),
+            st["targetNode"].as_str() == Some(me),
+        );
+        if !source && !target {
+            continue;
+        }
+        seen.push(uid.clone());
+        let mut tasks = agent.migrations.lock().await;
+        let running = tasks.get(&uid).is_some_and(|t| !t.handle.is_finished());
+        let starts = (target && phase == mp::SCHEDULED) || (source && phase == mp::TARGET_READY);
+        if starts && !tasks.contains_key(&uid) {
+            let (ns, _, vmi_name) = names(m);
+            let vmi = agent.api.get(&vmi_path(&ns, &vmi_name)).await?;
+            let t = if target {
+                spawn_target(agent.clone(), m.clone(), vmi)
+            } else {
+                spawn_source(agent.clone(), m.clone(), vmi)
+            };
+            tasks.insert(uid.clone(), t);
+        } else if source && phase == mp::RUNNING {
+            match tasks.get_mut(&uid) {
+                Some(t) if running && st["abortRequested"] == true && !t.abort_sent => {
+                    t.abort_sent = true;
+                    let sock = crate::launcher::socket_path(&agent.launchers_dir(), &t.vmi_uid);
+                    tracing::info!(migration = %uid, "aborting the migration");
+                    match LauncherClient::connect(&sock).await {
+                        Ok(mut c) => {
+                            if let Err(e) = c.call(Request::AbortMigration).await {
+                                tracing::warn!(error = %e, "aborting the migration failed");
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "no launcher to abort"),
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    // This agent restarted while its launcher migrated: it cannot follow
+                    // the outcome, so it fails the migration (the controller's checks and
+                    // the next sync show where the guest really runs).
+                    let ns = m["metadata"]["namespace"].as_str().unwrap_or("");
+                    let name = m["metadata"]["name"].as_str().unwrap_or("");
+                    let _ = set_phase(
+                        agent,
+                        ns,
+                        name,
+                        mp::FAILED,
+                        json!({"migrationState": {"failed": true, "endTimestamp": now(),
+                            "failureReason": "the source agent restarted during the migration"}}),
+                    )
+                    .await;
+                }
+            }
+        }
+        if mp::is_final(phase)
+            && let Some(t) = tasks.get(&uid)
+            && !t.source
+        {
+            // The target stops waiting for tunnels; a successful one leaves a running
+            // domain that the sync loop adopts now that the VMI names this node.
+            t.handle.abort();
+            let vmi_uid = t.vmi_uid.clone();
+            tasks.remove(&uid);
+            drop(tasks);
+            finish_target(agent, m, &vmi_uid, phase == mp::SUCCEEDED).await;
+            continue;
+        }
+        if mp::is_final(phase) && tasks.get(&uid).is_some_and(|t| t.handle.is_finished()) {
+            tasks.remove(&uid);
+        }
+    }
+    // Migrations deleted outright: stop their tasks.
+    let mut tasks = agent.migrations.lock().await;
+    let gone: Vec<String> = tasks
+        .keys()
+        .filter(|k| !seen.contains(k))
+        .cloned()
+        .collect();
+    for k in gone {
+        if let Some(t) = tasks.remove(&k)
+            && !t.source
+        {
+            t.handle.abort();
+            agent.incoming.lock().await.remove(&t.vmi_uid);
+        }
+    }
+    Ok(())
+}
+
+fn names(m: &Value) -> (String, String, String) {
+    (
+        m["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_string(),
+        m["metadata"]["name"].as_str().unwrap_or("").to_string(),
+        m["spec"]["vmiName"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+fn spawn_target(agent: Arc<Agent>, m: Value, vmi: Value) -> Task {
+    let (ns, name, _) = names(&m);
+    let vmi_uid = vmi["metadata"]["uid"].as_str().unwrap_or("").to_string();
+    let a2 = agent.clone();
+    let handle = tokio::spawn(async move {
+        if let Err(e) = run_target(&a2, &ns, &name, &vmi).await {
+            tracing::warn!(migration = %name, error = %format!("{e:#}"), "preparing the migration target failed");
+            let _ = set_phase(
+                &a2,
+                &ns,
+                &name,
+                mp::FAILED,
+                json!({"migrationState": {"failed": true, "endTimestamp": now(),
+                    "failureReason": format!("preparing the target failed: {e:#}")}}),
+            )
+            .await;
+        }
+    });
+    Task {
+        source: false,
+        handle,
+        abort_sent: false,
+        vmi_uid,
+    }
+}
+
+async fn run_target(agent: &Arc<Agent>, ns: &str, name: &str, vmi: &Value) -> anyhow::Result<()> {
+    let uid = vmi["metadata"]["uid"].as_str().unwrap_or("").to_string();
+    let vmi_name = vmi["metadata"]["name"].as_str().unwrap_or("");
+    // The incoming domain must survive the sync loop's sweep of domains no VMI here owns.
+    agent.incoming.lock().await.insert(uid.clone());
+    set_phase(agent, ns, name, mp::PREPARING_TARGET, json!({})).await?;
+    let xml_path = prepare(agent, vmi).await?;
+    let xml = tokio::fs::read_to_string(&xml_path).await?;
+    set_phase(
+        agent,
+        ns,
+        name,
+        mp::TARGET_READY,
+        json!({"targetDomain": xml}),
+    )
+    .await?;
+    tracing::info!(migration = %name, vmi = %vmi_name, "migration target ready");
+    // Keep one tunnel side waiting; each paired one goes to the local libvirtd.
+    for n in 0u32.. {
+        let path = format!("/migration-tunnel/{ns}/{name}/{n}?side=target");
+        let mut ws = agent.api.websocket(&path).await?;
+        wait_paired(&mut ws).await?;
+        let sock = tokio::net::UnixStream::connect(libvirt_socket()).await?;
+        tokio::spawn(async move {
+            if let Err(e) = pipe(ws, sock).await {
+                tracing::debug!(error = %e, "target tunnel ended");
+            }
+        });
+    }
+    Ok(())
+}
+
+async fn finish_target(agent: &Arc<Agent>, m: &Value, vmi_uid: &str, ok: bool) {
+    let (ns, name, vmi_name) = names(m);
+    let dom = domain_name(&ns, &vmi_name, vmi_uid);
+    if ok {
+        let hv = agent.hv.clone();
+        let d2 = dom.clone();
+        if let Ok(Ok(Some(ms))) =
+            tokio::task::spawn_blocking(move || hv.completed_migration_downtime_ms(&d2)).await
+        {
+            let patch = json!({"status": {"migrationState": {"downtimeMs": ms}}});
+            let _ = agent
+                .api
+                .merge_patch(&format!("{}/status", vmim_path(&ns, &name)), &patch)
+                .await;
+            let _ = agent
+                .api
+                .merge_patch(&format!("{}/status", vmi_path(&ns, &vmi_name)), &patch)
+                .await;
+            tracing::info!(migration = %name, downtime_ms = ms, "incoming migration completed");
+        }
+    } else {
+        // libvirt removes a failed incoming domain, or leaves it paused: clear that away. A
+        // domain that *runs* here did arrive (the source lost track of the outcome): libvirt
+        // is the truth, so the instance is this node's.
+        let hv = agent.hv.clone();
+        let d2 = dom.clone();
+        let state = tokio::task::spawn_blocking({
+            let hv = hv.clone();
+            let d2 = d2.clone();
+            move || hv.state(&d2)
+        })
+        .await;
+        match state {
+            Ok(Ok(Some(crate::virt::DomainState::Running))) => {
+                tracing::warn!(domain = %dom, "the migration was reported failed but the guest runs here; taking the instance");
+                let _ = agent
+                    .api
+                    .merge_patch(
+                        &format!("{}/status", vmi_path(&ns, &vmi_name)),
+                        &json!({"status": {"nodeName": agent.cfg.node_name,
+                            "migrationState": {"completed": true, "failed": false}}}),
+                    )
+                    .await;
+            }
+            Ok(Ok(Some(_))) => {
+                tracing::warn!(domain = %dom, "destroying what a failed incoming migration left");
+                let _ = tokio::task::spawn_blocking(move || hv.destroy(&d2)).await;
+            }
+            _ => {}
+        }
+    }
+    agent.incoming.lock().await.remove(vmi_uid);
+    // An instance that once migrated away from here and has now come back is ours again.
+    agent.migrating.lock().await.remove(vmi_uid);
+}
+
+fn spawn_source(agent: Arc<Agent>, m: Value, vmi: Value) -> Task {
+    let (ns, name, vmi_name) = names(&m);
+    let a2 = agent.clone();
+    let target = m["status"]["migrationState"]["targetNode"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let xml = m["status"]["targetDomain"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let uid = vmi["metadata"]["uid"].as_str().unwrap_or("").to_string();
+    let vmi_uid = uid.clone();
+    let handle = tokio::spawn(async move {
+        let r = run_source(&a2, &ns, &name, &vmi, &target, &xml).await;
+        match r {
+            Ok(()) => {}
+            Err(e) => {
+                let msg = format!("{e:#}");
+                let cur = a2.api.get(&vmim_path(&ns, &name)).await.unwrap_or_default();
+                let aborted = cur["status"]["migrationState"]["abortRequested"] == true;
+                tracing::warn!(migration = %name, aborted, error = %msg, "migration failed; the VM stays here");
+                let ms = if aborted {
+                    json!({"failed": true, "endTimestamp": now(), "abortStatus": "Succeeded",
+                        "failureReason": format!("aborted: {msg}")})
+                } else {
+                    json!({"failed": true, "endTimestamp": now(), "failureReason": msg})
+                };
+                let _ = set_phase(
+                    &a2,
+                    &ns,
+                    &name,
+                    mp::FAILED,
+                    json!({"migrationState": ms.clone()}),
+                )
+                .await;
+                let _ = a2
+                    .api
+                    .merge_patch(
+                        &format!("{}/status", vmi_path(&ns, &vmi_name)),
+                        &json!({"status": {"migrationState": ms}}),
+                    )
+                    .await;
+                a2.migrating.lock().await.remove(&uid);
+            }
+        }
+    });
+    Task {
+        source: true,
+        handle,
+        abort_sent: false,
+        vmi_uid,
+    }
+}
+
+async fn run_source(
+    agent: &Arc<Agent>,
+    ns: &str,
+    name: &str,
+    vmi: &Value,
+    target: &str,
+    xml: &str,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(!xml.is_empty(), "the target published no domain XML");
+    let uid = vmi["metadata"]["uid"].as_str().unwrap_or("").to_string();
+    let vmi_name = vmi["metadata"]["name"].as_str().unwrap_or("");
+    // From here on the sync loop leaves this instance alone: its status is ours to write.
+    agent.migrating.lock().await.insert(uid.clone());
+    let started = now();
+    set_phase(
+        agent,
+        ns,
+        name,
+        mp::RUNNING,
+        json!({"migrationState": {"startTimestamp": started}}),
+    )
+    .await?;
+    agent
+        .api
+        .merge_patch(
+            &format!("{}/status", vmi_path(ns, vmi_name)),
+            &json!({"status": {"migrationState": {"startTimestamp": started}}}),
+        )
+        .await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let tunnels = {
+        let agent = agent.clone();
+        let (ns, name) = (ns.to_string(), name.to_string());
+        tokio::spawn(async move {
+            let mut n = 0u32;
+            while let Ok((tcp, _)) = listener.accept().await {
+                let _ = tcp.set_nodelay(true);
+                let path = format!("/migration-tunnel/{ns}/{name}/{n}?side=source");
+                n += 1;
+                let agent = agent.clone();
+                tokio::spawn(async move {
+                    let r = async {
+                        let mut ws = agent.api.websocket(&path).await?;
+                        wait_paired(&mut ws).await?;
+                        pipe(ws, tcp).await
+                    }
+                    .await;
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "source tunnel ended");
+                    }
+                });
+            }
+        })
+    };
+    let block = crate::controller::live_migratable(vmi).method == "BlockMigration";
+    let sock = crate::launcher::socket_path(&agent.launchers_dir(), &uid);
+    let mut launcher = LauncherClient::connect(&sock).await?;
+    tracing::info!(migration = %name, vmi = %vmi_name, %target, block, "migrating");
+    let r = launcher
+        .call_within(
+            Request::Migrate {
+                dest_uri: format!("qemu+tcp://127.0.0.1:{port}/system"),
+                dest_xml: xml.to_string(),
+                block,
+            },
+            Duration::from_secs(24 * 3600),
+        )
+        .await;
+    tunnels.abort();
+    r?;
+    // libvirt says the guest runs on the target: the instance is the target's now.
+    let done = now();
+    agent
+        .api
+        .merge_patch(
+            &format!("{}/status", vmi_path(ns, vmi_name)),
+            &json!({"status": {"nodeName": target, "migrationState": {"completed": true, "endTimestamp": done}}}),
+        )
+        .await?;
+    agent.launchers.lock().await.remove(&uid);
+    set_phase(
+        agent,
+        ns,
+        name,
+        mp::SUCCEEDED,
+        json!({"migrationState": {"completed": true, "endTimestamp": done}}),
+    )
+    .await?;
+    tracing::info!(migration = %name, vmi = %vmi_name, %target, "migration succeeded");
+    Ok(())
+}
+
+type Ws = crate::client::WebSocket;
+
+/// Wait for the relay's "paired" message.
+async fn wait_paired(ws: &mut Ws) -> anyhow::Result<()> {
+    loop {
+        match ws.next().await {
+            Some(Ok(Message::Text(t))) if t.as_str() == "paired" => return Ok(()),
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            Some(Ok(m)) => anyhow::bail!("unexpected tunnel message before pairing: {m:?}"),
+            Some(Err(e)) => return Err(e.into()),
+            None => anyhow::bail!("the tunnel closed before it was paired"),
+        }
+    }
+}
+
+/// Relay a local stream over the websocket until either side ends.
+async fn pipe<S: AsyncRead + AsyncWrite + Unpin>(ws: Ws, stream: S) -> anyhow::Result<()> {
+    let (mut ws_tx, mut ws_rx) = ws.split();
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let up = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = rd.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            ws_tx
+                .send(Message::Binary(buf[..n].to_vec().into()))
+                .await?;
+        }
+        let _ = ws_tx.send(Message::Close(None)).await;
+        anyhow::Ok(())
+    };
+    let down = async {
+        while let Some(m) = ws_rx.next().await {
+            match m? {
+                Message::Binary(b) => wr.write_all(&b).await?,
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+        let _ = wr.shutdown().await;
+        anyhow::Ok(())
+    };
+    tokio::select! {
+        r = up => r,
+        r = down => r,
+    }
+}
+
+/// For the agent's state: tasks by migration uid.
+pub type Tasks = HashMap<String, Task>;

@@ -3,6 +3,7 @@
 //! a TOML file, in that order of precedence.
 
 mod console;
+mod cpu;
 mod k8s;
 mod output;
 mod vm;
@@ -44,6 +45,8 @@ enum Command {
     Vmi(vm::VmiArgs),
     /// Import, list and delete images (disks, kernels, initrds).
     Image(vm::ImageArgs),
+    /// Host CPUs of the nodes, the cluster's baseline CPU model, and CPU checks.
+    Cpu(cpu::CpuArgs),
     /// Print the CustomResourceDefinitions of the kinds edgevirt serves, for a Kubernetes cluster.
     Crds(k8s::CrdsArgs),
     /// Print the VMs as clean KubeVirt manifests (no status, no edgevirt-only fields).
@@ -100,6 +103,10 @@ struct ServeArgs {
     /// First three octets of the NAT network's /24 [default: 10.77.0].
     #[arg(long, env = "EDGEVIRT_NAT_PREFIX")]
     nat_prefix: Option<String>,
+    /// Guest CPU model when a VM sets none: host-model, host-passthrough, migratable (the
+    /// model every node can run) or a named libvirt model [default: host-model].
+    #[arg(long, env = "EDGEVIRT_CPU_MODEL")]
+    cpu_model: Option<String>,
     /// Seconds a console ticket stays valid (tests shorten it).
     #[arg(
         long,
@@ -131,6 +138,7 @@ struct FileSettings {
     node_name: Option<String>,
     nat_network: Option<String>,
     nat_prefix: Option<String>,
+    cpu_model: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -243,6 +251,11 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
     }
     crate::types::check_name("node name", &node_name)
         .map_err(|e| anyhow::anyhow!("{e}; set --node-name"))?;
+    let cpu_model = a
+        .cpu_model
+        .or(f.cpu_model)
+        .unwrap_or_else(|| crate::cpu::policy::DEFAULT_CPU_MODEL.into());
+    crate::cpu::policy::check_default(&cpu_model).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(server::Settings {
         role: a.role.or(f.role).unwrap_or(Role::All),
         data_dir: a
@@ -274,6 +287,7 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
             .or(f.nat_prefix)
             .unwrap_or_else(|| "10.77.0".into()),
         console_ticket_ttl: std::time::Duration::from_secs(a.console_ticket_ttl.max(1)),
+        cpu_model,
     })
 }
 
@@ -338,6 +352,7 @@ pub fn main() -> ExitCode {
             Command::Vm(a) => vm::run_vm(a).await,
             Command::Vmi(a) => vm::run_vmi(a).await,
             Command::Image(a) => vm::run_image(a).await,
+            Command::Cpu(a) => cpu::run(a).await,
             Command::Crds(a) => k8s::crds(a),
             Command::Export(a) => k8s::export(a).await,
             Command::Kubeconfig(a) => k8s::kubeconfig(a),

@@ -62,7 +62,9 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
         .cloned()
         .unwrap_or_default();
     let mut reasons = Vec::new();
-    let mut best: Option<(u64, String)> = None;
+    let mut best: Option<(u64, String, crate::cpu::GuestCpu)> = None;
+    let ready: Vec<&Value> = nodes.iter().filter(|n| node_ready(n)).collect();
+    let cpu_default = crate::cpu::policy::scheduling_default(&ready);
     for n in &nodes {
         let name = n["metadata"]["name"].as_str().unwrap_or("").to_string();
         if !node_ready(n) {
@@ -96,8 +98,16 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
             ));
             continue;
         }
-        if best.as_ref().is_none_or(|(f, _)| free > *f) {
-            best = Some((free, name));
+        // The guest CPU it would get there, and whether that node can run it.
+        let guest_cpu = match crate::cpu::policy::place(vmi, n, &cpu_default) {
+            Ok(g) => g,
+            Err(e) => {
+                reasons.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        if best.as_ref().is_none_or(|(f, _, _)| free > *f) {
+            best = Some((free, name, guest_cpu));
         }
     }
     let (ns, name) = (
@@ -108,8 +118,9 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
         vmi["metadata"]["name"].as_str().unwrap_or("").to_string(),
     );
     match best {
-        Some((_, node)) => {
+        Some((_, node, guest_cpu)) => {
             let node2 = node.clone();
+            let cpu_json = serde_json::to_string(&guest_cpu).unwrap_or_default();
             ctx.store
                 .update(Kind::VirtualMachineInstance, &ns, &name, move |o| {
                     if o["status"]["nodeName"]
@@ -119,6 +130,8 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
                         return Ok(());
                     }
                     o["status"]["nodeName"] = json!(node2);
+                    o["metadata"]["annotations"][crate::cpu::policy::GUEST_CPU_ANNOTATION] =
+                        json!(cpu_json);
                     o["status"]["phase"] = json!(phase::SCHEDULED);
                     o["status"]["phaseTransitionTimestampsMap"][phase::SCHEDULED] = json!(now());
                     set_cond(o, "PodScheduled", "True", "", "");

@@ -48,5 +48,5 @@ cargo test --locked --all-targets
 
 log "end-to-end tests (real libvirtd, real guests, consoles, chromium, kubectl)"
 export EDGEVIRT_ARTIFACTS="${EDGEVIRT_ARTIFACTS:-$PWD/target/test-artifacts}"
-cargo test --locked --test e2e --test console --test browser --test kubectl -- --include-ignored --test-threads=1
+cargo test --locked --test e2e --test cpu_e2e --test console --test browser --test kubectl -- --include-ignored --test-threads=1
 log "browser screenshots in $EDGEVIRT_ARTIFACTS"

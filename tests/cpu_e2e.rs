@@ -148,6 +148,37 @@ async fn each_cpu_mode_shows_in_the_guest() {
             .any(|m| m == named)
     );
 
+    // The CLI shows the same facts, the baseline (one node: its best usable model) and a check.
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(exe())
+            .args(args)
+            .args(["--server", &a.url, "--token", &a.token])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, out, err) = cli(&["cpu", "show", "testnode", "-o", "json"]);
+    assert!(ok, "{err}");
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown[0]["cpu"]["hostModel"]["model"], hm.model.as_str());
+    let (ok, out, _) = cli(&["cpu", "show"]);
+    assert!(
+        ok && out.contains("testnode") && out.contains(&hm.model),
+        "{out}"
+    );
+    let (ok, out, err) = cli(&["cpu", "baseline"]);
+    assert!(ok, "{err}");
+    assert!(
+        caps.usable_models.iter().any(|m| m == out.trim()),
+        "baseline {out:?} is a model this node can run"
+    );
+    let (ok, _, err) = cli(&["cpu", "show", "nosuchnode"]);
+    assert!(!ok && err.contains("not found"), "{err}");
+
     // host-model (the cluster default): libvirt's TCG host-model, its vendor in the guest.
     let s = run_vm(&a, "cpu-hm", &cpu_vm("cpu-hm", "{cores: 1}", "{}")).await;
     assert_eq!(s.guest_cpu["mode"], "host-model");

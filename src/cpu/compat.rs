@@ -268,6 +268,31 @@ pub fn check_target_libvirt(
     }
 }
 
+/// The whole pre-migration CPU check, for the migration path: the pure check on the Node
+/// objects' facts, then (when the guest has a comparable CPU) libvirt's verdict on the target
+/// host for the `<cpu>` of the running domain's XML on the source. Blocks (one libvirt call
+/// on `target`). host-passthrough and maximum guests have no CPU definition libvirt can
+/// compare, so the pure check decides for them.
+pub fn check_migration(
+    guest: &GuestCpu,
+    source: &CpuFacts,
+    target: &CpuFacts,
+    source_domain_xml: &str,
+    target_hv: &dyn Hypervisor,
+) -> Result<(), Incompatible> {
+    check_target(guest, source, target)?;
+    if matches!(guest.mode, Mode::HostPassthrough | Mode::Maximum) {
+        return Ok(());
+    }
+    let cpu = cpu_element(source_domain_xml)
+        .filter(|c| c.contains("<model"))
+        .or_else(|| guest_cpu_xml(guest, source));
+    match cpu {
+        Some(xml) => check_target_libvirt(target_hv, &guest.virt_type, &xml),
+        None => Ok(()),
+    }
+}
+
 /// The feature names in a libvirt incompatibility message ("... required features: a, b").
 pub fn features_in_message(msg: &str) -> Vec<String> {
     let Some((_, list)) = msg.rsplit_once("features:") else {
@@ -467,6 +492,44 @@ mod tests {
         assert_eq!(e.missing, vec!["avx512f"]);
         g.features[0].name = "sse4.2".into();
         check_node(&g, &a).unwrap();
+    }
+
+    #[test]
+    fn migration_check_asks_the_target_hypervisor() {
+        let hygon = fixture_facts("hygon-c86-7285", "kvm");
+        let g = guest("EPYC", &hygon);
+        let xml = "<domain><cpu mode='custom' match='exact' check='partial'>\
+                   <model fallback='forbid'>EPYC</model></cpu></domain>";
+        // The fake target runs only what its domain capabilities list as usable.
+        let target = crate::virt::fake::Fake::default();
+        *target.domcaps.lock().unwrap() = Some(crate::cpu::facts::tests::fixture(
+            "hygon-c86-7285",
+            "domcapabilities-kvm.xml",
+        ));
+        check_migration(&g, &hygon, &hygon, xml, &target).unwrap();
+        assert!(
+            target
+                .calls
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|c| c == "compare-cpu kvm")
+        );
+        *target.domcaps.lock().unwrap() = Some(crate::cpu::facts::tests::fixture(
+            "intel-xeon-e5-2660v3",
+            "domcapabilities-kvm.xml",
+        ));
+        // The pure check refuses first (the Intel facts do not list EPYC) ...
+        let intel = fixture_facts("intel-xeon-e5-2660v3", "kvm");
+        assert_eq!(
+            check_migration(&g, &hygon, &intel, xml, &target)
+                .unwrap_err()
+                .missing,
+            vec!["EPYC"]
+        );
+        // ... and libvirt's verdict counts even when the facts look fine.
+        let e = check_migration(&g, &hygon, &hygon, xml, &target).unwrap_err();
+        assert!(e.reason.contains("libvirt on the target host"), "{e}");
     }
 
     #[test]

@@ -16,6 +16,8 @@ pub mod compat;
 pub mod facts;
 pub mod policy;
 
-pub use compat::{Incompatible, baseline_model, check_node, check_target, check_target_libvirt};
+pub use compat::{
+    Incompatible, baseline_model, check_migration, check_node, check_target, check_target_libvirt,
+};
 pub use facts::{host_cpu, node_facts, parse_cpuinfo};
 pub use policy::{GuestCpu, GuestOs, Mode};

@@ -39,6 +39,8 @@ pub struct Settings {
     pub nat_network: String,
     pub nat_prefix: String,
     pub console_ticket_ttl: Duration,
+    /// The cluster default guest CPU model (`cpu_model`).
+    pub cpu_model: String,
 }
 
 /// What the first start writes for the administrator.
@@ -46,6 +48,7 @@ pub const INITIAL_ADMIN_FILE: &str = "initial-admin";
 
 pub async fn run(s: Settings) -> anyhow::Result<()> {
     tls::install_crypto_provider();
+    crate::cpu::policy::set_cluster_default(&s.cpu_model);
     std::fs::create_dir_all(&s.data_dir)
         .with_context(|| format!("creating data dir {}", s.data_dir.display()))?;
     let cancel = CancellationToken::new();

@@ -35,6 +35,8 @@ struct Host {
     data: PathBuf,
     _tmp: Option<tempfile::TempDir>,
     agent: Option<Child>,
+    /// Extra environment for the agent (e.g. a narrower simulated CPU).
+    env: Vec<(String, String)>,
 }
 
 impl Host {
@@ -55,6 +57,7 @@ impl Host {
             data: tmp.path().to_path_buf(),
             _tmp: Some(tmp),
             agent: None,
+            env: Vec::new(),
         }
     }
 
@@ -76,6 +79,7 @@ impl Host {
             .args(["--node-name", &self.name, "--accel", "qemu"])
             .args(["--nat-network", HOST_NAT, "--nat-prefix", HOST_NAT_PREFIX])
             .env("EDGEVIRT_LOG", "info,edgevirt=debug")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(log);
         if let Some(t) = join_token {
@@ -763,6 +767,67 @@ async fn vms_live_migrate_cancel_and_drain() {
     }
     wait_for("all VMs gone", BOOT, || async {
         (a.domains().is_empty() && b.domains().is_empty()).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs root, libvirtd, network namespaces and the test guest: run scripts/test.sh"]
+async fn migration_refused_when_the_target_cpu_lacks_a_feature() {
+    let mut a = Host::up("a", 11);
+    let mut b = Host::up("b", 12);
+    // Host b's CPU lacks `aes` (this machine's /proc/cpuinfo without it, what b's agent reads).
+    let narrow = b.data.join("cpuinfo-without-aes");
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+    assert!(
+        cpuinfo.contains(" aes "),
+        "the test needs a host CPU with aes"
+    );
+    std::fs::write(&narrow, cpuinfo.replace(" aes ", " ")).unwrap();
+    b.env
+        .push(("EDGEVIRT_CPUINFO".into(), narrow.display().to_string()));
+    let c = controller().await;
+    c.import_guest().await;
+    let (ta, tb) = (join_token(&c).await, join_token(&c).await);
+    a.start_agent(&c.url, Some(&ta));
+    b.start_agent(&c.url, Some(&tb));
+    wait_ready(&c, "a", Duration::from_secs(60)).await;
+    let nb = wait_ready(&c, "b", Duration::from_secs(60)).await;
+    assert!(
+        !nb["status"]["cpu"]["flags"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|x| x == "aes")),
+        "b reports no aes: {nb}"
+    );
+    // A guest CPU that requires aes: it lands on a (b cannot run it), and cannot move to b.
+    let yaml = small_vm("aesvm", "128Mi").replace(
+        "cpu: {cores: 1}",
+        "cpu: {cores: 1, model: Westmere, features: [{name: aes, policy: require}]}",
+    );
+    let (code, v) = c.post_yaml(VMS, &yaml).await;
+    assert_eq!(code, 201, "{v}");
+    let vmi = c.wait_running("aesvm", None, BOOT).await;
+    assert_eq!(vmi["status"]["nodeName"], "a", "{vmi}");
+    let (code, m) = migrate(&c, "aesvm").await;
+    assert_eq!(code, 201, "{m}");
+    let mname = m["metadata"]["name"].as_str().unwrap().to_string();
+    let failed = wait_migration_phase(&c, &mname, &["Failed"], Duration::from_secs(60)).await;
+    let why = failed["status"]["migrationState"]["failureReason"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        why.contains("b:") && why.contains("aes"),
+        "names the node and the feature: {why}"
+    );
+    let vmi = c.vmi("aesvm").await.unwrap();
+    assert_eq!(vmi["status"]["nodeName"], "a");
+    assert_eq!(vmi["status"]["phase"], "Running");
+    assert!(domain_of(&b, "aesvm").is_none());
+    assert!(domain_of(&a, "aesvm").is_some());
+    c.delete(&format!("{VMS}/aesvm")).await;
+    wait_for("aesvm gone", BOOT, || async {
+        a.domains().is_empty().then_some(())
     })
     .await;
 }

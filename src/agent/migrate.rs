@@ -402,6 +402,19 @@ async fn run_source(
             }
         })
     };
+    // The guest keeps the CPU it booted with: libvirt expanded host-model into a concrete
+    // model at start, and the target must define exactly that (libvirt checks it).
+    let dom = domain_name(ns, vmi_name, &uid);
+    let hv = agent.hv.clone();
+    let d2 = dom.clone();
+    let live = tokio::task::spawn_blocking(move || hv.xml(&d2)).await??;
+    let xml = match (
+        crate::cpu::compat::cpu_element(&live),
+        crate::cpu::compat::cpu_element(xml),
+    ) {
+        (Some(live_cpu), Some(planned)) => xml.replacen(&planned, &live_cpu, 1),
+        _ => xml.to_string(),
+    };
     let block = crate::controller::live_migratable(vmi).method == "BlockMigration";
     let sock = crate::launcher::socket_path(&agent.launchers_dir(), &uid);
     let mut launcher = LauncherClient::connect(&sock).await?;
@@ -410,7 +423,7 @@ async fn run_source(
         .call_within(
             Request::Migrate {
                 dest_uri: format!("qemu+tcp://127.0.0.1:{port}/system"),
-                dest_xml: xml.to_string(),
+                dest_xml: xml,
                 block,
             },
             Duration::from_secs(24 * 3600),

@@ -151,6 +151,10 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         }
     };
     let install_id = info["installId"].as_str().unwrap_or_default().to_string();
+    // The cluster's default guest CPU, for VMIs the scheduler did not annotate.
+    if let Some(m) = info["cpuModel"].as_str() {
+        crate::cpu::policy::set_cluster_default(m);
+    }
     let hv2 = hv.clone();
     let facts = tokio::task::spawn_blocking(move || hv2.host_facts()).await??;
     let accel = resolve_accel(&cfg.accel, &facts.domain_types)?;
@@ -253,8 +257,10 @@ async fn register(agent: &Agent, facts: &crate::virt::HostFacts) -> anyhow::Resu
     if let Some(m) = node["metadata"].as_object_mut() {
         m.remove("resourceVersion");
     }
+    let (hv, accel) = (agent.hv.clone(), agent.accel.clone());
+    let cpu = tokio::task::spawn_blocking(move || crate::cpu::node_facts(&*hv, &accel)).await?;
     node["status"] = json!({
-        "cpu": crate::cpu::host_cpu(),
+        "cpu": cpu,
         "memoryBytes": facts.memory_bytes,
         "accelerator": agent.accel,
         "version": env!("CARGO_PKG_VERSION"),

@@ -219,6 +219,12 @@ pub async fn prepare(agent: &Agent, vmi: &Value) -> anyhow::Result<PathBuf> {
             );
         }
     }
+    // The guest CPU the scheduler chose (recorded on the VMI), or resolved here against this
+    // node's own facts.
+    let (hv, accel) = (agent.hv.clone(), agent.accel.clone());
+    let facts = tokio::task::spawn_blocking(move || crate::cpu::node_facts(&*hv, &accel)).await?;
+    let cpu = crate::cpu::policy::for_vmi(vmi, &facts, &agent.accel)?;
+    tracing::info!(vmi = %name, mode = cpu.mode.as_str(), model = ?cpu.model, reason = %cpu.reason, "guest CPU");
     let ctx = convert::Context {
         domain_name: domain_name(&ns, &name, &uid),
         domain_uuid: uid.clone(),
@@ -235,6 +241,7 @@ pub async fn prepare(agent: &Agent, vmi: &Value) -> anyhow::Result<PathBuf> {
         disks,
         kernel,
         initrd,
+        cpu,
     };
     let xml = convert::domain_xml(&spec, &ctx)?;
     let path = run_dir.join("domain.xml");

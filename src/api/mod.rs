@@ -181,7 +181,9 @@ async fn version() -> impl IntoResponse {
 }
 
 async fn info(State(st): S) -> impl IntoResponse {
-    axum::Json(json!({"installId": st.install_id, "version": env!("CARGO_PKG_VERSION")}))
+    axum::Json(
+        json!({"installId": st.install_id, "version": env!("CARGO_PKG_VERSION"), "cpuModel": crate::cpu::policy::cluster_default()}),
+    )
 }
 
 /// Check the bearer token, or the dashboard's session cookie (with its CSRF token on every

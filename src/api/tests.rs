@@ -323,3 +323,52 @@ async fn watch_resumes_from_a_resource_version() {
     assert_eq!(first["type"], "ADDED");
     assert_eq!(first["object"]["metadata"]["name"], "w");
 }
+
+#[tokio::test]
+async fn cpu_spec_is_checked_on_admission() {
+    let t = setup().await;
+    let path = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines";
+    let with_cpu = |name: &str, cpu: Value| {
+        let mut v: Value = serde_json::from_str(&vm(name, json!({}))).unwrap();
+        v["spec"]["template"]["spec"]["domain"]["cpu"] = cpu;
+        v.to_string()
+    };
+    let ct = "application/json";
+    // KubeVirt's fields are accepted.
+    let body = with_cpu(
+        "good",
+        json!({"cores": 2, "model": "EPYC", "features": [{"name": "topoext"}, {"name": "svm", "policy": "disable"}]}),
+    );
+    let (c, v) = call(&t, "POST", path, Some("admin-tok"), ct, &body).await;
+    assert_eq!(c, StatusCode::CREATED, "{v}");
+    assert_eq!(
+        v["spec"]["template"]["spec"]["domain"]["cpu"]["features"][1]["policy"],
+        "disable"
+    );
+    // A policy libvirt does not know, a model name that is not one, and the default's name.
+    for (name, cpu, want) in [
+        (
+            "p",
+            json!({"features": [{"name": "aes", "policy": "maybe"}]}),
+            "force, require",
+        ),
+        (
+            "m",
+            json!({"model": "EPYC'/><x"}),
+            "not a valid libvirt CPU name",
+        ),
+        ("d", json!({"model": "migratable"}), "cluster default"),
+    ] {
+        let (c, v) = call(
+            &t,
+            "POST",
+            path,
+            Some("admin-tok"),
+            ct,
+            &with_cpu(name, cpu),
+        )
+        .await;
+        assert_eq!(c, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+        assert!(v["message"].as_str().unwrap().contains(want), "{v}");
+    }
+}

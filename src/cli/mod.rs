@@ -3,6 +3,7 @@
 //! a TOML file, in that order of precedence.
 
 mod console;
+mod cpu;
 mod k8s;
 mod node;
 mod output;
@@ -47,6 +48,8 @@ enum Command {
     Image(vm::ImageArgs),
     /// The hosts: list, inspect, cordon, delete; join tokens for adding hosts.
     Node(node::NodeArgs),
+    /// Host CPUs of the nodes, the cluster's baseline CPU model, and CPU checks.
+    Cpu(cpu::CpuArgs),
     /// Print the CustomResourceDefinitions of the kinds edgevirt serves, for a Kubernetes cluster.
     Crds(k8s::CrdsArgs),
     /// Print the VMs as clean KubeVirt manifests (no status, no edgevirt-only fields).
@@ -105,6 +108,10 @@ struct ServeArgs {
     /// First three octets of the NAT network's /24 [default: 10.77.0].
     #[arg(long, env = "EDGEVIRT_NAT_PREFIX")]
     nat_prefix: Option<String>,
+    /// Guest CPU model when a VM sets none: host-model, host-passthrough, migratable (the
+    /// model every node can run) or a named libvirt model [default: host-model].
+    #[arg(long, env = "EDGEVIRT_CPU_MODEL")]
+    cpu_model: Option<String>,
     /// Seconds a console ticket stays valid (tests shorten it).
     #[arg(
         long,
@@ -136,6 +143,7 @@ struct FileSettings {
     node_name: Option<String>,
     nat_network: Option<String>,
     nat_prefix: Option<String>,
+    cpu_model: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -248,6 +256,11 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
     }
     crate::types::check_name("node name", &node_name)
         .map_err(|e| anyhow::anyhow!("{e}; set --node-name"))?;
+    let cpu_model = a
+        .cpu_model
+        .or(f.cpu_model)
+        .unwrap_or_else(|| crate::cpu::policy::DEFAULT_CPU_MODEL.into());
+    crate::cpu::policy::check_default(&cpu_model).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(server::Settings {
         role: a.role.or(f.role).unwrap_or(Role::All),
         data_dir: a
@@ -279,6 +292,7 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
             .or(f.nat_prefix)
             .unwrap_or_else(|| "10.77.0".into()),
         console_ticket_ttl: std::time::Duration::from_secs(a.console_ticket_ttl.max(1)),
+        cpu_model,
     })
 }
 
@@ -344,6 +358,7 @@ pub fn main() -> ExitCode {
             Command::Vmi(a) => vm::run_vmi(a).await,
             Command::Image(a) => vm::run_image(a).await,
             Command::Node(a) => node::run_node(a).await,
+            Command::Cpu(a) => cpu::run(a).await,
             Command::Crds(a) => k8s::crds(a),
             Command::Export(a) => k8s::export(a).await,
             Command::Kubeconfig(a) => k8s::kubeconfig(a),

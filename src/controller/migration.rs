@@ -352,7 +352,7 @@ pub async fn reconcile_migration(ctx: &Context, ns: &str, name: &str) -> Result<
                 .cloned()
                 .unwrap_or_default();
             let target = match scheduler::pick_node(ctx, &vmi, Some(&source), &extra).await? {
-                Ok(t) => t,
+                Ok((t, _)) => t,
                 Err(why) => {
                     fail(
                         ctx,

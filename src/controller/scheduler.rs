@@ -58,7 +58,7 @@ pub async fn pick_node(
     vmi: &Value,
     exclude: Option<&str>,
     extra_selector: &serde_json::Map<String, Value>,
-) -> Result<Result<String, String>, Error> {
+) -> Result<Result<(String, crate::cpu::GuestCpu), String>, Error> {
     let (nodes, _) = ctx
         .store
         .list(
@@ -85,7 +85,14 @@ pub async fn pick_node(
         .unwrap_or_default();
     selector.extend(extra_selector.clone());
     let mut reasons = Vec::new();
-    let mut best: Option<(u64, String)> = None;
+    let mut best: Option<(u64, String, crate::cpu::GuestCpu)> = None;
+    let ready: Vec<&Value> = nodes.iter().filter(|n| node_ready(n)).collect();
+    let cpu_default = crate::cpu::policy::scheduling_default(&ready);
+    let source_node = exclude.and_then(|x| nodes.iter().find(|n| n["metadata"]["name"] == x));
+    let running_cpu: Option<crate::cpu::GuestCpu> = vmi["metadata"]["annotations"]
+        [crate::cpu::policy::GUEST_CPU_ANNOTATION]
+        .as_str()
+        .and_then(|s| serde_json::from_str(s).ok());
     for n in &nodes {
         let name = n["metadata"]["name"].as_str().unwrap_or("").to_string();
         if exclude == Some(name.as_str()) {
@@ -140,12 +147,36 @@ pub async fn pick_node(
                 continue;
             }
         }
-        if best.as_ref().is_none_or(|(f, _)| free > *f) {
-            best = Some((free, name));
+        // A migration keeps the guest CPU the instance runs with: the target must be able
+        // to run that one (and everything it needs from the source's CPU).
+        if let (Some(src), Some(running)) = (source_node, &running_cpu) {
+            let (sf, tf) = (
+                crate::cpu::policy::node_object_facts(src),
+                crate::cpu::policy::node_object_facts(n),
+            );
+            if let Err(e) = crate::cpu::check_target(running, &sf, &tf) {
+                reasons.push(format!("{name}: {e}"));
+                continue;
+            }
+            if best.as_ref().is_none_or(|(f, _, _)| free > *f) {
+                best = Some((free, name, running.clone()));
+            }
+            continue;
+        }
+        // The guest CPU it would get there, and whether that node can run it.
+        let guest_cpu = match crate::cpu::policy::place(vmi, n, &cpu_default) {
+            Ok(g) => g,
+            Err(e) => {
+                reasons.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        if best.as_ref().is_none_or(|(f, _, _)| free > *f) {
+            best = Some((free, name, guest_cpu));
         }
     }
     Ok(match best {
-        Some((_, node)) => Ok(node),
+        Some((_, node, guest_cpu)) => Ok((node, guest_cpu)),
         None if nodes.is_empty() => Err("0/0 nodes are available: no node has registered".into()),
         None => Err(format!(
             "0/{} nodes are available: {}",
@@ -166,8 +197,9 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
         vmi["metadata"]["name"].as_str().unwrap_or("").to_string(),
     );
     match picked {
-        Ok(node) => {
+        Ok((node, guest_cpu)) => {
             let node2 = node.clone();
+            let cpu_json = serde_json::to_string(&guest_cpu).unwrap_or_default();
             ctx.store
                 .update(Kind::VirtualMachineInstance, &ns, &name, move |o| {
                     if o["status"]["nodeName"]
@@ -177,6 +209,8 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
                         return Ok(());
                     }
                     o["status"]["nodeName"] = json!(node2);
+                    o["metadata"]["annotations"][crate::cpu::policy::GUEST_CPU_ANNOTATION] =
+                        json!(cpu_json);
                     o["status"]["phase"] = json!(phase::SCHEDULED);
                     o["status"]["phaseTransitionTimestampsMap"][phase::SCHEDULED] = json!(now());
                     set_cond(o, "PodScheduled", "True", "", "");

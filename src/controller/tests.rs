@@ -195,3 +195,72 @@ async fn failing_instances_back_off() {
     assert_eq!(vm["status"]["startFailure"]["retries"], 1);
     assert_eq!(vm["status"]["printableStatus"], "CrashLoopBackOff");
 }
+
+/// A node with the CPU facts of a fixture host (`tests/fixtures/cpu/`).
+async fn add_cpu_node(ctx: &Context, name: &str, host: &str) {
+    let cpu = crate::cpu::facts::tests::fixture_facts(host, "kvm");
+    ctx.store
+        .create(
+            Kind::Node,
+            json!({"metadata": {"name": name}, "spec": {}, "status": {
+                "cpu": cpu, "accelerator": "kvm",
+                "memoryBytes": 8u64 << 30, "lastHeartbeatTime": crate::types::now(),
+                "conditions": [{"type": "Ready", "status": "True"}]}}),
+            false,
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn scheduler_places_by_cpu_and_names_what_is_missing() {
+    let (_d, ctx) = ctx().await;
+    add_cpu_node(&ctx, "intel", "intel-xeon-e5-2660v3").await;
+    // EPYC-Rome: only an EPYC Rome host can run it, and there is none yet.
+    ctx.store
+        .create(
+            Kind::VirtualMachine,
+            json!({"metadata": {"name": "rome", "namespace": "default"}, "spec": {
+                "runStrategy": "Always",
+                "template": {"spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {},
+                    "cpu": {"model": "EPYC-Rome"}}}}}}),
+            false,
+        )
+        .await
+        .unwrap();
+    vm::reconcile_vm(&ctx, "default", "rome").await.unwrap();
+    vm::reconcile_vmi(&ctx, "default", "rome").await.unwrap();
+    let vmi = ctx
+        .store
+        .get(Kind::VirtualMachineInstance, "default", "rome")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(vmi["status"]["phase"], phase::PENDING);
+    let msg = vmi["status"]["conditions"][0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("intel: the node cannot run the VM's CPU model") && msg.ends_with("EPYC-Rome"),
+        "{msg}"
+    );
+    assert_eq!(vmi["status"]["conditions"][0]["reason"], "Unschedulable");
+    // An AMD EPYC Rome node joins: the VMI goes there, with the chosen CPU recorded.
+    add_cpu_node(&ctx, "amd", "amd-epyc-7502p").await;
+    vm::reconcile_vmi(&ctx, "default", "rome").await.unwrap();
+    let vmi = ctx
+        .store
+        .get(Kind::VirtualMachineInstance, "default", "rome")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(vmi["status"]["nodeName"], "amd");
+    let g: crate::cpu::GuestCpu = serde_json::from_str(
+        vmi["metadata"]["annotations"][crate::cpu::policy::GUEST_CPU_ANNOTATION]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (g.mode, g.model.as_deref()),
+        (crate::cpu::Mode::Custom, Some("EPYC-Rome"))
+    );
+}

@@ -19,7 +19,8 @@ use super::kubevirt::Condition;
     printcolumn = r#"{"name":"Accel","type":"string","jsonPath":".status.accelerator"}"#,
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.version"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
-    printcolumn = r#"{"name":"Model","type":"string","jsonPath":".status.cpu.model","priority":1}"#
+    printcolumn = r#"{"name":"Model","type":"string","jsonPath":".status.cpu.model","priority":1}"#,
+    printcolumn = r#"{"name":"Host-Model","type":"string","jsonPath":".status.cpu.hostModel.model","priority":1}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeSpec {
@@ -48,17 +49,65 @@ pub struct NodeStatus {
     pub libvirt_version: Option<String>,
 }
 
-/// What the host CPU is, read from `/proc/cpuinfo`.
+/// What the host CPU is: identity and flags from `/proc/cpuinfo`, and what libvirt can offer
+/// guests on it (host-model CPU and usable named models, for `virtType`). Every field has a
+/// default, so Node objects written by older agents still decode.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct CpuFacts {
     /// `GenuineIntel`, `AuthenticAMD`, `HygonGenuine`, ...
     #[serde(default)]
     pub vendor: String,
+    /// The model name, e.g. `Hygon C86 7285 32-core Processor`.
     #[serde(default)]
     pub model: String,
     #[serde(default)]
     pub count: u32,
+    /// CPUID family, model number and stepping (0 when unknown).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub family: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub model_number: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stepping: u32,
+    /// The kernel's CPU flags (`/proc/cpuinfo` names, e.g. `sse4_2`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flags: Vec<String>,
+    /// The libvirt domain type the facts below are for (`kvm` or `qemu`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub virt_type: String,
+    /// libvirt's host-model CPU for `virtType` (domain capabilities).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_model: Option<HostModelCpu>,
+    /// Named CPU models libvirt reports `usable='yes'` for `virtType`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub usable_models: Vec<String>,
+    /// Whether `host-passthrough` is supported for `virtType` (not under TCG).
+    #[serde(default)]
+    pub host_passthrough: bool,
+}
+
+/// A CPU model with features, as libvirt writes them (`<model>`, `<vendor>`, `<feature>`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HostModelCpu {
+    pub model: String,
+    /// libvirt's vendor name: `Intel`, `AMD`, `Hygon`.
+    #[serde(default)]
+    pub vendor: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<CpuFeaturePolicy>,
+}
+
+/// One `<feature policy=... name=.../>`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub struct CpuFeaturePolicy {
+    pub policy: String,
+    pub name: String,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 #[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

@@ -160,9 +160,23 @@ pub struct Cpu {
     pub sockets: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
-    /// `host-model`, `host-passthrough` or a named libvirt CPU model.
+    /// `host-model`, `host-passthrough` or a named libvirt CPU model (KubeVirt's
+    /// `spec.domain.cpu.model`); unset means the cluster default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// CPU features to add or remove, as KubeVirt's `spec.domain.cpu.features`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<CpuFeature>,
+}
+
+/// One entry of KubeVirt's `spec.domain.cpu.features`: a libvirt feature name and its policy
+/// (`force`, `require`, `optional`, `disable`, `forbid`; KubeVirt's default is `require`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CpuFeature {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use askama::Template;
 
+use crate::cpu::policy::{GuestCpu, Mode};
+use crate::types::edgevirt::CpuFeaturePolicy;
 use crate::types::kubevirt::VirtualMachineInstanceSpec;
 use crate::types::{Invalid, parse_quantity};
 
@@ -40,6 +42,14 @@ pub struct Context {
     pub disks: BTreeMap<String, ResolvedDisk>,
     pub kernel: Option<String>,
     pub initrd: Option<String>,
+    /// The guest CPU chosen for this node (see [`crate::cpu::policy`]).
+    pub cpu: GuestCpu,
+}
+
+struct CpuModelXml {
+    name: String,
+    fallback: String,
+    vendor_id: Option<String>,
 }
 
 struct DiskXml {
@@ -77,8 +87,13 @@ struct DomainXml<'a> {
     sockets: u32,
     cores: u32,
     threads: u32,
-    cpu_mode: Option<&'static str>,
-    cpu_model: Option<String>,
+    cpu_mode: &'static str,
+    cpu_check: Option<String>,
+    cpu_model: Option<CpuModelXml>,
+    cpu_features: Vec<CpuFeaturePolicy>,
+    /// Hyper-V enlightenments (Windows guests); the full set under KVM, the part TCG takes.
+    hyperv: bool,
+    hyperv_full: bool,
     machine: String,
     efi: bool,
     efi_secure: bool,
@@ -140,6 +155,7 @@ pub fn mac_for(seed: &str, index: usize) -> String {
 /// Check the parts of a spec the converter relies on, before anything is stored.
 pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     guest_memory(spec)?;
+    crate::cpu::policy::validate(spec.domain.cpu.as_ref())?;
     if let Some(r) = &spec.domain.resources
         && let Some(k) = r.requests.keys().find(|k| k.as_str() != "memory")
     {
@@ -242,14 +258,46 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
     validate(spec)?;
     let memory_kib = guest_memory(spec)? / 1024;
     let (sockets, cores, threads) = topology(spec);
-    let model = spec.domain.cpu.as_ref().and_then(|c| c.model.clone());
-    let (cpu_mode, cpu_model) = match (ctx.accel.as_str(), model.as_deref()) {
-        // TCG cannot pass the host CPU through: let QEMU pick its default model.
-        ("qemu", None | Some("host-model") | Some("host-passthrough")) => (None, None),
-        (_, None | Some("host-model")) => (Some("host-model"), None),
-        (_, Some("host-passthrough")) => (Some("host-passthrough"), None),
-        (_, Some(m)) => (Some("custom"), Some(m.to_string())),
+    let gcpu = &ctx.cpu;
+    let cpu_model = match (gcpu.mode, &gcpu.model) {
+        (Mode::Custom, Some(m)) => {
+            crate::cpu::policy::check_cpu_name("CPU model", m)?;
+            Some(CpuModelXml {
+                name: m.clone(),
+                fallback: gcpu.fallback.clone().unwrap_or_else(|| "forbid".into()),
+                vendor_id: gcpu.vendor_id.clone(),
+            })
+        }
+        (Mode::Custom, None) => return Err(Invalid("custom CPU mode without a model".into())),
+        _ => None,
     };
+    if let Some(v) = &gcpu.vendor_id
+        && (v.len() != 12 || !v.bytes().all(|b| b.is_ascii_alphanumeric()))
+    {
+        return Err(Invalid(format!(
+            "CPU vendor_id {v:?} must be 12 letters or digits (libvirt)"
+        )));
+    }
+    if gcpu
+        .fallback
+        .as_deref()
+        .is_some_and(|f| !["allow", "forbid"].contains(&f))
+        || gcpu
+            .check
+            .as_deref()
+            .is_some_and(|c| !["none", "partial", "full"].contains(&c))
+    {
+        return Err(Invalid("invalid CPU fallback or check value".into()));
+    }
+    for f in &gcpu.features {
+        crate::cpu::policy::check_cpu_name("CPU feature", &f.name)?;
+        if !crate::cpu::policy::FEATURE_POLICIES.contains(&f.policy.as_str()) {
+            return Err(Invalid(format!(
+                "CPU feature policy {:?} is invalid",
+                f.policy
+            )));
+        }
+    }
     let firmware = spec.domain.firmware.clone().unwrap_or_default();
     let efi = firmware.bootloader.as_ref().and_then(|b| b.efi.clone());
     let kernel_boot = firmware.kernel_boot.clone();
@@ -352,8 +400,12 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
         sockets,
         cores,
         threads,
-        cpu_mode,
+        cpu_mode: gcpu.mode.as_str(),
+        cpu_check: gcpu.check.clone(),
         cpu_model,
+        cpu_features: gcpu.features.clone(),
+        hyperv: gcpu.hyperv,
+        hyperv_full: ctx.accel != "qemu",
         machine: spec
             .domain
             .machine

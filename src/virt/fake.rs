@@ -4,12 +4,16 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::{DomainState, Error, GuestAddress, HostFacts, Hypervisor, OwnedDomain, Result};
+use super::{
+    CpuCompare, DomainState, Error, GuestAddress, HostFacts, Hypervisor, OwnedDomain, Result,
+};
 
 #[derive(Default)]
 pub struct Fake {
     pub domains: Mutex<BTreeMap<String, (DomainState, String)>>,
     pub calls: Mutex<Vec<String>>,
+    /// What `domain_capabilities` returns (a minimal document when unset).
+    pub domcaps: Mutex<Option<String>>,
 }
 
 fn dom_name(xml: &str) -> Option<String> {
@@ -112,5 +116,35 @@ impl Hypervisor for Fake {
             .get(name)
             .map(|d| d.1.clone())
             .ok_or_else(|| Error::NoDomain(name.into()))
+    }
+    fn domain_capabilities(&self, virt_type: &str) -> Result<String> {
+        self.record(format!("domcaps {virt_type}"));
+        Ok(self.domcaps.lock().unwrap().clone().unwrap_or_else(|| {
+            "<domainCapabilities><cpu><mode name='host-model' supported='yes'>\
+             <model fallback='forbid'>qemu64</model><vendor>AMD</vendor></mode>\
+             <mode name='custom' supported='yes'><model usable='yes' vendor='unknown'>qemu64</model>\
+             </mode></cpu></domainCapabilities>"
+                .to_string()
+        }))
+    }
+    fn compare_cpu(&self, virt_type: &str, cpu_xml: &str) -> Result<CpuCompare> {
+        self.record(format!("compare-cpu {virt_type}"));
+        // The fake's host runs only what its domain capabilities list as usable.
+        let caps = crate::cpu::facts::parse_domcaps(&self.domain_capabilities(virt_type)?);
+        let model = cpu_xml
+            .split("<model")
+            .nth(1)
+            .and_then(|s| s.split('>').nth(1))
+            .and_then(|s| s.split('<').next())
+            .unwrap_or_default();
+        Ok(if caps.usable_models.iter().any(|m| m == model) {
+            CpuCompare::Identical
+        } else {
+            CpuCompare::Incompatible(format!("the fake host cannot run model {model}"))
+        })
+    }
+    fn baseline_cpu(&self, virt_type: &str, _cpu_xmls: &[String]) -> Result<String> {
+        self.record(format!("baseline-cpu {virt_type}"));
+        Ok("<cpu mode='custom' match='exact'><model fallback='forbid'>qemu64</model></cpu>".into())
     }
 }

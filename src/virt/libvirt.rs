@@ -11,7 +11,8 @@ use virt::error::ErrorNumber;
 use virt::sys;
 
 use super::{
-    DomainState, Error, GuestAddress, HostFacts, Hypervisor, METADATA_NS, OwnedDomain, Result,
+    CpuCompare, DomainState, Error, GuestAddress, HostFacts, Hypervisor, METADATA_NS, OwnedDomain,
+    Result,
 };
 
 pub struct Libvirt {
@@ -278,6 +279,20 @@ impl Hypervisor for Libvirt {
         d.xml_desc(0).map_err(lv)
     }
 
+    fn domain_capabilities(&self, virt_type: &str) -> Result<String> {
+        self.with(|c| c.domain_capabilities(None, Some("x86_64"), None, Some(virt_type), 0))
+    }
+
+    fn compare_cpu(&self, virt_type: &str, cpu_xml: &str) -> Result<CpuCompare> {
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        cpu_ffi::compare(&conn, virt_type, cpu_xml)
+    }
+
+    fn baseline_cpu(&self, virt_type: &str, cpu_xmls: &[String]) -> Result<String> {
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        cpu_ffi::baseline(&conn, virt_type, cpu_xmls)
+    }
+
     fn watch_lifecycle(&self, name: &str, on_event: Box<dyn Fn() + Send + Sync>) -> Result<()> {
         let d = self.domain(name)?;
         let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -371,5 +386,89 @@ mod events {
             return Err("registering for domain events failed".into());
         }
         Ok(())
+    }
+}
+
+/// libvirt's hypervisor-aware CPU comparison and baseline, which the `virt` crate does not
+/// wrap (it has only the older host-CPU variants); the only other `unsafe` of this backend.
+mod cpu_ffi {
+    use std::ffi::{CStr, CString};
+    use std::os::raw::c_char;
+
+    use virt::connect::Connect;
+    use virt::sys;
+
+    use crate::virt::{CpuCompare, Error, Result};
+
+    fn cstr(s: &str) -> Result<CString> {
+        CString::new(s).map_err(|_| Error::Libvirt("NUL byte in CPU XML".into()))
+    }
+
+    pub fn compare(conn: &Connect, virt_type: &str, cpu_xml: &str) -> Result<CpuCompare> {
+        let (vt, xml) = (cstr(virt_type)?, cstr(cpu_xml)?);
+        // SAFETY: the connection pointer comes from a live `Connect`; the strings outlive the
+        // call; NULL emulator, arch and machine mean libvirt's defaults, as documented.
+        let r = unsafe {
+            sys::virConnectCompareHypervisorCPU(
+                conn.as_ptr(),
+                std::ptr::null(),
+                c"x86_64".as_ptr(),
+                std::ptr::null(),
+                vt.as_ptr(),
+                xml.as_ptr(),
+                sys::VIR_CONNECT_COMPARE_CPU_FAIL_INCOMPATIBLE,
+            )
+        };
+        match r as sys::virCPUCompareResult {
+            sys::VIR_CPU_COMPARE_IDENTICAL => Ok(CpuCompare::Identical),
+            sys::VIR_CPU_COMPARE_SUPERSET => Ok(CpuCompare::Superset),
+            sys::VIR_CPU_COMPARE_INCOMPATIBLE => {
+                Ok(CpuCompare::Incompatible("the CPU is incompatible".into()))
+            }
+            _ => {
+                let e = virt::error::Error::last_error();
+                if matches!(
+                    e.code(),
+                    virt::enumutil::Enum::Known(virt::error::ErrorNumber::CpuIncompatible)
+                ) {
+                    Ok(CpuCompare::Incompatible(e.message().to_string()))
+                } else {
+                    Err(Error::Libvirt(e.message().to_string()))
+                }
+            }
+        }
+    }
+
+    pub fn baseline(conn: &Connect, virt_type: &str, cpu_xmls: &[String]) -> Result<String> {
+        let vt = cstr(virt_type)?;
+        let owned: Vec<CString> = cpu_xmls.iter().map(|x| cstr(x)).collect::<Result<_>>()?;
+        let mut ptrs: Vec<*const c_char> = owned.iter().map(|c| c.as_ptr()).collect();
+        // SAFETY: `ptrs` holds `ptrs.len()` valid C strings that outlive the call; the
+        // connection pointer is live; NULL emulator and machine mean libvirt's defaults.
+        let out = unsafe {
+            sys::virConnectBaselineHypervisorCPU(
+                conn.as_ptr(),
+                std::ptr::null(),
+                c"x86_64".as_ptr(),
+                std::ptr::null(),
+                vt.as_ptr(),
+                ptrs.as_mut_ptr(),
+                ptrs.len() as u32,
+                sys::VIR_CONNECT_BASELINE_CPU_MIGRATABLE,
+            )
+        };
+        if out.is_null() {
+            return Err(Error::Libvirt(
+                virt::error::Error::last_error().message().to_string(),
+            ));
+        }
+        // SAFETY: libvirt returned a NUL-terminated string we own; copied, then freed with
+        // libc's free as libvirt documents for this call.
+        let s = unsafe {
+            let s = CStr::from_ptr(out).to_string_lossy().into_owned();
+            libc::free(out as *mut std::ffi::c_void);
+            s
+        };
+        Ok(s)
     }
 }

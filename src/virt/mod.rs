@@ -66,6 +66,15 @@ pub struct HostFacts {
     pub domain_types: Vec<String>,
 }
 
+/// libvirt's verdict on a guest CPU against what a host's hypervisor can provide.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CpuCompare {
+    Identical,
+    Superset,
+    /// Not runnable there; libvirt's message names the missing features.
+    Incompatible(String),
+}
+
 /// Whole-domain operations on one hypervisor connection.
 pub trait Hypervisor: Send + Sync + 'static {
     /// Start a transient domain from XML.
@@ -107,6 +116,14 @@ pub trait Hypervisor: Send + Sync + 'static {
         let _ = name;
         Ok(None)
     }
+    /// libvirt's domain capabilities XML for guests of domain type `virt_type` (`kvm`, `qemu`).
+    fn domain_capabilities(&self, virt_type: &str) -> Result<String>;
+    /// Compare a guest `<cpu>` definition with what this host's hypervisor can provide for
+    /// `virt_type` (libvirt's `virConnectCompareHypervisorCPU`).
+    fn compare_cpu(&self, virt_type: &str, cpu_xml: &str) -> Result<CpuCompare>;
+    /// The CPU every one of the given `<cpu>` definitions can run, as a `<cpu>` element
+    /// (libvirt's `virConnectBaselineHypervisorCPU`).
+    fn baseline_cpu(&self, virt_type: &str, cpu_xmls: &[String]) -> Result<String>;
     /// Call `on_event` whenever libvirt reports a lifecycle event (started, suspended,
     /// resumed, stopped, ...) for the domain. Backends without events do nothing; callers
     /// keep polling as a fallback either way.

@@ -315,6 +315,10 @@ pub struct NodeRow {
     cordoned: bool,
     vendor: String,
     model: String,
+    /// CPUID family/model/stepping, e.g. `24/1/1`.
+    signature: String,
+    /// libvirt's host-model CPU, e.g. `Dhyana`.
+    host_model: String,
     cpus: u64,
     accel: String,
     memory: String,
@@ -373,6 +377,15 @@ pub async fn overview(State(st): S, Extension(u): Extension<WebUser>) -> Respons
                 cordoned: n["spec"]["unschedulable"] == json!(true),
                 vendor: or_dash(s(n, &["status", "cpu", "vendor"])),
                 model: or_dash(s(n, &["status", "cpu", "model"])),
+                signature: match n["status"]["cpu"]["family"].as_u64() {
+                    Some(f) => format!(
+                        "{f}/{}/{}",
+                        n["status"]["cpu"]["modelNumber"].as_u64().unwrap_or(0),
+                        n["status"]["cpu"]["stepping"].as_u64().unwrap_or(0)
+                    ),
+                    None => "-".into(),
+                },
+                host_model: or_dash(s(n, &["status", "cpu", "hostModel", "model"])),
                 cpus: n["status"]["cpu"]["count"].as_u64().unwrap_or(0),
                 accel: or_dash(s(n, &["status", "accelerator"])),
                 memory: human_bytes(n["status"]["memoryBytes"].as_u64().unwrap_or(0)),

@@ -117,11 +117,18 @@ pub struct Appliance {
     pub http: reqwest::Client,
     pub install_id: String,
     extra: Vec<String>,
+    /// Extra environment for the serve process.
+    env: Vec<(String, String)>,
 }
 
 impl Appliance {
     /// Start `edgevirt serve` (all roles unless `extra` says otherwise) in a fresh data dir.
     pub async fn start(extra: &[&str]) -> Appliance {
+        Self::start_with_env(extra, &[]).await
+    }
+
+    /// Like [`Appliance::start`], with extra environment variables for the serve process.
+    pub async fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Appliance {
         edgevirt::tls::install_crypto_provider();
         let tmp = tempfile::Builder::new()
             .prefix("evtest-")
@@ -137,6 +144,10 @@ impl Appliance {
             http: reqwest::Client::new(),
             install_id: String::new(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         a.spawn().await;
         a
@@ -162,6 +173,7 @@ impl Appliance {
             .args(["--nat-network", NAT_NETWORK, "--nat-prefix", NAT_PREFIX])
             .args(["--node-name", "testnode"])
             .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env(
                 "EDGEVIRT_LOG",
                 "info,edgevirt=debug,tower_http=warn,sqlx=warn",

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::*;
+use crate::cpu::facts::tests::fixture_facts;
+use crate::cpu::policy::{GuestOs, resolve};
 
 fn ctx(accel: &str) -> Context {
     let mut disks = BTreeMap::new();
@@ -38,7 +40,30 @@ fn ctx(accel: &str) -> Context {
         disks,
         kernel: Some("/var/lib/edgevirt/images/k-uid".into()),
         initrd: Some("/var/lib/edgevirt/images/i-uid".into()),
+        cpu: resolve(
+            None,
+            GuestOs::Other,
+            "host-model",
+            &fixture_facts("this-machine", accel),
+            accel,
+        )
+        .unwrap(),
     }
+}
+
+/// Compare rendered XML with a golden file (or rewrite it under `UPDATE_GOLDEN`).
+fn check_golden(path: &std::path::Path, xml: &str) {
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, xml).unwrap();
+    }
+    let want = std::fs::read_to_string(path).unwrap_or_default();
+    assert_eq!(
+        xml,
+        want,
+        "golden file {} differs (UPDATE_GOLDEN=1 to rewrite)",
+        path.display()
+    );
 }
 
 fn golden(name: &str, accel: &str) {
@@ -51,16 +76,100 @@ fn golden(name: &str, accel: &str) {
         c.initrd = None;
     }
     let xml = domain_xml(&spec, &c).unwrap();
-    let path = dir.join(format!("{name}.xml"));
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, &xml).unwrap();
+    check_golden(&dir.join(format!("{name}.xml")), &xml);
+}
+
+/// The CPU matrix: every fixture host (`tests/fixtures/cpu/`) × guest kind × model setting,
+/// rendered from `tests/golden/cpu/vmi.yaml` into `tests/golden/cpu/<host>-<os>-<model>.xml`.
+/// The public hosts run guests with KVM; `this-machine` with TCG, as it does in the e2e tests.
+#[test]
+fn cpu_matrix() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/cpu");
+    let yaml = std::fs::read_to_string(dir.join("vmi.yaml")).unwrap();
+    let base: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(&yaml).unwrap();
+    let mut seen = 0;
+    for (host, accel) in [
+        ("intel-xeon-e5-2660v3", "kvm"),
+        ("amd-epyc-7502p", "kvm"),
+        ("hygon-c86-7285", "kvm"),
+        ("this-machine", "qemu"),
+    ] {
+        let facts = fixture_facts(host, accel);
+        for (os, os_name) in [(GuestOs::Other, "linux"), (GuestOs::Windows, "windows")] {
+            // default = the cluster default (host-model), then explicit settings; EPYC with
+            // KubeVirt-style features.
+            for model in ["default", "host-passthrough", "EPYC", "migratable"] {
+                let mut spec = base.clone();
+                let cpu = spec.domain.cpu.get_or_insert_with(Default::default);
+                let default = match model {
+                    "default" => "host-model".to_string(),
+                    "migratable" => {
+                        // The baseline of all three public hosts.
+                        let hosts: Vec<_> =
+                            ["intel-xeon-e5-2660v3", "amd-epyc-7502p", "hygon-c86-7285"]
+                                .iter()
+                                .map(|h| fixture_facts(h, accel))
+                                .collect();
+                        let refs: Vec<_> = hosts.iter().collect();
+                        crate::cpu::policy::effective_default("migratable", &refs)
+                    }
+                    m => {
+                        cpu.model = Some(m.to_string());
+                        "host-model".to_string()
+                    }
+                };
+                if model == "EPYC" {
+                    cpu.features = vec![
+                        crate::types::kubevirt::CpuFeature {
+                            name: "topoext".into(),
+                            policy: None,
+                        },
+                        crate::types::kubevirt::CpuFeature {
+                            name: "svm".into(),
+                            policy: Some("disable".into()),
+                        },
+                    ];
+                }
+                let mut c = ctx(accel);
+                c.cpu = resolve(spec.domain.cpu.as_ref(), os, &default, &facts, accel).unwrap();
+                let xml = domain_xml(&spec, &c).unwrap();
+                check_golden(&dir.join(format!("{host}-{os_name}-{model}.xml")), &xml);
+                seen += 1;
+            }
+        }
     }
-    let want = std::fs::read_to_string(&path).unwrap_or_default();
-    assert_eq!(
-        xml,
-        want,
-        "golden file {} differs (UPDATE_GOLDEN=1 to rewrite)",
-        path.display()
+    assert_eq!(seen, 32);
+}
+
+#[test]
+fn windows_on_hygon_xml() {
+    // The preset, spelled out: what the golden file must contain, so a regeneration cannot
+    // silently lose it.
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/cpu");
+    let xml = std::fs::read_to_string(dir.join("hygon-c86-7285-windows-default.xml")).unwrap();
+    assert!(xml.contains("<cpu mode='custom' check='partial'>"), "{xml}");
+    assert!(xml.contains("<model fallback='forbid' vendor_id='AuthenticAMD'>Dhyana</model>"));
+    for f in [
+        "relaxed",
+        "vapic",
+        "vpindex",
+        "synic",
+        "stimer",
+        "frequencies",
+    ] {
+        assert!(xml.contains(&format!("<{f} state='on'/>")), "{f}");
+    }
+    assert!(xml.contains("<spinlocks state='on' retries='8191'/>"));
+    assert!(xml.contains("<timer name='hypervclock' present='yes'/>"));
+    let linux = std::fs::read_to_string(dir.join("hygon-c86-7285-linux-default.xml")).unwrap();
+    assert!(linux.contains("<cpu mode='host-model' check='partial'>") && !linux.contains("hyperv"));
+    // TCG: host-passthrough becomes maximum, and only the enlightenments TCG takes.
+    let tcg =
+        std::fs::read_to_string(dir.join("this-machine-windows-host-passthrough.xml")).unwrap();
+    assert!(
+        tcg.contains("<cpu mode='maximum'>")
+            && tcg.contains("<spinlocks")
+            && !tcg.contains("<vpindex")
     );
 }
 

@@ -183,7 +183,8 @@ impl Hypervisor for Libvirt {
     fn completed_migration_downtime_ms(&self, name: &str) -> Result<Option<u64>> {
         let d = self.domain(name)?;
         let stats = d
-            .job_stats(sys::VIR_DOMAIN_JOB_STATS_COMPLETED)
+            // KEEP_COMPLETED: reading them does not clear them for others (virsh domjobinfo).
+            .job_stats(sys::VIR_DOMAIN_JOB_STATS_COMPLETED | sys::VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED)
             .map_err(lv)?;
         Ok(stats.downtime)
     }

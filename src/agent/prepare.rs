@@ -294,6 +294,32 @@ async fn cloud_init_iso(
 }
 
 /// Start a launcher for a VMI as a detached process (its own session), logging to a file.
+/// The command a launcher starts with: in its own transient scope (`systemd-run --scope`,
+/// outside the agent's service cgroup) where systemd is PID 1, else the executable itself
+/// (it is detached with `setsid` either way).
+fn launcher_command(exe: &Path, uid: &str) -> tokio::process::Command {
+    let systemd_run = ["/usr/bin/systemd-run", "/bin/systemd-run"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists());
+    match systemd_run {
+        Some(run) if systemd_is_pid1() => {
+            let mut c = tokio::process::Command::new(run);
+            c.args(["--scope", "--quiet", "--collect"])
+                .arg(format!("--description=edgevirt launcher of VMI {uid}"))
+                .arg("--")
+                .arg(exe);
+            c
+        }
+        _ => tokio::process::Command::new(exe),
+    }
+}
+
+/// Whether systemd manages this host (sd_booted(3): `/run/systemd/system` exists).
+pub fn systemd_is_pid1() -> bool {
+    Path::new("/run/systemd/system").is_dir()
+}
+
 pub fn spawn_launcher(
     agent: &Agent,
     uid: &str,
@@ -305,7 +331,7 @@ pub fn spawn_launcher(
         .create(true)
         .append(true)
         .open(agent.log_dir().join(format!("launcher-{uid}.log")))?;
-    let mut cmd = tokio::process::Command::new(&agent.cfg.exe);
+    let mut cmd = launcher_command(&agent.cfg.exe, uid);
     cmd.arg("launcher")
         .arg("--socket")
         .arg(&socket)

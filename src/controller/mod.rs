@@ -4,6 +4,7 @@
 //! and a failed reconcile is retried with backoff.
 
 mod scheduler;
+pub mod strategy;
 mod vm;
 
 use std::collections::{BTreeSet, HashMap};

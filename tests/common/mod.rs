@@ -117,11 +117,18 @@ pub struct Appliance {
     pub http: reqwest::Client,
     pub install_id: String,
     extra: Vec<String>,
+    /// The `edgevirt` executable `serve` runs from (and the agent starts launchers from).
+    pub exe: PathBuf,
 }
 
 impl Appliance {
     /// Start `edgevirt serve` (all roles unless `extra` says otherwise) in a fresh data dir.
     pub async fn start(extra: &[&str]) -> Appliance {
+        Self::start_with_exe(PathBuf::from(exe()), extra).await
+    }
+
+    /// Like [`Appliance::start`], running another `edgevirt` executable.
+    pub async fn start_with_exe(exe: PathBuf, extra: &[&str]) -> Appliance {
         edgevirt::tls::install_crypto_provider();
         let tmp = tempfile::Builder::new()
             .prefix("evtest-")
@@ -137,6 +144,7 @@ impl Appliance {
             http: reqwest::Client::new(),
             install_id: String::new(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            exe,
         };
         a.spawn().await;
         a
@@ -149,7 +157,7 @@ impl Appliance {
             .append(true)
             .open(self.dir.join("serve.log"))
             .unwrap();
-        let mut child = Command::new(exe())
+        let mut child = Command::new(&self.exe)
             .arg("serve")
             .arg("--data-dir")
             .arg(&self.dir)
@@ -223,6 +231,24 @@ impl Appliance {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
+    }
+
+    /// Stop the serve process as systemd does (SIGTERM) and wait for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 
     /// `kill -9` the serve process.

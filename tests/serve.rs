@@ -149,6 +149,16 @@ fn tells_systemd_ready_watchdog_and_stopping() {
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
+    // Killed on the way out if an assertion fails before SIGTERM.
+    struct Guard(u32);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            let _ = Command::new("kill")
+                .args(["-9", &self.0.to_string()])
+                .status();
+        }
+    }
+    let _guard = Guard(child.id());
     let mut buf = [0u8; 256];
     let mut recv = || {
         let n = sock.recv(&mut buf).expect("no notification from serve");
@@ -186,4 +196,5 @@ fn tells_systemd_ready_watchdog_and_stopping() {
         assert_eq!(m.trim(), "WATCHDOG=1", "unexpected notification {m}");
     }
     child.wait().unwrap();
+    std::mem::forget(_guard);
 }

@@ -19,8 +19,8 @@
 # Environment knobs:
 #   EDGEVIRT_APT_MAX_AGE_MIN   apt lists older than this are refreshed (default 60)
 #   EDGEVIRT_LIBVIRT_TIMEOUT   seconds to wait for libvirtd (default 30)
-#   EDGEVIRT_TEST_PACKAGES=1   also install the test suite's chromium, chromium-driver, python3-venv and
-#                              websockify (scripts/test.sh sets it)
+#   EDGEVIRT_TEST_PACKAGES=1   also install the test suite's chromium, chromium-driver, python3-venv,
+#                              websockify and lintian (the .deb test) (scripts/test.sh sets it)
 set -euo pipefail
 
 log() { printf '[setup-host] %s\n' "$*" >&2; }
@@ -78,7 +78,7 @@ done
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 # Test-only tools (browser test, websockify baseline of the console benchmark).
 if [ "${EDGEVIRT_TEST_PACKAGES:-0}" = 1 ]; then
-    for p in chromium chromium-driver websockify python3-venv; do
+    for p in chromium chromium-driver websockify python3-venv lintian; do
         [ -n "$(installed_version "$p")" ] || missing+=("$p")
     done
 fi

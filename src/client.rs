@@ -17,6 +17,8 @@ pub struct Client {
     http1: reqwest::Client,
     base: String,
     token: String,
+    /// Set for agents: every request carries the agent protocol and release headers.
+    agent: bool,
 }
 
 /// An error answer from the server: its HTTP status and `Status.message`.
@@ -61,6 +63,7 @@ impl Client {
             http1: builder()?.http1_only().build()?,
             base: base.trim_end_matches('/').to_string(),
             token: token.to_string(),
+            agent: false,
         })
     }
 
@@ -83,6 +86,7 @@ impl Client {
             http1: builder(&["http/1.1"])?.http1_only().build()?,
             base: base.trim_end_matches('/').to_string(),
             token: token.to_string(),
+            agent: false,
         })
     }
 
@@ -143,10 +147,25 @@ impl Client {
         &self.base
     }
 
+    /// This client speaks for an agent: it sends the agent protocol version with every
+    /// request, so a controller outside the skew window refuses it with a clear message.
+    pub fn for_agent(mut self) -> Client {
+        self.agent = true;
+        self
+    }
+
     pub fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
-        self.http
+        let r = self
+            .http
             .request(method, format!("{}{}", self.base, path))
-            .bearer_auth(&self.token)
+            .bearer_auth(&self.token);
+        if self.agent {
+            use crate::version::{AGENT_PROTOCOL, AGENT_PROTOCOL_HEADER, RELEASE, RELEASE_HEADER};
+            r.header(AGENT_PROTOCOL_HEADER, AGENT_PROTOCOL.to_string())
+                .header(RELEASE_HEADER, RELEASE)
+        } else {
+            r
+        }
     }
 
     /// Send and decode a JSON answer, turning error statuses into [`ServerError`].

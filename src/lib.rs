@@ -12,6 +12,7 @@ pub mod server;
 pub mod store;
 pub mod tls;
 pub mod types;
+pub mod version;
 pub mod virt;
 pub mod vnc;
 pub mod web;

@@ -82,10 +82,71 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
             .await?;
             let mut cfg = agent_config(&s, cred.controller, cred.token, None)?;
             cfg.cert_pin = Some(cred.cert_sha256);
+            systemd_notify(cancel.clone());
             crate::agent::run(cfg, cancel).await
         }
         Role::Controller | Role::All => serve_controller(s, cancel).await,
     }
+}
+
+/// Under systemd (`Type=notify`): say READY=1 now, then WATCHDOG=1 at half the watchdog
+/// interval from this runtime, and STOPPING=1 on the way out. Nothing without NOTIFY_SOCKET.
+fn systemd_notify(cancel: CancellationToken) {
+    use sd_notify::NotifyState;
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    if let Err(e) = sd_notify::notify(&[NotifyState::Ready]) {
+        tracing::warn!(error = %e, "sd_notify READY failed");
+    }
+    let every = sd_notify::watchdog_enabled().map(|d| d / 2);
+    tokio::spawn(async move {
+        if let Some(every) = every {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tick.tick() => { let _ = sd_notify::notify(&[NotifyState::Watchdog]); }
+                }
+            }
+        } else {
+            cancel.cancelled().await;
+        }
+        let _ = sd_notify::notify(&[NotifyState::Stopping]);
+    });
+}
+
+/// The settings of each role that go into the install strategy (no secrets).
+fn role_settings(
+    s: &Settings,
+) -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>> {
+    let pairs = |kv: &[(&str, String)]| {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    std::collections::BTreeMap::from([
+        (
+            "controller".to_string(),
+            pairs(&[
+                ("listen", s.listen.to_string()),
+                ("tls", (s.tls || !s.listen.ip().is_loopback()).to_string()),
+            ]),
+        ),
+        (
+            "agent".to_string(),
+            pairs(&[
+                ("accel", s.accel.clone()),
+                ("libvirtUri", s.libvirt_uri.clone()),
+                ("natNetwork", s.nat_network.clone()),
+                ("natPrefix", s.nat_prefix.clone()),
+            ]),
+        ),
+        (
+            "launcher".to_string(),
+            pairs(&[("libvirtUri", s.libvirt_uri.clone())]),
+        ),
+    ])
 }
 
 fn agent_config(
@@ -116,6 +177,8 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
         .await?;
     first_start(&store, &s.data_dir).await?;
     api::ensure_namespaces(&store).await?;
+    let strategy = crate::controller::strategy::ensure(&store, role_settings(&s)).await?;
+    tracing::info!(version = %strategy.version, id = %strategy.identifier(), "install strategy");
 
     let tls_files = if s.listen.ip().is_loopback() && s.tls_cert.is_none() && !s.tls {
         None
@@ -155,7 +218,7 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
     let local = listener.local_addr()?;
     println!(
         "edgevirt {} ({:?} role) serving the API on {scheme}://{local}",
-        env!("CARGO_PKG_VERSION"),
+        crate::version::RELEASE,
         s.role
     );
     println!(
@@ -222,6 +285,7 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
             Ok(())
         });
     }
+    systemd_notify(cancel.clone());
     while let Some(r) = tasks.join_next().await {
         match r {
             Ok(Ok(())) => {}

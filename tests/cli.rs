@@ -189,6 +189,46 @@ fn client_commands_work_against_a_real_server() {
         "the exported VM comes back the same"
     );
     assert_eq!(after["metadata"]["labels"], before["metadata"]["labels"]);
+
+    // The install strategy: show, decode (from the server and from a ConfigMap file),
+    // set-version, and a refused version.
+    let release = edgevirt::version::RELEASE;
+    let (ok, out, err) = edgevirt(&url, &token, &["strategy", "show"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!("desired version {release}")) && out.contains("RolledOver"),
+        "{out}"
+    );
+    assert!(
+        out.contains("NODE") && out.contains("LAUNCHER-VERSION"),
+        "{out}"
+    );
+    let (ok, yaml, err) = edgevirt(&url, &token, &["strategy", "decode"]);
+    assert!(ok, "{err}");
+    let m: serde_json::Value = serde_yaml_ng::from_str(&yaml).unwrap();
+    assert_eq!(m["version"], release);
+    assert_eq!(
+        m["roles"]["controller"]["settings"]["listen"],
+        "127.0.0.1:0"
+    );
+    let (_, json_out, _) = edgevirt(&url, &token, &["strategy", "show", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&json_out).unwrap();
+    let cm_file = dir.path().join("strategy-cm.json");
+    std::fs::write(&cm_file, v["configMap"].to_string()).unwrap();
+    let (ok, from_file, err) = edgevirt(
+        &url,
+        &token,
+        &["strategy", "decode", "-f", cm_file.to_str().unwrap()],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(from_file, yaml);
+    let (ok, out, err) = edgevirt(&url, &token, &["strategy", "set-version", "0.0.1"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("desired version 0.0.1"), "{out}");
+    let (ok, _, err) = edgevirt(&url, &token, &["strategy", "set-version", "newest"]);
+    assert!(!ok && err.contains("newest"), "{err}");
+    let (_, out, _) = edgevirt(&url, &token, &["strategy", "show"]);
+    assert!(out.contains("desired version 0.0.1"), "{out}");
     child.kill().unwrap();
     child.wait().unwrap();
 }

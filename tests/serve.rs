@@ -128,3 +128,73 @@ fn refuses_a_database_from_a_newer_edgevirt() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("newer than this edgevirt"), "{err}");
 }
+
+/// Under systemd (`Type=notify`, `WatchdogSec=`): READY=1 once the API listens, WATCHDOG=1
+/// pings at half the interval, STOPPING=1 on SIGTERM. The test plays systemd's notify socket.
+#[test]
+fn tells_systemd_ready_watchdog_and_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_edgevirt"))
+        .args(["serve", "--role", "controller", "--listen", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "400000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    // Killed on the way out if an assertion fails before SIGTERM.
+    struct Guard(u32);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            let _ = Command::new("kill")
+                .args(["-9", &self.0.to_string()])
+                .status();
+        }
+    }
+    let _guard = Guard(child.id());
+    let mut buf = [0u8; 256];
+    let mut recv = || {
+        let n = sock.recv(&mut buf).expect("no notification from serve");
+        String::from_utf8_lossy(&buf[..n]).to_string()
+    };
+    assert_eq!(recv().trim(), "READY=1");
+    // By then serve has said where the API listens (stdout keeps being drained).
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let said = rx.iter().take(5).any(|l| l.contains("serving the API on"));
+    assert!(said, "READY before the API listens");
+    let start = std::time::Instant::now();
+    for _ in 0..3 {
+        assert_eq!(recv().trim(), "WATCHDOG=1");
+    }
+    // Three pings at 0.2 s intervals: well under the 0.4 s watchdog each.
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    loop {
+        let m = recv();
+        if m.trim() == "STOPPING=1" {
+            break;
+        }
+        assert_eq!(m.trim(), "WATCHDOG=1", "unexpected notification {m}");
+    }
+    child.wait().unwrap();
+    std::mem::forget(_guard);
+}

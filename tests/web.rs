@@ -238,6 +238,23 @@ async fn login_sessions_csrf_escaping_and_roles() {
         StatusCode::OK,
         "the other session lives"
     );
+    // The overview's Versions section: the desired version and the rollout state.
+    let overview = b.get(&s, "/ui/").await.text().await.unwrap();
+    assert!(
+        overview.contains(r#"<section id="versions">"#),
+        "{overview}"
+    );
+    assert!(
+        overview.contains(&format!(
+            "Desired version <strong>{}</strong>",
+            edgevirt::version::RELEASE
+        )),
+        "{overview}"
+    );
+    assert!(
+        overview.contains(r#"id="rollout-state">RolledOver<"#),
+        "{overview}"
+    );
 
     // Every page has a CSP without inline scripts, and no framing.
     let r = b.get(&s, "/ui/vms").await;

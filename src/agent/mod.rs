@@ -59,6 +59,9 @@ pub struct Agent {
     pub failed_starts: Arc<Mutex<HashMap<String, String>>>,
     /// VMIs whose deletion shutdown was asked: uid → when.
     pub stopping: Mutex<HashMap<String, Instant>>,
+    /// Launchers that share no protocol version with this agent: uid → why. Their VMs are
+    /// left alone (no new launcher, no stop) until one side is upgraded.
+    pub incompatible: Mutex<HashMap<String, String>>,
     /// Wakes the sync loop early: a VMI of this node changed, or a launcher came up.
     pub wake: Arc<tokio::sync::Notify>,
     /// Instances (VMI uids) migrating away: the migration task writes their status, the
@@ -122,13 +125,14 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             .with_context(|| format!("connecting to libvirt at {}", cfg.libvirt_uri))?,
     );
     let api = match &cfg.cert_pin {
-        Some(pin) => Client::pinned(&cfg.controller_url, &cfg.token, pin)?,
+        Some(pin) => Client::pinned(&cfg.controller_url, &cfg.token, pin)?.for_agent(),
         None => Client::new(
             &cfg.controller_url,
             &cfg.token,
             cfg.ca_file.as_deref(),
             false,
-        )?,
+        )?
+        .for_agent(),
     };
     let info = loop {
         match api.get("/apis/edgevirt.io/v1/info").await {
@@ -150,6 +154,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             }
         }
     };
+    check_controller(&info)?;
     let install_id = info["installId"].as_str().unwrap_or_default().to_string();
     // The cluster's default guest CPU, for VMIs the scheduler did not annotate.
     if let Some(m) = info["cpuModel"].as_str() {
@@ -171,6 +176,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         starting: Mutex::new(HashMap::new()),
         failed_starts: Arc::new(Mutex::new(HashMap::new())),
         stopping: Mutex::new(HashMap::new()),
+        incompatible: Mutex::new(HashMap::new()),
         wake: Arc::new(tokio::sync::Notify::new()),
         migrating: Mutex::new(Default::default()),
         incoming: Mutex::new(Default::default()),
@@ -246,6 +252,26 @@ async fn watch_vmis(agent: Arc<Agent>, cancel: CancellationToken) {
     }
 }
 
+/// Refuse a controller outside the agent protocol window (release-1 controllers did not say
+/// theirs: they speak 1.0).
+pub fn check_controller(info: &serde_json::Value) -> anyhow::Result<()> {
+    use crate::version::{AGENT_PROTOCOL, Protocol};
+    let theirs: Protocol = info["agentProtocol"]
+        .as_str()
+        .unwrap_or("1.0")
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("the controller's info: {e}"))?;
+    AGENT_PROTOCOL
+        .check(
+            &format!(
+                "the controller ({})",
+                info["version"].as_str().unwrap_or("unknown release")
+            ),
+            theirs,
+        )
+        .map_err(|e| anyhow::anyhow!("{e} (this agent is {})", crate::version::RELEASE))
+}
+
 async fn register(agent: &Agent, facts: &crate::virt::HostFacts) -> anyhow::Result<()> {
     let cfg = &agent.cfg;
     let path = format!("/apis/edgevirt.io/v1/nodes/{}", cfg.node_name);
@@ -263,7 +289,7 @@ async fn register(agent: &Agent, facts: &crate::virt::HostFacts) -> anyhow::Resu
         "cpu": cpu,
         "memoryBytes": facts.memory_bytes,
         "accelerator": agent.accel,
-        "version": env!("CARGO_PKG_VERSION"),
+        "version": crate::version::RELEASE,
         "libvirtVersion": facts.libvirt_version,
         "lastHeartbeatTime": now(),
         "conditions": [{"type": "Ready", "status": "True", "reason": "AgentReady", "lastTransitionTime": now()}],
@@ -291,4 +317,28 @@ async fn heartbeat(agent: &Agent) -> anyhow::Result<()> {
     }
     agent.api.merge_patch(&path, &patch).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn controller_skew_window() {
+        use crate::version::AGENT_PROTOCOL as P;
+        // A release-1 controller says no protocol: 1.0.
+        let r1 = super::check_controller(&json!({"version": "0.1.0"}));
+        assert_eq!(r1.is_ok(), P.major == 1 && P.minor <= 1);
+        let ok = json!({"version": "x", "agentProtocol": format!("{}.{}", P.major, P.minor + 1)});
+        assert!(super::check_controller(&ok).is_ok());
+        let far =
+            json!({"version": "7.0.0", "agentProtocol": format!("{}.{}", P.major + 1, P.minor)});
+        let e = super::check_controller(&far).unwrap_err().to_string();
+        assert!(
+            e.contains("7.0.0")
+                && e.contains(&P.to_string())
+                && e.contains(crate::version::RELEASE),
+            "{e}"
+        );
+    }
 }

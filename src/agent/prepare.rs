@@ -301,6 +301,32 @@ async fn cloud_init_iso(
 }
 
 /// Start a launcher for a VMI as a detached process (its own session), logging to a file.
+/// The command a launcher starts with: in its own transient scope (`systemd-run --scope`,
+/// outside the agent's service cgroup) where systemd is PID 1, else the executable itself
+/// (it is detached with `setsid` either way).
+fn launcher_command(exe: &Path, uid: &str, systemd: bool) -> tokio::process::Command {
+    let systemd_run = ["/usr/bin/systemd-run", "/bin/systemd-run"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists());
+    match systemd_run {
+        Some(run) if systemd => {
+            let mut c = tokio::process::Command::new(run);
+            c.args(["--scope", "--quiet", "--collect"])
+                .arg(format!("--description=edgevirt launcher of VMI {uid}"))
+                .arg("--")
+                .arg(exe);
+            c
+        }
+        _ => tokio::process::Command::new(exe),
+    }
+}
+
+/// Whether systemd manages this host (sd_booted(3): `/run/systemd/system` exists).
+pub fn systemd_is_pid1() -> bool {
+    Path::new("/run/systemd/system").is_dir()
+}
+
 pub fn spawn_launcher(
     agent: &Agent,
     uid: &str,
@@ -312,7 +338,7 @@ pub fn spawn_launcher(
         .create(true)
         .append(true)
         .open(agent.log_dir().join(format!("launcher-{uid}.log")))?;
-    let mut cmd = tokio::process::Command::new(&agent.cfg.exe);
+    let mut cmd = launcher_command(&agent.cfg.exe, uid, systemd_is_pid1());
     cmd.arg("launcher")
         .arg("--socket")
         .arg(&socket)
@@ -341,4 +367,36 @@ pub fn spawn_launcher(
     let child = cmd.spawn().context("starting the launcher")?;
     tracing::info!(vmi = %uid, %domain, pid = child.id().unwrap_or(0), "started launcher");
     Ok(child)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launchers_get_their_own_scope_under_systemd() {
+        let exe = Path::new("/usr/bin/edgevirt");
+        let plain = launcher_command(exe, "u1", false);
+        assert_eq!(plain.as_std().get_program(), exe.as_os_str());
+        let scoped = launcher_command(exe, "u1", true);
+        if Path::new("/usr/bin/systemd-run").exists() || Path::new("/bin/systemd-run").exists() {
+            let args: Vec<_> = scoped
+                .as_std()
+                .get_args()
+                .map(|a| a.to_string_lossy().to_string())
+                .collect();
+            assert!(
+                scoped
+                    .as_std()
+                    .get_program()
+                    .to_string_lossy()
+                    .ends_with("systemd-run")
+            );
+            assert_eq!(&args[..3], ["--scope", "--quiet", "--collect"]);
+            assert_eq!(args.last().map(String::as_str), Some("/usr/bin/edgevirt"));
+            assert!(args.iter().any(|a| a.contains("u1")));
+        } else {
+            assert_eq!(scoped.as_std().get_program(), exe.as_os_str());
+        }
+    }
 }

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::Agent;
 use super::prepare::{domain_name, prepare, spawn_launcher};
-use crate::launcher::client::LauncherClient;
+use crate::launcher::client::{Incompatible, LauncherClient};
 use crate::launcher::protocol::{Request, Status};
 use crate::types::annotations::{
     LAUNCHER_FINALIZER, PAUSED_ANNOTATION, SOFTREBOOT_ANNOTATION, SOFTREBOOT_DONE_ANNOTATION,
@@ -44,20 +44,33 @@ pub async fn adopt_launchers(agent: &Agent) {
                     .await
                     .insert(c.info.vmi_uid.clone(), c);
             }
-            Err(err) => {
-                tracing::info!(socket = %path.display(), error = %err, "removing stale launcher socket");
-                let _ = tokio::fs::remove_file(&path).await;
-            }
+            Err(err) => match err.downcast::<Incompatible>() {
+                // Its launcher still runs: keep the socket, leave the VM alone.
+                Ok(inc) => note_incompatible(agent, &inc).await,
+                Err(err) => {
+                    tracing::info!(socket = %path.display(), error = %err, "removing stale launcher socket");
+                    let _ = tokio::fs::remove_file(&path).await;
+                }
+            },
         }
     }
 }
 
-/// Ask a VMI's launcher for its status, (re)connecting if needed. `None`: no launcher.
-async fn launcher_status(agent: &Agent, uid: &str) -> Option<Status> {
+/// Remember (and say once) that a launcher shares no protocol version with this agent.
+async fn note_incompatible(agent: &Agent, e: &Incompatible) {
+    let mut map = agent.incompatible.lock().await;
+    if map.insert(e.vmi_uid.clone(), e.to_string()).is_none() {
+        tracing::error!(vmi = %e.vmi_uid, error = %e, "refusing an incompatible launcher");
+    }
+}
+
+/// Ask a VMI's launcher for its status, (re)connecting if needed. `Ok(None)`: no launcher;
+/// `Err`: a launcher runs but shares no protocol version with this agent.
+async fn launcher_status(agent: &Agent, uid: &str) -> Result<Option<Status>, Incompatible> {
     let mut map = agent.launchers.lock().await;
     if let Some(c) = map.get_mut(uid) {
         match c.status().await {
-            Ok(s) => return Some(s),
+            Ok(s) => return Ok(Some(s)),
             Err(_) => {
                 map.remove(uid);
             }
@@ -65,16 +78,24 @@ async fn launcher_status(agent: &Agent, uid: &str) -> Option<Status> {
     }
     let sock = crate::launcher::socket_path(&agent.launchers_dir(), uid);
     if !sock.exists() {
-        return None;
+        agent.incompatible.lock().await.remove(uid);
+        return Ok(None);
     }
     match LauncherClient::connect(&sock).await {
         Ok(mut c) => {
             let s = c.status().await.ok();
             map.insert(uid.to_string(), c);
             agent.starting.lock().await.remove(uid);
-            s
+            agent.incompatible.lock().await.remove(uid);
+            Ok(s)
         }
-        Err(_) => None,
+        Err(e) => match e.downcast::<Incompatible>() {
+            Ok(inc) => {
+                note_incompatible(agent, &inc).await;
+                Err(inc)
+            }
+            Err(_) => Ok(None),
+        },
     }
 }
 
@@ -141,7 +162,10 @@ async fn sync_vmi(agent: &Agent, vmi: &Value) -> anyhow::Result<()> {
         .as_str()
         .unwrap_or(phase::PENDING)
         .to_string();
-    let status = launcher_status(agent, &uid).await;
+    let Ok(status) = launcher_status(agent, &uid).await else {
+        // A launcher this agent cannot talk to: leave the VM, its launcher and the VMI alone.
+        return Ok(());
+    };
 
     if meta.get("deletionTimestamp").is_some() {
         return finish_deletion(agent, vmi, &uid, &dom, status).await;
@@ -243,8 +267,25 @@ async fn sync_vmi(agent: &Agent, vmi: &Value) -> anyhow::Result<()> {
         tracing::info!(%dom, "soft reboot");
     }
 
-    let status_now = launcher_status(agent, &uid).await.unwrap_or(status);
-    let new = running_status(agent, vmi, &status_now);
+    let status_now = launcher_status(agent, &uid)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(status);
+    let launcher_version = agent
+        .launchers
+        .lock()
+        .await
+        .get(&uid)
+        .map(|c| c.info.launcher_version.clone());
+    let mut new = running_status(agent, vmi, &status_now);
+    if let Some(v) = launcher_version.filter(|v| !v.is_empty()) {
+        new["launcherVersion"] = json!(v);
+    }
+    if let Some(t) = status_now.cpu.as_ref().and_then(|c| c.topology.as_ref()) {
+        new["currentCPUTopology"] =
+            json!({"sockets": t.sockets, "cores": t.cores, "threads": t.threads});
+    }
     // migrationState is not the sync loop's: left out, the server keeps the stored one.
     let mut old = vmi["status"].clone();
     if let Some(o) = old.as_object_mut() {

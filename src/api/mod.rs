@@ -14,6 +14,7 @@ mod protobuf;
 mod resources;
 mod scope;
 pub use resources::ensure_namespaces;
+mod strategy;
 mod subresources;
 mod table;
 
@@ -83,6 +84,7 @@ pub fn router(state: AppState) -> Router {
     let authed = api_routes()
         .merge(crate::vnc::authed_routes())
         .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(middleware::from_fn(agent_skew))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate));
     let api_for_web = authed.clone().with_state(state.clone());
     Router::new()
@@ -109,6 +111,15 @@ fn api_routes() -> Router<Arc<AppState>> {
             "/apis/edgevirt.io/v1/jointokens/{id}",
             axum::routing::delete(join::delete_token),
         )
+        .route(
+            "/apis/edgevirt.io/v1/installstrategy",
+            get(strategy::get_strategy),
+        )
+        .route(
+            "/apis/edgevirt.io/v1/installstrategy/version",
+            put(strategy::put_version),
+        )
+        .route("/apis/edgevirt.io/v1/rollout", get(strategy::get_rollout))
         .route("/api", get(discovery::core))
         .route("/api/{version}", get(discovery::core_version))
         .route("/apis", get(discovery::groups))
@@ -174,16 +185,49 @@ async fn version() -> impl IntoResponse {
     axum::Json(json!({
         "major": "1",
         "minor": "34",
-        "gitVersion": format!("v1.34.0-edgevirt.{}", env!("CARGO_PKG_VERSION")),
+        "gitVersion": format!("v1.34.0-edgevirt.{}", crate::version::RELEASE),
         "platform": "linux/amd64",
-        "edgevirtVersion": env!("CARGO_PKG_VERSION"),
+        "edgevirtVersion": crate::version::RELEASE,
     }))
 }
 
 async fn info(State(st): S) -> impl IntoResponse {
-    axum::Json(
-        json!({"installId": st.install_id, "version": env!("CARGO_PKG_VERSION"), "cpuModel": crate::cpu::policy::cluster_default()}),
-    )
+    axum::Json(json!({
+        "installId": st.install_id,
+        "version": crate::version::RELEASE,
+        "agentProtocol": crate::version::AGENT_PROTOCOL.to_string(),
+        "cpuModel": crate::cpu::policy::cluster_default(),
+    }))
+}
+
+/// Refuse an agent whose protocol is outside the skew window, with both versions named.
+/// Requests without the header (CLI, kubectl, browsers, release-1 agents) pass.
+async fn agent_skew(req: Request, next: Next) -> Response {
+    use crate::version::{AGENT_PROTOCOL, AGENT_PROTOCOL_HEADER, Protocol, RELEASE_HEADER};
+    let Some(v) = req.headers().get(AGENT_PROTOCOL_HEADER) else {
+        return next.run(req).await;
+    };
+    let theirs: Protocol = match v.to_str().map_err(|e| e.to_string()).and_then(str::parse) {
+        Ok(p) => p,
+        Err(e) => {
+            return ApiError::bad_request(format!("{AGENT_PROTOCOL_HEADER}: {e}")).into_response();
+        }
+    };
+    let release = req
+        .headers()
+        .get(RELEASE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("unknown release")
+        .to_string();
+    match AGENT_PROTOCOL.check(&format!("the agent ({release})"), theirs) {
+        Ok(()) => next.run(req).await,
+        Err(m) => ApiError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            "VersionSkew",
+            format!("{m} (this controller is {})", crate::version::RELEASE),
+        )
+        .into_response(),
+    }
 }
 
 /// Check the bearer token, or the dashboard's session cookie (with its CSRF token on every

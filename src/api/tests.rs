@@ -372,3 +372,203 @@ async fn cpu_spec_is_checked_on_admission() {
         assert!(v["message"].as_str().unwrap().contains(want), "{v}");
     }
 }
+
+async fn call_as_agent(t: &T, path: &str, protocol: &str) -> (StatusCode, Value) {
+    let req = Request::builder()
+        .method("GET")
+        .uri(path)
+        .header("authorization", "Bearer admin-tok")
+        .header(crate::version::AGENT_PROTOCOL_HEADER, protocol)
+        .header(crate::version::RELEASE_HEADER, "9.9.9-test")
+        .body(Body::empty())
+        .unwrap();
+    let resp = t.app.clone().oneshot(req).await.unwrap();
+    let code = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// Agents one minor version apart (either way) are served; others are refused with both
+/// versions named, and nothing is written for them.
+#[tokio::test]
+async fn agent_protocol_skew_window() {
+    use crate::version::{AGENT_PROTOCOL, Protocol};
+    let t = setup().await;
+    let (code, info) = call(
+        &t,
+        "GET",
+        "/apis/edgevirt.io/v1/info",
+        Some("admin-tok"),
+        "",
+        "",
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(info["agentProtocol"], AGENT_PROTOCOL.to_string());
+    let at = |minor: u32| {
+        Protocol {
+            major: AGENT_PROTOCOL.major,
+            minor,
+        }
+        .to_string()
+    };
+    let n = AGENT_PROTOCOL.minor;
+    let mut ok = vec![at(n), at(n + 1)];
+    if n > 0 {
+        ok.push(at(n - 1));
+    }
+    for p in &ok {
+        let (code, v) = call_as_agent(&t, "/apis/edgevirt.io/v1/nodes", p).await;
+        assert_eq!(code, StatusCode::OK, "agent {p}: {v}");
+    }
+    let far = [
+        at(n + 2),
+        format!("{}.{n}", AGENT_PROTOCOL.major + 1),
+        format!("{}.{n}", AGENT_PROTOCOL.major.wrapping_sub(1)),
+    ];
+    for p in &far {
+        let (code, v) = call_as_agent(&t, "/apis/edgevirt.io/v1/nodes", p).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST, "agent {p}: {v}");
+        assert_eq!(v["reason"], "VersionSkew");
+        let m = v["message"].as_str().unwrap();
+        assert!(
+            m.contains(p.as_str()) && m.contains(&AGENT_PROTOCOL.to_string()),
+            "{m}"
+        );
+        assert!(
+            m.contains("9.9.9-test") && m.contains(crate::version::RELEASE),
+            "{m}"
+        );
+    }
+    let (code, v) = call_as_agent(&t, "/apis/edgevirt.io/v1/nodes", "one").await;
+    assert_eq!(code, StatusCode::BAD_REQUEST, "{v}");
+    // A refused agent cannot write either.
+    let req = Request::builder()
+        .method("PUT")
+        .uri("/apis/edgevirt.io/v1/nodes/n1")
+        .header("authorization", "Bearer admin-tok")
+        .header("content-type", "application/json")
+        .header(crate::version::AGENT_PROTOCOL_HEADER, &far[0])
+        .body(Body::from(
+            json!({"apiVersion": "edgevirt.io/v1", "kind": "Node", "metadata": {"name": "n1"}, "spec": {}})
+                .to_string(),
+        ))
+        .unwrap();
+    assert_eq!(
+        t.app.clone().oneshot(req).await.unwrap().status(),
+        StatusCode::BAD_REQUEST
+    );
+    let (code, _) = call(
+        &t,
+        "GET",
+        "/apis/edgevirt.io/v1/nodes/n1",
+        Some("admin-tok"),
+        "",
+        "",
+    )
+    .await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+    // Without a token the skew check says nothing: authentication comes first.
+    let req = Request::builder()
+        .uri("/apis/edgevirt.io/v1/nodes")
+        .header(crate::version::AGENT_PROTOCOL_HEADER, &far[0])
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        t.app.clone().oneshot(req).await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test]
+async fn install_strategy_endpoints() {
+    use crate::controller::strategy;
+    let t = setup().await;
+    let path = "/apis/edgevirt.io/v1/installstrategy";
+    let (code, v) = call(&t, "GET", path, Some("viewer-tok"), "", "").await;
+    assert_eq!(code, StatusCode::NOT_FOUND, "{v}");
+    strategy::ensure(&t.store, Default::default())
+        .await
+        .unwrap();
+    let (code, _) = call(&t, "GET", path, None, "", "").await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    let (code, v) = call(&t, "GET", path, Some("viewer-tok"), "", "").await;
+    assert_eq!(code, StatusCode::OK, "{v}");
+    let ann = &v["configMap"]["metadata"]["annotations"];
+    assert_eq!(ann[strategy::VERSION_ANNOTATION], crate::version::RELEASE);
+    assert_eq!(ann[strategy::ENCODING_ANNOTATION], "gzip+base64");
+    assert_eq!(v["manifest"]["version"], crate::version::RELEASE);
+    assert_eq!(v["rollout"]["state"], "RolledOver");
+    // A node on an older release makes the rollout progress.
+    t.store
+        .create(
+            crate::types::Kind::Node,
+            json!({"apiVersion": "edgevirt.io/v1", "kind": "Node", "metadata": {"name": "old-node"}, "spec": {},
+                "status": {"version": "0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}}),
+            false,
+        )
+        .await
+        .unwrap();
+    let (code, r) = call(
+        &t,
+        "GET",
+        "/apis/edgevirt.io/v1/rollout",
+        Some("viewer-tok"),
+        "",
+        "",
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(r["state"], "Progressing");
+    assert_eq!(r["nodesPending"], 1);
+    assert_eq!(r["nodes"][0]["version"], "0.0.1");
+    let vpath = "/apis/edgevirt.io/v1/installstrategy/version";
+    let body = r#"{"version": "0.0.1"}"#;
+    let (code, _) = call(
+        &t,
+        "PUT",
+        vpath,
+        Some("viewer-tok"),
+        "application/json",
+        body,
+    )
+    .await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    let (code, v) = call(
+        &t,
+        "PUT",
+        vpath,
+        Some("admin-tok"),
+        "application/json",
+        r#"{"version": "latest"}"#,
+    )
+    .await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("latest"));
+    let (code, v) = call(
+        &t,
+        "PUT",
+        vpath,
+        Some("admin-tok"),
+        "application/json",
+        "{}",
+    )
+    .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST, "{v}");
+    let (code, v) = call(
+        &t,
+        "PUT",
+        vpath,
+        Some("admin-tok"),
+        "application/json",
+        body,
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{v}");
+    assert_eq!(v["rollout"]["state"], "RolledOver", "{v}");
+    let (_, v) = call(&t, "GET", path, Some("admin-tok"), "", "").await;
+    assert_eq!(
+        v["configMap"]["metadata"]["annotations"][strategy::VERSION_ANNOTATION],
+        "0.0.1"
+    );
+}

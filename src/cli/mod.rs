@@ -7,6 +7,7 @@ mod cpu;
 mod k8s;
 mod node;
 mod output;
+mod strategy;
 mod vm;
 
 use std::net::SocketAddr;
@@ -56,6 +57,8 @@ enum Command {
     Export(k8s::ExportArgs),
     /// Print a kubeconfig for kubectl and other Kubernetes clients.
     Kubeconfig(k8s::KubeconfigArgs),
+    /// The install strategy (desired version) and the rollout of versions to nodes and VMs.
+    Strategy(strategy::StrategyArgs),
     /// Per-VM launcher process (started by the agent, not by hand).
     #[command(hide = true)]
     Launcher(LauncherArgs),
@@ -362,6 +365,7 @@ pub fn main() -> ExitCode {
             Command::Crds(a) => k8s::crds(a),
             Command::Export(a) => k8s::export(a).await,
             Command::Kubeconfig(a) => k8s::kubeconfig(a),
+            Command::Strategy(a) => strategy::run(a).await,
         }
     });
     match r {

@@ -5,6 +5,7 @@
 
 mod migration;
 mod scheduler;
+pub mod strategy;
 mod vm;
 
 pub use migration::{

@@ -1,4 +1,5 @@
-//! The agent's side of the launcher protocol: connect, negotiate, call.
+//! The agent's side of the launcher protocol: connect, negotiate, call. A launcher with no
+//! protocol version in common is refused with [`Incompatible`].
 
 use std::path::Path;
 use std::time::Duration;
@@ -8,6 +9,22 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
 use super::protocol::{self, Envelope, Info, Request, Response, Status};
+
+/// A launcher that shares no protocol version with this agent. The agent leaves it and its
+/// domain alone: it neither replaces the launcher nor touches the VM.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "launcher {launcher_version:?} of VMI {vmi_uid} speaks protocol versions {theirs:?}, this agent \
+     ({release}) speaks {ours:?}: no common version; the VM is left as it is until one side \
+     is upgraded",
+    release = crate::version::RELEASE
+)]
+pub struct Incompatible {
+    pub vmi_uid: String,
+    pub launcher_version: String,
+    pub theirs: Vec<u32>,
+    pub ours: Vec<u32>,
+}
 
 pub struct LauncherClient {
     reader: BufReader<tokio::net::unix::OwnedReadHalf>,
@@ -31,11 +48,13 @@ impl LauncherClient {
         };
         let info: Info = serde_json::from_value(c.call(Request::Info).await?)?;
         let Some(v) = protocol::negotiate(&info.versions) else {
-            bail!(
-                "launcher speaks protocol versions {:?}, this agent {:?}",
-                info.versions,
-                protocol::VERSIONS
-            );
+            return Err(Incompatible {
+                vmi_uid: info.vmi_uid,
+                launcher_version: info.launcher_version,
+                theirs: info.versions,
+                ours: protocol::VERSIONS.to_vec(),
+            }
+            .into());
         };
         c.version = v;
         c.info = info;

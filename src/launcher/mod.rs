@@ -20,7 +20,10 @@ use tokio::sync::RwLock;
 
 use crate::types::kubevirt::{GuestAgentInfo, GuestOsInfo};
 use crate::virt::{DomainState, GuestAddress, Hypervisor};
-use protocol::{Envelope, Info, Request, Response, Status};
+use protocol::{
+    CpuFeature, CpuModel, CpuModelField, CpuTopology, Envelope, GuestCpu, Info, Request, Response,
+    Status,
+};
 
 /// What the launcher is told on its command line.
 #[derive(Clone, Debug)]
@@ -87,6 +90,10 @@ pub async fn run_with(cfg: Config, hv: Arc<dyn Hypervisor>) -> anyhow::Result<()
     }
     // Domain state only: the guest agent cannot answer this early, and the agent is waiting.
     l.refresh(false).await;
+    match l.blocking(|hv, n| hv.xml(n)).await {
+        Ok(xml) => l.status.write().await.cpu = cpu_from_xml(&xml),
+        Err(e) => tracing::warn!(error = %e, "reading the domain XML failed; no CPU reported"),
+    }
 
     let poller = {
         let l = l.clone();
@@ -198,7 +205,7 @@ impl Launcher {
                 Ok(env) if matches!(env.request, Request::Migrate { .. }) => {
                     use std::sync::atomic::Ordering;
                     self.owed.fetch_add(1, Ordering::SeqCst);
-                    let resp = self.handle(env.request).await;
+                    let resp = self.handle(env.request, env.version).await;
                     let mut out = serde_json::to_vec(&resp)?;
                     out.push(b'\n');
                     let r = w.write_all(&out).await;
@@ -206,7 +213,7 @@ impl Launcher {
                     r?;
                     continue;
                 }
-                Ok(env) => self.handle(env.request).await,
+                Ok(env) => self.handle(env.request, env.version).await,
                 Err(e) => Response {
                     ok: false,
                     error: Some(format!("bad request: {e}")),
@@ -220,19 +227,20 @@ impl Launcher {
         Ok(())
     }
 
-    async fn handle(&self, req: Request) -> Response {
+    async fn handle(&self, req: Request, version: u32) -> Response {
         let res: Result<Value, String> = match req {
             Request::Info => Ok(serde_json::to_value(Info {
                 versions: protocol::VERSIONS.to_vec(),
-                launcher_version: env!("CARGO_PKG_VERSION").into(),
+                launcher_version: crate::version::RELEASE.into(),
                 domain_name: self.cfg.domain_name.clone(),
                 vmi_uid: self.cfg.vmi_uid.clone(),
                 pid: std::process::id(),
             })
             .unwrap_or_default()),
-            Request::Status => {
-                Ok(serde_json::to_value(&*self.status.read().await).unwrap_or_default())
-            }
+            Request::Status => Ok(serde_json::to_value(
+                self.status.read().await.for_version(version),
+            )
+            .unwrap_or_default()),
             Request::Pause => self.act(|hv, n| hv.suspend(n)).await,
             Request::Unpause => self.act(|hv, n| hv.resume(n)).await,
             Request::Destroy => self.act(|hv, n| hv.destroy(n)).await,
@@ -374,7 +382,147 @@ fn guest_info(
     Ok((Some(guest), addrs))
 }
 
+/// The guest CPU from a domain's XML (`<cpu>`: mode, check, model with fallback and
+/// vendor_id, features, topology). `None` when the XML has no `<cpu>`.
+pub fn cpu_from_xml(xml: &str) -> Option<GuestCpu> {
+    use quick_xml::events::Event;
+    let mut reader = quick_xml::Reader::from_str(xml);
+    let mut cpu: Option<GuestCpu> = None;
+    let mut depth = 0usize;
+    let mut cpu_depth = None;
+    let mut in_model = false;
+    let attrs = |e: &quick_xml::events::BytesStart| -> Vec<(String, String)> {
+        e.attributes()
+            .flatten()
+            .filter_map(|a| {
+                let k = String::from_utf8(a.key.local_name().as_ref().to_vec()).ok()?;
+                Some((k, a.unescape_value().ok()?.to_string()))
+            })
+            .collect()
+    };
+    let get =
+        |a: &[(String, String)], k: &str| a.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    loop {
+        let ev = match reader.read_event() {
+            Ok(Event::Eof) | Err(_) => break,
+            Ok(ev) => ev,
+        };
+        let (start, empty) = match &ev {
+            Event::Start(e) => (Some(e.clone()), false),
+            Event::Empty(e) => (Some(e.clone()), true),
+            _ => (None, false),
+        };
+        if let Some(e) = start {
+            let name = e.local_name().as_ref().to_vec();
+            let a = attrs(&e);
+            // Only the domain's own <cpu> (a direct child of <domain>), not <cpu> elsewhere.
+            if name == b"cpu" && depth == 1 && cpu.is_none() {
+                cpu = Some(GuestCpu {
+                    mode: get(&a, "mode").unwrap_or_default(),
+                    check: get(&a, "check"),
+                    ..Default::default()
+                });
+                if !empty {
+                    cpu_depth = Some(depth);
+                }
+            } else if let (Some(c), Some(d)) = (cpu.as_mut(), cpu_depth)
+                && depth == d + 1
+            {
+                match name.as_slice() {
+                    b"model" => {
+                        c.model = Some(CpuModelField::Model(CpuModel {
+                            name: String::new(),
+                            fallback: get(&a, "fallback"),
+                            vendor_id: get(&a, "vendor_id"),
+                        }));
+                        in_model = !empty;
+                    }
+                    b"feature" => c.features.push(CpuFeature {
+                        name: get(&a, "name").unwrap_or_default(),
+                        policy: get(&a, "policy").unwrap_or_else(|| "require".into()),
+                    }),
+                    b"topology" => {
+                        let n = |k| get(&a, k).and_then(|v| v.parse().ok()).unwrap_or(1);
+                        c.topology = Some(CpuTopology {
+                            sockets: n("sockets"),
+                            cores: n("cores"),
+                            threads: n("threads"),
+                        })
+                    }
+                    _ => {}
+                }
+            }
+            if !empty {
+                depth += 1;
+            }
+            continue;
+        }
+        match ev {
+            Event::Text(t) if in_model => {
+                if let (Some(c), Ok(text)) = (cpu.as_mut(), t.decode())
+                    && let Some(CpuModelField::Model(m)) = c.model.as_mut()
+                {
+                    m.name.push_str(text.trim());
+                }
+            }
+            Event::End(_) => {
+                depth = depth.saturating_sub(1);
+                in_model = false;
+                if cpu_depth == Some(depth) {
+                    cpu_depth = None;
+                }
+            }
+            _ => {}
+        }
+    }
+    cpu
+}
+
 /// The socket path of a VMI's launcher inside the launchers folder.
 pub fn socket_path(dir: &Path, vmi_uid: &str) -> PathBuf {
     dir.join(format!("{vmi_uid}.sock"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_from_domain_xml() {
+        let xml = r#"<domain type='kvm'><name>d</name><vcpu>4</vcpu>
+  <cpu mode='custom' match='exact' check='partial'>
+    <model fallback='allow' vendor_id='AuthenticAMD'>EPYC</model>
+    <topology sockets='1' dies='1' cores='2' threads='2'/>
+    <feature policy='disable' name='svm'/>
+    <feature name='x2apic'/>
+  </cpu>
+  <devices><cpu>ignored</cpu></devices></domain>"#;
+        let c = cpu_from_xml(xml).unwrap();
+        assert_eq!(c.mode, "custom");
+        assert_eq!(c.check.as_deref(), Some("partial"));
+        let m = c.model();
+        assert_eq!(
+            (
+                m.name.as_str(),
+                m.fallback.as_deref(),
+                m.vendor_id.as_deref()
+            ),
+            ("EPYC", Some("allow"), Some("AuthenticAMD"))
+        );
+        assert_eq!(
+            c.topology.as_ref().map(|t| (t.sockets, t.cores, t.threads)),
+            Some((1, 2, 2))
+        );
+        assert_eq!(c.features.len(), 2);
+        assert_eq!(
+            (c.features[0].name.as_str(), c.features[0].policy.as_str()),
+            ("svm", "disable")
+        );
+        assert_eq!(c.features[1].policy, "require");
+
+        let hm = cpu_from_xml("<domain><cpu mode='host-model'/></domain>").unwrap();
+        assert_eq!(hm.mode, "host-model");
+        assert!(hm.model.is_none());
+        assert!(cpu_from_xml("<domain><name>x</name></domain>").is_none());
+    }
 }

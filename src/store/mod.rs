@@ -88,8 +88,14 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 const EVENT_LOG_KEEP: i64 = 20_000;
 
 impl Store {
-    /// Open (creating if needed) the database file, refuse a newer schema, apply migrations.
+    /// Open (creating if needed) the database file, refuse a newer schema, back it up and
+    /// apply pending migrations.
     pub async fn open(path: &Path) -> Result<Store> {
+        // A newer schema is refused before anything opens the file for writing, so the file
+        // stays exactly as the newer edgevirt left it.
+        if path.exists() {
+            Self::refuse_newer(path).await?;
+        }
         let opts = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -102,7 +108,7 @@ impl Store {
             .acquire_timeout(Duration::from_secs(60))
             .connect_with(opts.clone())
             .await?;
-        Self::check_schema(&writer, path).await?;
+        Self::backup_before_migrating(&writer, path).await?;
         MIGRATOR.run(&writer).await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
@@ -116,22 +122,42 @@ impl Store {
         })
     }
 
-    /// Refuse a database with migrations this binary does not know; back up before migrating.
-    async fn check_schema(pool: &SqlitePool, path: &Path) -> Result<()> {
-        let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    /// The schema version of a database: its highest applied migration (0 when none).
+    async fn schema_version(pool: &SqlitePool) -> Result<i64> {
         let has_table: Option<(String,)> = sqlx::query_as(
             "SELECT name FROM sqlite_master WHERE type='table' AND name='_sqlx_migrations'",
         )
         .fetch_optional(pool)
         .await?;
         if has_table.is_none() {
-            return Ok(());
+            return Ok(0);
         }
         let (found,): (Option<i64>,) =
             sqlx::query_as("SELECT MAX(version) FROM _sqlx_migrations WHERE success = 1")
                 .fetch_one(pool)
                 .await?;
-        let found = found.unwrap_or(0);
+        Ok(found.unwrap_or(0))
+    }
+
+    /// The highest migration this binary knows.
+    pub fn known_schema() -> i64 {
+        MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+    }
+
+    /// Refuse a database with migrations this binary does not know, reading it through a
+    /// read-only connection that changes nothing (not even the journal mode).
+    async fn refuse_newer(path: &Path) -> Result<()> {
+        let ro = SqliteConnectOptions::new()
+            .filename(path)
+            .read_only(true)
+            .busy_timeout(Duration::from_secs(30));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(ro)
+            .await?;
+        let found = Self::schema_version(&pool).await;
+        pool.close().await;
+        let (found, known) = (found?, Self::known_schema());
         if found > known {
             return Err(Error::TooNew {
                 path: path.display().to_string(),
@@ -139,17 +165,33 @@ impl Store {
                 known,
             });
         }
-        if found < known {
-            let backup = format!("{}.backup-schema-{found}", path.display());
-            let _ = std::fs::remove_file(&backup);
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "VACUUM INTO '{}'",
-                backup.replace('\'', "''")
-            )))
-            .execute(pool)
-            .await?;
-            tracing::info!(%backup, "backed up the database before updating its schema");
+        Ok(())
+    }
+
+    /// Before any pending migration, write a consistent copy of the database next to it
+    /// (`VACUUM INTO`, safe with WAL): `<file>.bak-<schema>-<UTC timestamp>`.
+    async fn backup_before_migrating(pool: &SqlitePool, path: &Path) -> Result<()> {
+        let (found, known) = (Self::schema_version(pool).await?, Self::known_schema());
+        let has_data: Option<(String,)> =
+            sqlx::query_as("SELECT name FROM sqlite_master WHERE type='table' LIMIT 1")
+                .fetch_optional(pool)
+                .await?;
+        if found >= known || has_data.is_none() {
+            // Up to date, or a new empty database: nothing to keep.
+            return Ok(());
         }
+        let backup = format!(
+            "{}.bak-{found}-{}",
+            path.display(),
+            chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ")
+        );
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "VACUUM INTO '{}'",
+            backup.replace('\'', "''")
+        )))
+        .execute(pool)
+        .await?;
+        tracing::info!(%backup, from = found, to = known, "backed up the database before updating its schema");
         Ok(())
     }
 
@@ -461,6 +503,19 @@ impl Store {
                 .await?
                 .map(|r| r.0),
         )
+    }
+
+    /// Set (or replace) a setting.
+    pub async fn set_setting(&self, key: &str, value: &str) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO settings (key, value) VALUES (?, ?) \
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        )
+        .bind(key)
+        .bind(value)
+        .execute(&self.writer)
+        .await?;
+        Ok(())
     }
 
     /// Set a setting only if it is not set yet; returns the value in force.

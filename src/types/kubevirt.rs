@@ -379,6 +379,25 @@ pub struct VirtualMachineInstanceStatus {
     /// edgevirt extension: the libvirt domain this instance runs as.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain_name: Option<String>,
+    /// edgevirt extension: the release of the launcher serving this instance (it keeps
+    /// running an older release until the VM restarts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launcher_version: Option<String>,
+    /// The vCPU topology the domain runs with, as its launcher reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "currentCPUTopology")]
+    pub current_cpu_topology: Option<CpuTopologyStatus>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CpuTopologyStatus {
+    #[serde(default)]
+    pub sockets: u32,
+    #[serde(default)]
+    pub cores: u32,
+    #[serde(default)]
+    pub threads: u32,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

@@ -184,7 +184,9 @@ impl Hypervisor for Libvirt {
         let d = self.domain(name)?;
         let stats = d
             // KEEP_COMPLETED: reading them does not clear them for others (virsh domjobinfo).
-            .job_stats(sys::VIR_DOMAIN_JOB_STATS_COMPLETED | sys::VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED)
+            .job_stats(
+                sys::VIR_DOMAIN_JOB_STATS_COMPLETED | sys::VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED,
+            )
             .map_err(lv)?;
         Ok(stats.downtime)
     }

@@ -334,6 +334,7 @@ struct OverviewTpl {
     nodes: Vec<NodeRow>,
     total: usize,
     by_status: Vec<(String, usize)>,
+    rollout: crate::controller::strategy::Rollout,
 }
 
 async fn all(st: &AppState, kind: Kind) -> Result<Vec<Value>, Response> {
@@ -404,11 +405,16 @@ pub async fn overview(State(st): S, Extension(u): Extension<WebUser>) -> Respons
             .entry(or_dash(s(vm, &["status", "printableStatus"])))
             .or_default() += 1;
     }
+    let rollout = match crate::controller::strategy::current_rollout(&st.store).await {
+        Ok(r) => r,
+        Err(e) => return error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
     render(&OverviewTpl {
         c: Chrome::new(&u, "Overview"),
         nodes,
         total: vms.len(),
         by_status: by_status.into_iter().collect(),
+        rollout,
     })
 }
 

@@ -119,16 +119,27 @@ pub struct Appliance {
     extra: Vec<String>,
     /// Extra environment for the serve process.
     env: Vec<(String, String)>,
+    /// The `edgevirt` executable `serve` runs from (and the agent starts launchers from).
+    pub exe: PathBuf,
 }
 
 impl Appliance {
     /// Start `edgevirt serve` (all roles unless `extra` says otherwise) in a fresh data dir.
     pub async fn start(extra: &[&str]) -> Appliance {
-        Self::start_with_env(extra, &[]).await
+        Self::start_full(PathBuf::from(exe()), extra, &[]).await
     }
 
     /// Like [`Appliance::start`], with extra environment variables for the serve process.
     pub async fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Appliance {
+        Self::start_full(PathBuf::from(exe()), extra, env).await
+    }
+
+    /// Like [`Appliance::start`], running another `edgevirt` executable.
+    pub async fn start_with_exe(exe: PathBuf, extra: &[&str]) -> Appliance {
+        Self::start_full(exe, extra, &[]).await
+    }
+
+    async fn start_full(exe: PathBuf, extra: &[&str], env: &[(&str, &str)]) -> Appliance {
         edgevirt::tls::install_crypto_provider();
         let tmp = tempfile::Builder::new()
             .prefix("evtest-")
@@ -148,6 +159,7 @@ impl Appliance {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            exe,
         };
         a.spawn().await;
         a
@@ -160,7 +172,7 @@ impl Appliance {
             .append(true)
             .open(self.dir.join("serve.log"))
             .unwrap();
-        let mut child = Command::new(exe())
+        let mut child = Command::new(&self.exe)
             .arg("serve")
             .arg("--data-dir")
             .arg(&self.dir)
@@ -240,6 +252,24 @@ impl Appliance {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
+    }
+
+    /// Stop the serve process as systemd does (SIGTERM) and wait for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 
     /// `kill -9` the serve process.

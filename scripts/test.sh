@@ -64,6 +64,6 @@ export EDGEVIRT_ARTIFACTS="${EDGEVIRT_ARTIFACTS:-$PWD/target/test-artifacts}"
 # Test hosts a run that died may have left behind (namespaces, their libvirtds).
 for h in a b x; do tests/multihost/host.sh down "$h" >/dev/null 2>&1 || true; done
 cargo test --locked --test e2e --test console --test browser --test kubectl --test upgrade \
-    --test cpu_e2e --test multihost -- --include-ignored --test-threads=1
+    --test cpu_e2e --test multihost --no-fail-fast -- --include-ignored --test-threads=1
 tests/multihost/host.sh bridge-down
 log "browser screenshots in $EDGEVIRT_ARTIFACTS"

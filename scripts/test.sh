@@ -34,8 +34,8 @@ if [ ! -x "$TOOLS/kubectl-1.20/usr/bin/kubectl" ]; then
 fi
 export EDGEVIRT_KUBECTL_NEW="$TOOLS/kubectl-venv/bin/kubectl"
 export EDGEVIRT_KUBECTL_OLD="$TOOLS/kubectl-1.20/usr/bin/kubectl"
-"$EDGEVIRT_KUBECTL_NEW" version --client | head -1
-"$EDGEVIRT_KUBECTL_OLD" version --client | head -1
+"$EDGEVIRT_KUBECTL_NEW" version --client | sed -n 1p
+"$EDGEVIRT_KUBECTL_OLD" version --client | sed -n 1p
 
 log "rustfmt"
 cargo fmt --check

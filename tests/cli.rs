@@ -43,6 +43,15 @@ fn client_commands_work_against_a_real_server() {
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
+    // Ends the server even when an assertion below fails (one was left running).
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = KillOnDrop(child);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -229,6 +238,6 @@ fn client_commands_work_against_a_real_server() {
     assert!(!ok && err.contains("newest"), "{err}");
     let (_, out, _) = edgevirt(&url, &token, &["strategy", "show"]);
     assert!(out.contains("desired version 0.0.1"), "{out}");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
 }

@@ -214,8 +214,19 @@ async fn vm_lifecycle_on_a_real_guest() {
 #[tokio::test]
 #[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
 async fn vms_survive_kill9_of_agent_and_launcher() {
-    let ctl = Appliance::start(&["--role", "controller"]).await;
+    // A separate agent joins over TLS (it pins the controller's certificate) with a join
+    // token; restarted, it uses the credential it stored.
+    let ctl = Appliance::start(&["--role", "controller", "--tls"]).await;
     ctl.import_guest().await;
+    let (code, jt) = ctl
+        .call(
+            reqwest::Method::POST,
+            "/apis/edgevirt.io/v1/jointokens",
+            Some(("application/json", b"{}".to_vec())),
+        )
+        .await;
+    assert_eq!(code, 201, "{jt}");
+    let join_token = jt["token"].as_str().unwrap().to_string();
     let agent_dir = tempfile::Builder::new()
         .prefix("evtest-agent-")
         .tempdir_in("/var/tmp")
@@ -233,7 +244,7 @@ async fn vms_survive_kill9_of_agent_and_launcher() {
             ])
             .arg("--data-dir")
             .arg(agent_dir.path())
-            .args(["--controller", &ctl.url, "--join-token", &ctl.token])
+            .args(["--controller", &ctl.url, "--join-token", &join_token])
             .args(["--nat-network", NAT_NETWORK, "--nat-prefix", NAT_PREFIX])
             .stdout(std::process::Stdio::null())
             .stderr(

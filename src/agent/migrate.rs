@@ -320,22 +320,16 @@ fn spawn_source(agent: Arc<Agent>, m: Value, vmi: Value) -> Task {
                 } else {
                     json!({"failed": true, "endTimestamp": now(), "failureReason": msg})
                 };
-                let _ = set_phase(
-                    &a2,
-                    &ns,
-                    &name,
-                    mp::FAILED,
-                    json!({"migrationState": ms.clone()}),
-                )
-                .await;
+                // The VMI first: once the migration is final, the controller may remove it.
                 let _ = a2
                     .api
                     .merge_patch(
                         &format!("{}/status", vmi_path(&ns, &vmi_name)),
-                        &json!({"status": {"migrationState": ms}}),
+                        &json!({"status": {"migrationState": ms.clone()}}),
                     )
                     .await;
                 a2.migrating.lock().await.remove(&uid);
+                let _ = set_phase(&a2, &ns, &name, mp::FAILED, json!({"migrationState": ms})).await;
             }
         }
     });

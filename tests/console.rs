@@ -170,6 +170,10 @@ async fn rfb_and_serial_through_the_websocket_and_every_refusal() {
     assert_eq!(code, 201, "{v}");
     let vmi = a.wait_running("con", None, BOOT).await;
     let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    // The display changes mode while the guest boots (firmware 640x480, then the kernel's
+    // 720x400 text console): wait for the end of the boot (its guest agent answers), so
+    // that ServerInit and the screenshot below see the same mode.
+    wait_for("the guest agent", BOOT, || async { guest_uptime(&dom) }).await;
 
     // --- RFB through the websocket: handshake, ServerInit with the real size, pixels.
     let (code, t) = ticket(&a, &a.token, "con", "vnc").await;

@@ -762,6 +762,47 @@ async fn vms_live_migrate_cancel_and_drain() {
     assert!(out.contains("could not move: default/disky"), "{out}");
     assert!(out.contains("default/mig: moved to b"), "{out}");
     assert_eq!(c.vmi("mig").await.unwrap()["status"]["nodeName"], "b");
+
+    // --- Block migration, asked for: disky moves to b with its disk. A marker written to
+    // the disk on a is read back on b past the guest's page cache: b's overlay started
+    // empty, so only the copy can have brought it.
+    let ddom = wait_for("disky's domain", BOOT, || async { domain_of(&a, "disky") }).await;
+    let marker = format!("edgevirt-block-{}", std::process::id());
+    let write = format!(
+        "printf {marker} > /dev/vda && sync && echo 3 > /proc/sys/vm/drop_caches && echo written"
+    );
+    let out = wait_for("the marker written on a", BOOT, || async {
+        a.guest_exec(&ddom, "/bin/sh", &["-c", &write])
+            .filter(|o| o.contains("written"))
+    })
+    .await;
+    assert!(out.contains("written"), "{out}");
+    let dup0 = a.guest_uptime(&ddom).expect("disky's uptime on a");
+    let (ok, out) = cli(&c, &["vm", "migrate", "disky", "--block", "--wait"]);
+    assert!(ok, "block migration: {out}");
+    let vmi = c.vmi("disky").await.unwrap();
+    assert_eq!(vmi["status"]["nodeName"], "b", "{vmi}");
+    assert_eq!(vmi["status"]["migrationState"]["completed"], true, "{vmi}");
+    assert!(domain_of(&a, "disky").is_none(), "disky's domain left a");
+    let read = format!(
+        "echo 3 > /proc/sys/vm/drop_caches && head -c {} /dev/vda",
+        marker.len()
+    );
+    let got = wait_for("the marker read on b", BOOT, || async {
+        b.guest_exec(&ddom, "/bin/sh", &["-c", &read])
+    })
+    .await;
+    assert_eq!(got, marker, "the disk's content moved with the guest");
+    let dup1 = b.guest_uptime(&ddom).expect("disky's uptime on b");
+    assert!(
+        dup1 > dup0,
+        "the guest did not reboot: uptime {dup0} -> {dup1}"
+    );
+    // The sockets of QEMU's streams are gone on the source.
+    let left = host_sh(&["exec", "a", "ls", "/run/libvirt/edgevirt-migration"]);
+    let left = String::from_utf8_lossy(&left.stdout);
+    assert!(!left.contains(".sock"), "left on a: {left}");
+
     for name in ["mig", "disky"] {
         c.delete(&format!("{VMS}/{name}")).await;
     }

@@ -8,6 +8,10 @@
 //! Source node: at `TargetReady`, set `Running`, listen on a loopback port whose every
 //! connection becomes a tunnel to the target, and have the launcher migrate the domain
 //! peer to peer, tunnelled, to `qemu+tcp://127.0.0.1:PORT/system` with the target's XML.
+//! A block migration (local disks copied) cannot be tunnelled by libvirt: the launcher
+//! migrates peer to peer without the tunnel, sending QEMU's memory and disk streams to unix
+//! sockets the source agent listens on; each connection there is tunnelled too, and the
+//! target agent joins it to the socket of the same path on which the target's QEMU listens.
 //! Only when libvirt reports success does the VMI's `nodeName` change; any failure or an
 //! abort (the migration was deleted) leaves the VM running here.
 
@@ -30,6 +34,21 @@ use crate::types::now;
 /// The local libvirtd's socket, which paired tunnels reach on the target.
 pub fn libvirt_socket() -> String {
     std::env::var("EDGEVIRT_LIBVIRT_SOCKET").unwrap_or_else(|_| "/run/libvirt/libvirt-sock".into())
+}
+
+/// Where a block migration's unix sockets live. The path must be the same on both hosts (libvirt
+/// hands the source's socket URIs to the target, whose QEMU listens under them), so it is
+/// not under the agent's data directory; it is under /run/libvirt because QEMU, which
+/// libvirtd starts, creates the target's sockets.
+pub fn migration_socket_dir() -> std::path::PathBuf {
+    std::env::var_os("EDGEVIRT_MIGRATION_SOCKET_DIR")
+        .map(Into::into)
+        .unwrap_or_else(|| "/run/libvirt/edgevirt-migration".into())
+}
+
+/// The socket of one of a block migration's QEMU streams (`memory` or `disks`).
+fn stream_socket(migration_uid: &str, stream: &str) -> std::path::PathBuf {
+    migration_socket_dir().join(format!("{migration_uid}-{stream}.sock"))
 }
 
 /// A migration this agent takes part in.
@@ -181,9 +200,10 @@ fn names(m: &Value) -> (String, String, String) {
 fn spawn_target(agent: Arc<Agent>, m: Value, vmi: Value) -> Task {
     let (ns, name, _) = names(&m);
     let vmi_uid = vmi["metadata"]["uid"].as_str().unwrap_or("").to_string();
+    let mig_uid = m["metadata"]["uid"].as_str().unwrap_or("").to_string();
     let a2 = agent.clone();
     let handle = tokio::spawn(async move {
-        if let Err(e) = run_target(&a2, &ns, &name, &vmi).await {
+        if let Err(e) = run_target(&a2, &ns, &name, &mig_uid, &vmi).await {
             tracing::warn!(migration = %name, error = %format!("{e:#}"), "preparing the migration target failed");
             let _ = set_phase(
                 &a2,
@@ -204,7 +224,13 @@ fn spawn_target(agent: Arc<Agent>, m: Value, vmi: Value) -> Task {
     }
 }
 
-async fn run_target(agent: &Arc<Agent>, ns: &str, name: &str, vmi: &Value) -> anyhow::Result<()> {
+async fn run_target(
+    agent: &Arc<Agent>,
+    ns: &str,
+    name: &str,
+    mig_uid: &str,
+    vmi: &Value,
+) -> anyhow::Result<()> {
     let uid = vmi["metadata"]["uid"].as_str().unwrap_or("").to_string();
     let vmi_name = vmi["metadata"]["name"].as_str().unwrap_or("");
     // The incoming domain must survive the sync loop's sweep of domains no VMI here owns.
@@ -212,6 +238,8 @@ async fn run_target(agent: &Arc<Agent>, ns: &str, name: &str, vmi: &Value) -> an
     set_phase(agent, ns, name, mp::PREPARING_TARGET, json!({})).await?;
     let xml_path = prepare(agent, vmi).await?;
     let xml = tokio::fs::read_to_string(&xml_path).await?;
+    // For a block migration, QEMU listens here under the paths the source names.
+    tokio::fs::create_dir_all(migration_socket_dir()).await?;
     set_phase(
         agent,
         ns,
@@ -225,11 +253,22 @@ async fn run_target(agent: &Arc<Agent>, ns: &str, name: &str, vmi: &Value) -> an
     for n in 0u32.. {
         let path = format!("/migration-tunnel/{ns}/{name}/{n}?side=target");
         let mut ws = agent.api.websocket(&path).await?;
-        wait_paired(&mut ws).await?;
-        let sock = tokio::net::UnixStream::connect(libvirt_socket()).await?;
+        let stream = wait_paired(&mut ws).await?;
+        let local: std::path::PathBuf = match stream.as_str() {
+            "libvirt" => libvirt_socket().into(),
+            "memory" | "disks" => stream_socket(mig_uid, &stream),
+            other => anyhow::bail!("the tunnel names an unknown stream {other:?}"),
+        };
         tokio::spawn(async move {
-            if let Err(e) = pipe(ws, sock).await {
-                tracing::debug!(error = %e, "target tunnel ended");
+            let r = async {
+                let sock = tokio::net::UnixStream::connect(&local)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("connecting to {}: {e}", local.display()))?;
+                pipe(ws, sock).await
+            }
+            .await;
+            if let Err(e) = r {
+                tracing::debug!(%stream, error = %format!("{e:#}"), "target tunnel ended");
             }
         });
     }
@@ -305,8 +344,15 @@ fn spawn_source(agent: Arc<Agent>, m: Value, vmi: Value) -> Task {
         .to_string();
     let uid = vmi["metadata"]["uid"].as_str().unwrap_or("").to_string();
     let vmi_uid = uid.clone();
+    let mig_uid = m["metadata"]["uid"].as_str().unwrap_or("").to_string();
+    let block = crate::controller::migration_method(&vmi, &m) == Ok("BlockMigration");
     let handle = tokio::spawn(async move {
-        let r = run_source(&a2, &ns, &name, &vmi, &target, &xml).await;
+        let r = run_source(&a2, &ns, &name, &mig_uid, block, &vmi, &target, &xml).await;
+        if block {
+            for stream in ["memory", "disks"] {
+                let _ = std::fs::remove_file(stream_socket(&mig_uid, stream));
+            }
+        }
         match r {
             Ok(()) => {}
             Err(e) => {
@@ -341,10 +387,13 @@ fn spawn_source(agent: Arc<Agent>, m: Value, vmi: Value) -> Task {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_source(
     agent: &Arc<Agent>,
     ns: &str,
     name: &str,
+    mig_uid: &str,
+    block: bool,
     vmi: &Value,
     target: &str,
     xml: &str,
@@ -370,31 +419,41 @@ async fn run_source(
             &json!({"status": {"migrationState": {"startTimestamp": started}}}),
         )
         .await?;
+    // Every connection to these listeners becomes a tunnel to the target: libvirtd's own
+    // (TCP on loopback) and, for a block migration, QEMU's memory and disk streams (unix
+    // sockets). Connection numbers are shared, so each pairs with the target's next one.
+    let n = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let port = listener.local_addr()?.port();
-    let tunnels = {
-        let agent = agent.clone();
+    let mut tunnels = vec![{
+        let (agent, n) = (agent.clone(), n.clone());
         let (ns, name) = (ns.to_string(), name.to_string());
         tokio::spawn(async move {
-            let mut n = 0u32;
             while let Ok((tcp, _)) = listener.accept().await {
                 let _ = tcp.set_nodelay(true);
-                let path = format!("/migration-tunnel/{ns}/{name}/{n}?side=source");
-                n += 1;
-                let agent = agent.clone();
-                tokio::spawn(async move {
-                    let r = async {
-                        let mut ws = agent.api.websocket(&path).await?;
-                        wait_paired(&mut ws).await?;
-                        pipe(ws, tcp).await
-                    }
-                    .await;
-                    if let Err(e) = r {
-                        tracing::debug!(error = %e, "source tunnel ended");
-                    }
-                });
+                tunnel_out(&agent, &ns, &name, &n, "libvirt", tcp);
             }
         })
+    }];
+    let copy = if block {
+        tokio::fs::create_dir_all(migration_socket_dir()).await?;
+        for stream in ["memory", "disks"] {
+            let path = stream_socket(mig_uid, stream);
+            let _ = std::fs::remove_file(&path);
+            let listener = tokio::net::UnixListener::bind(&path)
+                .map_err(|e| anyhow::anyhow!("listening on {}: {e}", path.display()))?;
+            let (agent, n) = (agent.clone(), n.clone());
+            let (ns, name) = (ns.to_string(), name.to_string());
+            tunnels.push(tokio::spawn(async move {
+                while let Ok((sock, _)) = listener.accept().await {
+                    tunnel_out(&agent, &ns, &name, &n, stream, sock);
+                }
+            }));
+        }
+        let uri = |s| format!("unix://{}", stream_socket(mig_uid, s).display());
+        Some((uri("memory"), uri("disks")))
+    } else {
+        None
     };
     // The guest keeps the CPU it booted with: libvirt expanded host-model into a concrete
     // model at start, and the target must define exactly that (libvirt checks it).
@@ -409,7 +468,6 @@ async fn run_source(
         (Some(live_cpu), Some(planned)) => xml.replacen(&planned, &live_cpu, 1),
         _ => xml.to_string(),
     };
-    let block = crate::controller::live_migratable(vmi).method == "BlockMigration";
     let sock = crate::launcher::socket_path(&agent.launchers_dir(), &uid);
     let mut launcher = LauncherClient::connect(&sock).await?;
     tracing::info!(migration = %name, vmi = %vmi_name, %target, block, "migrating");
@@ -419,11 +477,15 @@ async fn run_source(
                 dest_uri: format!("qemu+tcp://127.0.0.1:{port}/system"),
                 dest_xml: xml,
                 block,
+                memory_uri: copy.as_ref().map(|c| c.0.clone()),
+                disks_uri: copy.as_ref().map(|c| c.1.clone()),
             },
             Duration::from_secs(24 * 3600),
         )
         .await;
-    tunnels.abort();
+    for t in tunnels {
+        t.abort();
+    }
     r?;
     // libvirt says the guest runs on the target: the instance is the target's now.
     let done = now();
@@ -449,11 +511,42 @@ async fn run_source(
 
 type Ws = crate::client::WebSocket;
 
-/// Wait for the relay's "paired" message.
-async fn wait_paired(ws: &mut Ws) -> anyhow::Result<()> {
+/// Carry one local connection of the source to the target through the relay.
+fn tunnel_out<S>(
+    agent: &Arc<Agent>,
+    ns: &str,
+    name: &str,
+    n: &std::sync::atomic::AtomicU32,
+    stream: &'static str,
+    conn: S,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let n = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let path = format!("/migration-tunnel/{ns}/{name}/{n}?side=source&stream={stream}");
+    let agent = agent.clone();
+    tokio::spawn(async move {
+        let r = async {
+            let mut ws = agent.api.websocket(&path).await?;
+            wait_paired(&mut ws).await?;
+            pipe(ws, conn).await
+        }
+        .await;
+        if let Err(e) = r {
+            tracing::debug!(%stream, error = %e, "source tunnel ended");
+        }
+    });
+}
+
+/// Wait for the relay's "paired" message; the stream the tunnel carries (`libvirt` when
+/// the message names none).
+async fn wait_paired(ws: &mut Ws) -> anyhow::Result<String> {
     loop {
         match ws.next().await {
-            Some(Ok(Message::Text(t))) if t.as_str() == "paired" => return Ok(()),
+            Some(Ok(Message::Text(t))) if t.as_str() == "paired" => return Ok("libvirt".into()),
+            Some(Ok(Message::Text(t))) if t.as_str().starts_with("paired ") => {
+                return Ok(t.as_str()["paired ".len()..].to_string());
+            }
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
             Some(Ok(m)) => anyhow::bail!("unexpected tunnel message before pairing: {m:?}"),
             Some(Err(e)) => return Err(e.into()),

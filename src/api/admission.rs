@@ -138,7 +138,7 @@ pub async fn admit(
                 }
                 Some(_) => {}
                 None => {
-                    crate::controller::check_migration_request(store, ns, &m.vmi_name)
+                    crate::controller::check_migration_request(store, ns, &m.vmi_name, &obj)
                         .await
                         .map_err(|e| match e {
                             crate::controller::MigrationRefused::Store(e) => e.into(),

@@ -319,10 +319,25 @@ async fn action(
             if let Some(sel) = opts.get("addedNodeSelector") {
                 spec["addedNodeSelector"] = sel.clone();
             }
+            let mut metadata =
+                json!({"generateName": format!("{name}-migration-"), "namespace": ns});
+            // edgevirt's addition to KubeVirt's MigrateOptions: copy local disks.
+            match opts.get("blockMigration") {
+                None | Some(Value::Bool(false)) => {}
+                Some(Value::Bool(true)) => {
+                    metadata["annotations"] =
+                        json!({crate::types::annotations::BLOCK_MIGRATION_ANNOTATION: "true"});
+                }
+                Some(other) => {
+                    return Err(ApiError::bad_request(format!(
+                        "invalid MigrateOptions: blockMigration must be true or false, not {other}"
+                    )));
+                }
+            }
             let obj = json!({
                 "apiVersion": "kubevirt.io/v1",
                 "kind": "VirtualMachineInstanceMigration",
-                "metadata": {"generateName": format!("{name}-migration-"), "namespace": ns},
+                "metadata": metadata,
                 "spec": spec,
             });
             let obj = super::admission::admit(

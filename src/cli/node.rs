@@ -35,7 +35,12 @@ enum NodeCmd {
     /// Cordon a node and live-migrate every VM off it, before maintenance. Reports the VMs
     /// that could not move (not live-migratable, no node to take them, failed) and exits
     /// non-zero if there are any.
-    Drain { name: String },
+    Drain {
+        name: String,
+        /// Also move VMs whose disks are local, copying the disks (block migration).
+        #[arg(long)]
+        block: bool,
+    },
     /// Let the scheduler use a cordoned node again.
     Uncordon { name: String },
     /// Remove a node and revoke its agent's credential. Refused while VMs are placed on it,
@@ -210,7 +215,7 @@ pub async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
             .await?;
             println!("node/{name} cordoned");
         }
-        NodeCmd::Drain { name } => drain(&c, &name).await?,
+        NodeCmd::Drain { name, block } => drain(&c, &name, block).await?,
         NodeCmd::Uncordon { name } => {
             c.merge_patch(
                 &format!("{NODES}/{name}"),
@@ -305,7 +310,7 @@ pub async fn wait_migration(
     }
 }
 
-async fn drain(c: &crate::client::Client, node: &str) -> anyhow::Result<()> {
+async fn drain(c: &crate::client::Client, node: &str, block: bool) -> anyhow::Result<()> {
     c.merge_patch(
         &format!("{NODES}/{node}"),
         &json!({"spec": {"unschedulable": true}}),
@@ -330,7 +335,12 @@ async fn drain(c: &crate::client::Client, node: &str) -> anyhow::Result<()> {
         let path = format!(
             "/apis/subresources.kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances/{name}/migrate"
         );
-        match c.put(&path, &json!({})).await {
+        let opts = if block {
+            json!({"blockMigration": true})
+        } else {
+            json!({})
+        };
+        match c.put(&path, &opts).await {
             Ok(m) => {
                 let mname = s(&m, &["metadata", "name"]).to_string();
                 println!("{ns}/{name}: migrating ({mname})");

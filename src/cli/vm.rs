@@ -58,6 +58,10 @@ enum VmCmd {
         /// Wait until it succeeds or fails, showing its phases.
         #[arg(long)]
         wait: bool,
+        /// Copy the VM's local disks to the target while it runs (block migration), for
+        /// VMs whose disks are not on shared storage.
+        #[arg(long)]
+        block: bool,
     },
     Pause {
         name: String,
@@ -324,8 +328,13 @@ pub async fn run_vm(a: VmArgs) -> anyhow::Result<()> {
         VmCmd::Start { name } => act(&c, &sub(&name, "start"), &name, "start").await?,
         VmCmd::Stop { name } => act(&c, &sub(&name, "stop"), &name, "stop").await?,
         VmCmd::Restart { name } => act(&c, &sub(&name, "restart"), &name, "restart").await?,
-        VmCmd::Migrate { name, wait } => {
-            let m = c.put(&sub(&name, "migrate"), &json!({})).await?;
+        VmCmd::Migrate { name, wait, block } => {
+            let opts = if block {
+                json!({"blockMigration": true})
+            } else {
+                json!({})
+            };
+            let m = c.put(&sub(&name, "migrate"), &opts).await?;
             let mname = m["metadata"]["name"].as_str().unwrap_or("").to_string();
             println!("virtualmachineinstancemigration/{mname} created");
             if wait {

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use super::{Action, Context, scheduler};
 use crate::store::{Error, FieldSelector, LabelSelector, Store};
-use crate::types::annotations::MIGRATION_FINALIZER;
+use crate::types::annotations::{BLOCK_MIGRATION_ANNOTATION, MIGRATION_FINALIZER};
 use crate::types::kubevirt::{migration_phase as mp, phase};
 use crate::types::{Kind, now};
 
@@ -40,14 +40,17 @@ pub struct Migratability {
 }
 
 /// Compute the LiveMigratable condition from the instance's spec. Disks built from images
-/// (`containerDisk`, `dataVolume`) are copies on the node's local disk: they could move only
-/// by block migration, which edgevirt cannot do through its tunnel yet (libvirt 9 does not
-/// tunnel the NBD disk copy), so such instances are not live-migratable. NoCloud disks are
-/// made anew on the target. edgevirt has no shared storage pools and no disk hotplug yet,
-/// so those cases do not arise.
+/// (`containerDisk`, `dataVolume`) are copies on the node's local disk: edgevirt has no
+/// shared storage pools yet, so they move only by block migration, which copies them while
+/// the guest runs. KubeVirt block-migrates such disks unasked; edgevirt copies them only
+/// when asked (the copy takes as long as the disk is big, and the link may be a branch
+/// office's): the annotation `edgevirt.io/block-migration: "true"` on the VMI makes it
+/// LiveMigratable with method BlockMigration, and the same annotation on one migration
+/// asks for it once (see [`migration_method`]). NoCloud disks are made anew on the target.
+/// edgevirt has no disk hotplug yet, so HotplugNotLiveMigratable does not arise.
 pub fn live_migratable(vmi: &Value) -> Migratability {
     let spec = &vmi["spec"];
-    let block = false;
+    let block = vmi["metadata"]["annotations"][BLOCK_MIGRATION_ANNOTATION] == "true";
     for i in spec["domain"]["devices"]["interfaces"]
         .as_array()
         .into_iter()
@@ -96,12 +99,28 @@ pub fn live_migratable(vmi: &Value) -> Migratability {
         ok: false,
         reason: "DisksNotLiveMigratable".into(),
         message: format!(
-            "cannot migrate VMI: disks {} are on this node's local storage, not shared, and \
-             edgevirt cannot copy disks while migrating yet (block migration)",
+            "cannot migrate VMI: disks {} are on this node's local storage, not shared; \
+             ask for block migration to copy them (edgevirt vm migrate --block, or the \
+             annotation {BLOCK_MIGRATION_ANNOTATION}: \"true\" on the migration)",
             local.join(", ")
         ),
         method: "LiveMigration",
     }
+}
+
+/// How one migration moves its instance: `Ok("LiveMigration" | "BlockMigration")`, or why
+/// it cannot. A migration annotated `edgevirt.io/block-migration: "true"` copies local
+/// disks even when the instance itself does not ask for it.
+pub fn migration_method(vmi: &Value, migration: &Value) -> Result<&'static str, Migratability> {
+    let m = live_migratable(vmi);
+    if m.ok {
+        return Ok(m.method);
+    }
+    let asked = migration["metadata"]["annotations"][BLOCK_MIGRATION_ANNOTATION] == "true";
+    if asked && m.reason == "DisksNotLiveMigratable" {
+        return Ok("BlockMigration");
+    }
+    Err(m)
 }
 
 /// Why a migration request is refused at admission.
@@ -123,6 +142,7 @@ pub async fn check_migration_request(
     store: &Store,
     ns: &str,
     vmi_name: &str,
+    migration: &Value,
 ) -> Result<(), MigrationRefused> {
     crate::types::check_name("spec.vmiName", vmi_name)
         .map_err(|e| MigrationRefused::Invalid(e.0))?;
@@ -140,8 +160,7 @@ pub async fn check_migration_request(
             "cannot migrate VMI \"{ns}/{vmi_name}\": it is not running (phase {p:?})"
         )));
     }
-    let m = live_migratable(&vmi);
-    if !m.ok {
+    if let Err(m) = migration_method(&vmi, migration) {
         return Err(MigrationRefused::Invalid(format!(
             "cannot migrate VMI \"{ns}/{vmi_name}\": {}: {}",
             m.reason, m.message
@@ -366,7 +385,14 @@ pub async fn reconcile_migration(ctx: &Context, ns: &str, name: &str) -> Result<
                     return Ok(Action::Done);
                 }
             };
-            let method = live_migratable(&vmi).method;
+            let method = match migration_method(&vmi, &m) {
+                Ok(method) => method,
+                Err(why) => {
+                    let msg = format!("{}: {}", why.reason, why.message);
+                    fail(ctx, ns, name, &vmi_name, &uid, &msg).await?;
+                    return Ok(Action::Done);
+                }
+            };
             let st = json!({
                 "migrationUid": uid,
                 "sourceNode": source,

@@ -10,7 +10,7 @@ mod vm;
 
 pub use migration::{
     Migratability, MigrationRefused, active_migration, check_migration_request, live_migratable,
-    set_phase as set_migration_phase,
+    migration_method, set_phase as set_migration_phase,
 };
 pub use scheduler::node_ready;
 

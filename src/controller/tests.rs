@@ -264,3 +264,54 @@ async fn scheduler_places_by_cpu_and_names_what_is_missing() {
         (crate::cpu::Mode::Custom, Some("EPYC-Rome"))
     );
 }
+
+#[test]
+fn local_disks_move_only_by_block_migration_when_asked() {
+    let vmi = |annotations: serde_json::Value, volume: serde_json::Value| {
+        json!({"metadata": {"annotations": annotations}, "spec": {
+            "domain": {"devices": {"interfaces": [{"name": "default", "masquerade": {}}]}},
+            "volumes": [volume]}})
+    };
+    let local = json!({"name": "data", "containerDisk": {"image": "img"}});
+    let cloud = json!({"name": "ci", "cloudInitNoCloud": {"userData": "#cloud-config"}});
+    let plain = json!({"metadata": {}});
+    let asked = json!({"metadata": {"annotations": {"edgevirt.io/block-migration": "true"}}});
+
+    // A local disk: not live-migratable, and the message says how to ask for the copy.
+    let m = live_migratable(&vmi(json!({}), local.clone()));
+    assert!(!m.ok);
+    assert_eq!(m.reason, "DisksNotLiveMigratable");
+    assert!(
+        m.message.contains("data") && m.message.contains("--block"),
+        "{m:?}"
+    );
+    assert_eq!(
+        migration_method(&vmi(json!({}), local.clone()), &plain)
+            .unwrap_err()
+            .reason,
+        "DisksNotLiveMigratable"
+    );
+    // Asked on the migration: copied, this once.
+    assert_eq!(
+        migration_method(&vmi(json!({}), local.clone()), &asked),
+        Ok("BlockMigration")
+    );
+    // Asked on the instance: live-migratable by block migration.
+    let annotated = vmi(json!({"edgevirt.io/block-migration": "true"}), local);
+    let m = live_migratable(&annotated);
+    assert!(m.ok, "{m:?}");
+    assert_eq!(m.method, "BlockMigration");
+    assert_eq!(migration_method(&annotated, &plain), Ok("BlockMigration"));
+    // Nothing local: a plain live migration whatever was asked.
+    assert_eq!(
+        migration_method(&vmi(json!({}), cloud.clone()), &asked),
+        Ok("LiveMigration")
+    );
+    // Asking for block migration does not move a bridge interface.
+    let mut bridged = vmi(json!({}), cloud);
+    bridged["spec"]["domain"]["devices"]["interfaces"] = json!([{"name": "br", "bridge": {}}]);
+    assert_eq!(
+        migration_method(&bridged, &asked).unwrap_err().reason,
+        "InterfaceNotLiveMigratable"
+    );
+}

@@ -248,11 +248,27 @@ impl Launcher {
                 dest_uri,
                 dest_xml,
                 block,
+                memory_uri,
+                disks_uri,
             } => {
                 tracing::info!(domain = %self.cfg.domain_name, block, "migrating");
-                let r = self
-                    .act(move |hv, n| hv.migrate(n, &dest_uri, &dest_xml, block))
-                    .await;
+                let copy = match (block, memory_uri, disks_uri) {
+                    (false, _, _) => Ok(None),
+                    (true, Some(memory_uri), Some(disks_uri)) => Ok(Some(crate::virt::BlockCopy {
+                        memory_uri,
+                        disks_uri,
+                    })),
+                    (true, _, _) => {
+                        Err("a block migration needs memory_uri and disks_uri".to_string())
+                    }
+                };
+                let r = match copy {
+                    Ok(copy) => {
+                        self.act(move |hv, n| hv.migrate(n, &dest_uri, &dest_xml, copy.as_ref()))
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
                 match &r {
                     Ok(_) => tracing::info!(domain = %self.cfg.domain_name, "migration completed"),
                     Err(e) => {

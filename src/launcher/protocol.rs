@@ -42,6 +42,12 @@ pub enum Request {
         dest_xml: String,
         #[serde(default)]
         block: bool,
+        /// For `block`: the unix socket URIs QEMU's memory and disk streams go to (the
+        /// agent forwards them). Absent from older agents, which never asked for `block`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        memory_uri: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        disks_uri: Option<String>,
     },
     /// Abort a running migration; the `Migrate` call then fails.
     AbortMigration,

@@ -20,6 +20,10 @@ pub mod annotations {
     /// Keeps a migration until its agents are done with it (an abort, when it is deleted
     /// while running).
     pub const MIGRATION_FINALIZER: &str = "edgevirt.io/migration";
+    /// `"true"` on a migration: copy the instance's local disks (block migration). On a
+    /// VMI (or a VM's template): its local disks may always be copied, so it counts as
+    /// live-migratable, by block migration.
+    pub const BLOCK_MIGRATION_ANNOTATION: &str = "edgevirt.io/block-migration";
 }
 pub mod kubevirt;
 

@@ -11,8 +11,8 @@ use virt::error::ErrorNumber;
 use virt::sys;
 
 use super::{
-    CpuCompare, DomainState, Error, GuestAddress, HostFacts, Hypervisor, METADATA_NS, OwnedDomain,
-    Result,
+    BlockCopy, CpuCompare, DomainState, Error, GuestAddress, HostFacts, Hypervisor, METADATA_NS,
+    OwnedDomain, Result,
 };
 
 pub struct Libvirt {
@@ -150,18 +150,29 @@ impl Hypervisor for Libvirt {
         self.on_domain(name, |d| d.destroy())
     }
 
-    fn migrate(&self, name: &str, dest_uri: &str, dest_xml: &str, block: bool) -> Result<()> {
-        let mut flags = sys::VIR_MIGRATE_LIVE
-            | sys::VIR_MIGRATE_PEER2PEER
-            | sys::VIR_MIGRATE_TUNNELLED
-            | sys::VIR_MIGRATE_ABORT_ON_ERROR;
-        if block {
-            flags |= sys::VIR_MIGRATE_NON_SHARED_INC;
-        }
-        let params = virt::domain::MigrateParameters {
+    fn migrate(
+        &self,
+        name: &str,
+        dest_uri: &str,
+        dest_xml: &str,
+        block: Option<&BlockCopy>,
+    ) -> Result<()> {
+        let mut flags =
+            sys::VIR_MIGRATE_LIVE | sys::VIR_MIGRATE_PEER2PEER | sys::VIR_MIGRATE_ABORT_ON_ERROR;
+        let mut params = virt::domain::MigrateParameters {
             dest_xml: Some(dest_xml.to_string()),
             ..Default::default()
         };
+        match block {
+            // libvirt 9 cannot tunnel the NBD disk copy ("argument key 'host' must not have
+            // null value"), so both of QEMU's streams go to sockets the agent forwards.
+            Some(b) => {
+                flags |= sys::VIR_MIGRATE_NON_SHARED_INC;
+                params.uri = Some(b.memory_uri.clone());
+                params.disks_uri = Some(b.disks_uri.clone());
+            }
+            None => flags |= sys::VIR_MIGRATE_TUNNELLED,
+        }
         self.on_domain(name, |d| {
             d.migrate_to_uri3(Some(dest_uri), params.clone(), flags)
         })

@@ -75,6 +75,17 @@ pub enum CpuCompare {
     Incompatible(String),
 }
 
+/// Where a block migration sends QEMU's own streams: unix sockets that exist under the
+/// same paths on both hosts (on the source, the agent listens there and forwards each
+/// connection to the target, where QEMU listens under that path).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockCopy {
+    /// `unix:///...`: the guest's memory and device state.
+    pub memory_uri: String,
+    /// `unix:///...`: the target's NBD server, which receives the disks.
+    pub disks_uri: String,
+}
+
 /// Whole-domain operations on one hypervisor connection.
 pub trait Hypervisor: Send + Sync + 'static {
     /// Start a transient domain from XML.
@@ -99,10 +110,19 @@ pub trait Hypervisor: Send + Sync + 'static {
     fn host_facts(&self) -> Result<HostFacts>;
     /// The live domain XML.
     fn xml(&self, name: &str) -> Result<String>;
-    /// Live-migrate the domain peer to peer to the libvirtd at `dest_uri`, tunnelled through
-    /// that connection, as `dest_xml` there; `block` copies local disks (the top layer of
-    /// each, onto disks the target prepared). Returns when libvirt reports the outcome.
-    fn migrate(&self, name: &str, dest_uri: &str, dest_xml: &str, block: bool) -> Result<()> {
+    /// Live-migrate the domain peer to peer to the libvirtd at `dest_uri`, as `dest_xml`
+    /// there. Without `block`, QEMU's memory stream is tunnelled through that libvirt
+    /// connection. With `block`, local disks are copied too (the top layer of each, onto
+    /// disks the target prepared): libvirt cannot tunnel that copy, so QEMU's memory and
+    /// disk streams go to the unix sockets `block` names, which the caller forwards.
+    /// Returns when libvirt reports the outcome.
+    fn migrate(
+        &self,
+        name: &str,
+        dest_uri: &str,
+        dest_xml: &str,
+        block: Option<&BlockCopy>,
+    ) -> Result<()> {
         let _ = (name, dest_uri, dest_xml, block);
         Err(Error::Libvirt("this backend cannot migrate".into()))
     }

@@ -2,7 +2,9 @@
 //! node's agents, both of which connect out to it over their pinned TLS connection. The
 //! source agent opens one websocket per connection its libvirtd makes to the "remote"
 //! libvirtd (`side=source`); the target agent keeps one waiting per next connection
-//! (`side=target`) and, once paired, joins it to its local libvirtd socket. Only the
+//! (`side=target`) and, once paired, joins it to its local libvirtd socket. A block
+//! migration adds QEMU's own streams (`stream=memory|disks`), which the target joins to the
+//! unix sockets its QEMU listens on; connection numbers are shared by all streams. Only the
 //! migration's own source and target nodes may open its tunnels, and only while it is
 //! TargetReady or Running. Bytes are relayed as they come; nothing is kept.
 
@@ -28,13 +30,24 @@ const PAIR_TIMEOUT: Duration = Duration::from_secs(120);
 /// Sides waiting for their peer, by (migration uid, connection number).
 #[derive(Default)]
 pub struct Tunnels {
-    waiting: Mutex<HashMap<(String, u32), tokio::sync::oneshot::Sender<WebSocket>>>,
+    waiting: Mutex<HashMap<(String, u32), tokio::sync::oneshot::Sender<Side>>>,
 }
+
+/// A side that arrived, with the stream its source named (`None` from a target).
+type Side = (WebSocket, Option<String>);
 
 #[derive(Debug, Deserialize)]
 pub struct TunnelQuery {
     side: String,
+    /// What a source connection carries: `libvirt` (the default: libvirtd's connection, in
+    /// which a plain live migration tunnels QEMU's stream), or, for a block migration,
+    /// `memory` or `disks` (QEMU's own streams). The target learns it when paired.
+    #[serde(default)]
+    stream: Option<String>,
 }
+
+/// The streams a tunnel may carry.
+pub const STREAMS: [&str; 3] = ["libvirt", "memory", "disks"];
 
 /// `GET /migration-tunnel/{ns}/{name}/{n}?side=source|target` (websocket).
 pub async fn tunnel(
@@ -80,6 +93,21 @@ pub async fn tunnel(
         ))
         .into_response();
     }
+    let stream = match (q.side.as_str(), q.stream) {
+        ("source", None) => Some("libvirt".to_string()),
+        ("source", Some(s)) if STREAMS.contains(&s.as_str()) => Some(s),
+        ("source", Some(s)) => {
+            return ApiError::bad_request(format!(
+                "stream must be one of {}, not {s:?}",
+                STREAMS.join(", ")
+            ))
+            .into_response();
+        }
+        (_, Some(_)) => {
+            return ApiError::bad_request("only the source side names a stream").into_response();
+        }
+        (_, None) => None,
+    };
     let key = (m["metadata"]["uid"].as_str().unwrap_or("").to_string(), n);
     let tunnels = st.tunnels.clone();
     ws.on_upgrade(move |socket| async move {
@@ -87,13 +115,16 @@ pub async fn tunnel(
         match peer {
             Some(tx) => {
                 // The other side waits: hand it this socket; it relays.
-                let _ = tx.send(socket);
+                let _ = tx.send((socket, stream));
             }
             None => {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 tunnels.waiting.lock().unwrap().insert(key.clone(), tx);
                 match tokio::time::timeout(PAIR_TIMEOUT, rx).await {
-                    Ok(Ok(other)) => relay(socket, other).await,
+                    Ok(Ok((other, other_stream))) => {
+                        let stream = stream.or(other_stream).unwrap_or_default();
+                        relay(socket, other, &stream).await
+                    }
                     _ => {
                         tunnels.waiting.lock().unwrap().remove(&key);
                         tracing::warn!(migration = %key.0, n = key.1, "tunnel side was not paired in time");
@@ -104,12 +135,21 @@ pub async fn tunnel(
     })
 }
 
-/// Tell both sides they are paired, then forward binary messages both ways until one ends.
-async fn relay(a: WebSocket, b: WebSocket) {
+/// Tell both sides they are paired (and what the stream carries: `paired disks`; a plain
+/// `paired` for libvirtd's connection, as agents of protocol 1.0 expect), then forward
+/// binary messages both ways until one ends.
+async fn relay(a: WebSocket, b: WebSocket, stream: &str) {
     let (mut a_tx, mut a_rx) = a.split();
     let (mut b_tx, mut b_rx) = b.split();
-    if a_tx.send(Message::Text("paired".into())).await.is_err()
-        || b_tx.send(Message::Text("paired".into())).await.is_err()
+    let hello = match stream {
+        "libvirt" | "" => "paired".to_string(),
+        s => format!("paired {s}"),
+    };
+    if a_tx
+        .send(Message::Text(hello.clone().into()))
+        .await
+        .is_err()
+        || b_tx.send(Message::Text(hello.into())).await.is_err()
     {
         return;
     }

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{Value, json};
@@ -229,6 +229,63 @@ async fn wait_ready(c: &Appliance, name: &str, timeout: Duration) -> Value {
     .await
 }
 
+/// The edgevirt client a CLI user has: the controller's URL, the admin token, its CA.
+fn api_client(c: &Appliance) -> edgevirt::client::Client {
+    edgevirt::client::Client::new(&c.url, &c.token, Some(&c.dir.join("tls/server.crt")), false)
+        .unwrap()
+}
+
+/// Through the controller's console proxy: type a command on the VM's serial console until
+/// its answer comes back; everything the console said.
+async fn serial_through_controller(c: &Appliance, vm: &str) -> String {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let mut ws = api_client(c)
+        .console("default", vm, "serial")
+        .await
+        .unwrap_or_else(|e| panic!("the serial console of {vm} through the controller: {e:#}"));
+    let (mut seen, start) = (String::new(), Instant::now());
+    let mut typed: Option<Instant> = None;
+    while !seen.contains("remote-42") {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "serial said: {seen:?}"
+        );
+        // Characters typed before the shell's prompt are lost: type again every 3 s.
+        if typed.is_none_or(|t| t.elapsed() > Duration::from_secs(3)) {
+            ws.send(Message::Binary(b"\necho remote-$((6*7))\n".to_vec().into()))
+                .await
+                .unwrap();
+            typed = Some(Instant::now());
+        }
+        if let Ok(Some(Ok(Message::Binary(b)))) =
+            tokio::time::timeout(Duration::from_millis(500), ws.next()).await
+        {
+            seen.push_str(&String::from_utf8_lossy(&b));
+        }
+    }
+    seen
+}
+
+/// Through the controller's console proxy: the first bytes of the VM's VNC server.
+async fn vnc_greeting_through_controller(c: &Appliance, vm: &str) -> Vec<u8> {
+    use futures::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let mut ws = api_client(c)
+        .console("default", vm, "vnc")
+        .await
+        .unwrap_or_else(|e| panic!("the VNC console of {vm} through the controller: {e:#}"));
+    let mut got = Vec::new();
+    while got.len() < 12 {
+        match tokio::time::timeout(Duration::from_secs(30), ws.next()).await {
+            Ok(Some(Ok(Message::Binary(b)))) => got.extend_from_slice(&b),
+            Ok(Some(Ok(_))) => {}
+            other => panic!("no RFB greeting from {vm}: {other:?}"),
+        }
+    }
+    got
+}
+
 fn small_vm(name: &str, memory: &str) -> String {
     vm_yaml(name, "Always", false).replace("guest: 192Mi", &format!("guest: {memory}"))
 }
@@ -441,7 +498,39 @@ async fn hosts_join_vms_spread_and_a_lost_host_comes_back() {
     .arg(c.dir.join("tls/server.crt"));
     assert!(ucmd.status().unwrap().success(), "uncordon a");
 
+    // --- The consoles of a VM on b, through the controller (it has no node of its own).
+    let seen = serial_through_controller(&c, "survivor").await;
+    assert!(
+        seen.contains("survivor:"),
+        "the prompt names the guest: {seen:?}"
+    );
+    let greeting = vnc_greeting_through_controller(&c, "survivor").await;
+    assert!(greeting.starts_with(b"RFB 003."), "{greeting:?}");
+
     b.kill_agent();
+    // Without b's agent, its consoles are unreachable, and the ticket request says why.
+    let refused = wait_for(
+        "console tickets refused",
+        Duration::from_secs(30),
+        || async {
+            let r = c
+                .http
+                .post(format!("{}/console/tickets", c.url))
+                .bearer_auth(&c.token)
+                .json(&json!({"namespace": "default", "name": "survivor", "kind": "serial"}))
+                .send()
+                .await
+                .ok()?;
+            let code = r.status().as_u16();
+            let v: Value = r.json().await.ok()?;
+            (code == 503).then_some(v)
+        },
+    )
+    .await;
+    assert!(
+        refused["message"].as_str().unwrap_or("").contains("\"b\""),
+        "names the node: {refused}"
+    );
     assert!(host_sh(&["kill-libvirtd", "b"]).status.success());
     let lost = Duration::from_secs(90);
     wait_for("node b NotReady", lost, || async {
@@ -798,6 +887,14 @@ async fn vms_live_migrate_cancel_and_drain() {
         dup1 > dup0,
         "the guest did not reboot: uptime {dup0} -> {dup1}"
     );
+    // Its consoles follow it: reached on b through the controller.
+    let seen = serial_through_controller(&c, "disky").await;
+    assert!(
+        seen.contains("disky:"),
+        "the prompt names the guest: {seen:?}"
+    );
+    let greeting = vnc_greeting_through_controller(&c, "disky").await;
+    assert!(greeting.starts_with(b"RFB 003."), "{greeting:?}");
     // The sockets of QEMU's streams are gone on the source.
     let left = host_sh(&["exec", "a", "ls", "/run/libvirt/edgevirt-migration"]);
     let left = String::from_utf8_lossy(&left.stdout);

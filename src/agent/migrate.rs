@@ -19,13 +19,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use serde_json::{Value, json};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::tungstenite::Message;
 
 use super::Agent;
 use super::prepare::{domain_name, prepare};
+use super::relay::{Ws, pipe};
 use crate::launcher::client::LauncherClient;
 use crate::launcher::protocol::Request;
 use crate::types::kubevirt::migration_phase as mp;
@@ -509,8 +510,6 @@ async fn run_source(
     Ok(())
 }
 
-type Ws = crate::client::WebSocket;
-
 /// Carry one local connection of the source to the target through the relay.
 fn tunnel_out<S>(
     agent: &Arc<Agent>,
@@ -552,41 +551,6 @@ async fn wait_paired(ws: &mut Ws) -> anyhow::Result<String> {
             Some(Err(e)) => return Err(e.into()),
             None => anyhow::bail!("the tunnel closed before it was paired"),
         }
-    }
-}
-
-/// Relay a local stream over the websocket until either side ends.
-async fn pipe<S: AsyncRead + AsyncWrite + Unpin>(ws: Ws, stream: S) -> anyhow::Result<()> {
-    let (mut ws_tx, mut ws_rx) = ws.split();
-    let (mut rd, mut wr) = tokio::io::split(stream);
-    let up = async {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = rd.read(&mut buf).await?;
-            if n == 0 {
-                break;
-            }
-            ws_tx
-                .send(Message::Binary(buf[..n].to_vec().into()))
-                .await?;
-        }
-        let _ = ws_tx.send(Message::Close(None)).await;
-        anyhow::Ok(())
-    };
-    let down = async {
-        while let Some(m) = ws_rx.next().await {
-            match m? {
-                Message::Binary(b) => wr.write_all(&b).await?,
-                Message::Close(_) => break,
-                _ => {}
-            }
-        }
-        let _ = wr.shutdown().await;
-        anyhow::Ok(())
-    };
-    tokio::select! {
-        r = up => r,
-        r = down => r,
     }
 }
 

@@ -4,9 +4,11 @@
 //! turns launcher status into VMI status, and removes domains of this installation that no
 //! VMI owns any more. It talks to the controller only over the API, with its own token.
 
+mod console;
 pub mod join;
 mod migrate;
 mod prepare;
+mod relay;
 mod sync;
 
 use std::collections::HashMap;
@@ -186,6 +188,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     register(&agent, &facts).await?;
     sync::adopt_launchers(&agent).await;
     tokio::spawn(watch_vmis(agent.clone(), cancel.clone()));
+    tokio::spawn(console::run(agent.clone(), cancel.clone()));
     tracing::info!(node = %cfg.node_name, %accel, "agent started");
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut last_beat = Instant::now();

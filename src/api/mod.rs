@@ -55,6 +55,8 @@ pub struct AppState {
     pub cert_pin: Option<String>,
     /// Migration tunnels waiting for their other side.
     pub tunnels: Arc<crate::vnc::tunnel::Tunnels>,
+    /// Agents' channels, on which consoles of VMs on their nodes are asked for.
+    pub channels: Arc<crate::vnc::remote::Channels>,
 }
 
 impl AppState {
@@ -68,6 +70,7 @@ impl AppState {
             tls: false,
             cert_pin: None,
             tunnels: Default::default(),
+            channels: Default::default(),
         }
     }
 

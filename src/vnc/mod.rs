@@ -8,6 +8,7 @@
 //! Several people may watch one VM's screen at once. One of them holds control; the others'
 //! input is dropped by the proxy (see [`rfb::ClientFilter`]). Control passes on request.
 
+pub mod remote;
 pub mod rfb;
 pub mod tunnel;
 
@@ -235,6 +236,8 @@ pub fn authed_routes() -> Router<Arc<AppState>> {
         .route("/console/state/{ns}/{name}", get(console_state))
         .route("/console/control/{ns}/{name}", post(take_control))
         .route("/migration-tunnel/{ns}/{name}/{n}", get(tunnel::tunnel))
+        .route("/agent-channel", get(remote::channel))
+        .route("/console-stream/{id}", get(remote::stream))
 }
 
 /// The websocket itself: the ticket is its credential.
@@ -255,8 +258,15 @@ fn default_ns() -> String {
     "default".into()
 }
 
+/// Where a VM's console sockets are: in this server's own node, or on another node,
+/// reached through that node's agent.
+enum Place {
+    Local(PathBuf),
+    Remote(String),
+}
+
 /// The running VMI behind a VM name, and where its sockets are.
-async fn running_vmi(st: &AppState, ns: &str, name: &str) -> ApiResult<(String, PathBuf)> {
+async fn running_vmi(st: &AppState, ns: &str, name: &str) -> ApiResult<(String, Place)> {
     let vmi = st
         .store
         .get(Kind::VirtualMachineInstance, ns, name)
@@ -275,16 +285,10 @@ async fn running_vmi(st: &AppState, ns: &str, name: &str) -> ApiResult<(String, 
     let node = vmi["status"]["nodeName"].as_str().unwrap_or_default();
     match &st.local_node {
         Some(LocalNode { name, data_dir }) if name == node => {
-            Ok((uid.clone(), crate::agent::vmi_run_dir(data_dir, &uid)))
+            let dir = crate::agent::vmi_run_dir(data_dir, &uid);
+            Ok((uid, Place::Local(dir)))
         }
-        _ => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ServiceUnavailable",
-            format!(
-                "VM {name:?} runs on node {node:?}; consoles of VMs on other nodes are not \
-                 relayed yet (only the node of this all-in-one server)"
-            ),
-        )),
+        _ => Ok((uid, Place::Remote(node.to_string()))),
     }
 }
 
@@ -302,7 +306,20 @@ async fn create_ticket(
     p.require(Access::Operate)?;
     let req: TicketRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid ticket request: {e}")))?;
-    let (vmi_uid, _) = running_vmi(&st, &req.namespace, &req.name).await?;
+    let (vmi_uid, place) = running_vmi(&st, &req.namespace, &req.name).await?;
+    if let Place::Remote(node) = &place
+        && !st.channels.connected(node)
+    {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            format!(
+                "VM {:?} runs on node {node:?}, whose agent is not connected to this \
+                 controller (it is down, or of a version that does not relay consoles)",
+                req.name
+            ),
+        ));
+    }
     let key = (req.namespace.clone(), req.name.clone());
     if req.kind == ConsoleKind::Serial
         && let Some(user) = st.consoles.in_use(&key, ConsoleKind::Serial)
@@ -444,30 +461,41 @@ async fn websocket(
         Ok(_) => {}
         Err(e) => return ApiError::internal(e).into_response(),
     }
-    let dir = match running_vmi(&st, &ns, &name).await {
+    let place = match running_vmi(&st, &ns, &name).await {
         Ok((uid, _)) if uid != ticket.vmi_uid => {
             return ApiError::conflict("the VM was restarted since the ticket was issued")
                 .into_response();
         }
-        Ok((_, dir)) => dir,
+        Ok((_, place)) => place,
         Err(e) => return e.into_response(),
     };
     let ws = match ws {
         Ok(ws) => ws,
         Err(e) => return e.into_response(),
     };
-    let sock = dir.join(kind.socket());
-    let target = match UnixStream::connect(&sock).await {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(path = %sock.display(), error = %e, "console socket unreachable");
-            return ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "BadGateway",
-                format!("the VM's {} console is not reachable: {e}", kind.as_str()),
-            )
-            .into_response();
+    let target = match place {
+        Place::Local(dir) => {
+            let sock = dir.join(kind.socket());
+            match UnixStream::connect(&sock).await {
+                Ok(s) => Target::Local(s),
+                Err(e) => {
+                    tracing::warn!(path = %sock.display(), error = %e, "console socket unreachable");
+                    return ApiError::new(
+                        StatusCode::BAD_GATEWAY,
+                        "BadGateway",
+                        format!("the VM's {} console is not reachable: {e}", kind.as_str()),
+                    )
+                    .into_response();
+                }
+            }
         }
+        Place::Remote(node) => match st.channels.open(&node, &ticket.vmi_uid, kind).await {
+            Ok(agent) => Target::Remote(Box::new(agent)),
+            Err(e) => {
+                tracing::warn!(%node, %ns, %name, error = %e.message, "remote console unreachable");
+                return e.into_response();
+            }
+        },
     };
     let key = (ns, name);
     let viewer = st
@@ -481,9 +509,10 @@ async fn websocket(
         .read_buffer_size(8 << 10)
         .max_message_size(1 << 20)
         .on_upgrade(move |socket| async move {
-            let r = match kind {
-                ConsoleKind::Vnc => relay(socket, target, Some(viewer.clone())).await,
-                ConsoleKind::Serial => relay(socket, target, None).await,
+            let v = (kind == ConsoleKind::Vnc).then(|| viewer.clone());
+            let r = match target {
+                Target::Local(sock) => relay(socket, sock, v).await,
+                Target::Remote(agent) => relay_remote(socket, *agent, v).await,
             };
             consoles.leave(&key, viewer.id);
             match r {
@@ -491,6 +520,14 @@ async fn websocket(
                 Err(e) => tracing::info!(namespace = %key.0, name = %key.1, connection = viewer.id, error = %e, "console closed"),
             }
         })
+}
+
+/// What a viewer's websocket is joined to.
+enum Target {
+    /// The VM's socket on this server's node.
+    Local(UnixStream),
+    /// The stream its node's agent opened (see [`remote`]).
+    Remote(Box<WebSocket>),
 }
 
 /// Most read from a VM's socket at once (one websocket message); below glibc's mmap threshold.
@@ -536,26 +573,83 @@ async fn relay(
         }
     };
     let up = async move {
-        let mut filter = viewer.as_ref().map(|_| rfb::ClientFilter::new());
+        let mut input = Input::new(viewer);
         while let Some(m) = rx.next().await {
-            let data = match m? {
-                Message::Binary(b) => b,
-                Message::Text(t) => Bytes::from(t.as_str().to_owned()),
-                Message::Close(_) => break,
-                _ => continue,
-            };
-            match (&mut filter, &viewer) {
-                (Some(f), Some(v)) => {
-                    let out = f
-                        .feed(&data, v.control.load(Ordering::SeqCst))
-                        .map_err(anyhow::Error::msg)?;
-                    if !out.forward.is_empty() {
-                        wr.write_all(&out.forward).await?;
-                    }
-                }
-                _ => wr.write_all(&data).await?,
+            match input.next(m?)? {
+                Some(out) if !out.is_empty() => wr.write_all(&out).await?,
+                Some(_) => {}
+                None => break,
             }
         }
+        anyhow::Ok(())
+    };
+    tokio::select! {
+        r = down => r,
+        r = up => r,
+    }
+}
+
+/// What a viewer sends, on its way to the VM: with a VNC viewer, the RFB stream is framed
+/// and input dropped while the viewer has no control.
+struct Input {
+    viewer: Option<Arc<Viewer>>,
+    filter: Option<rfb::ClientFilter>,
+}
+
+impl Input {
+    fn new(viewer: Option<Arc<Viewer>>) -> Self {
+        let filter = viewer.as_ref().map(|_| rfb::ClientFilter::new());
+        Input { viewer, filter }
+    }
+
+    /// The bytes to forward for one message (`None`: the viewer closed).
+    fn next(&mut self, m: Message) -> anyhow::Result<Option<Vec<u8>>> {
+        let data = match m {
+            Message::Binary(b) => b,
+            Message::Text(t) => Bytes::from(t.as_str().to_owned()),
+            Message::Close(_) => return Ok(None),
+            _ => return Ok(Some(Vec::new())),
+        };
+        Ok(Some(match (&mut self.filter, &self.viewer) {
+            (Some(f), Some(v)) => {
+                f.feed(&data, v.control.load(Ordering::SeqCst))
+                    .map_err(anyhow::Error::msg)?
+                    .forward
+            }
+            _ => data.to_vec(),
+        }))
+    }
+}
+
+/// As [`relay`], to a stream an agent opened: messages both ways, the viewer's filtered.
+async fn relay_remote(
+    socket: WebSocket,
+    agent: WebSocket,
+    viewer: Option<Arc<Viewer>>,
+) -> anyhow::Result<()> {
+    let (mut tx, mut rx) = socket.split();
+    let (mut atx, mut arx) = agent.split();
+    let down = async move {
+        while let Some(m) = arx.next().await {
+            match m? {
+                Message::Binary(b) => tx.send(Message::Binary(b)).await?,
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+        let _ = tx.send(Message::Close(None)).await;
+        anyhow::Ok(())
+    };
+    let up = async move {
+        let mut input = Input::new(viewer);
+        while let Some(m) = rx.next().await {
+            match input.next(m?)? {
+                Some(out) if !out.is_empty() => atx.send(Message::Binary(out.into())).await?,
+                Some(_) => {}
+                None => break,
+            }
+        }
+        let _ = atx.send(Message::Close(None)).await;
         anyhow::Ok(())
     };
     tokio::select! {

@@ -462,6 +462,21 @@ async fn run_source(
     let hv = agent.hv.clone();
     let d2 = dom.clone();
     let live = tokio::task::spawn_blocking(move || hv.xml(&d2)).await??;
+    // Before anything moves, libvirt on the target judges that CPU (the controller's
+    // check used the nodes' facts). host-passthrough and maximum guests have no CPU
+    // definition libvirt can compare; the facts decided for them.
+    if let Some(cpu) = crate::cpu::compat::cpu_element(&live).filter(|c| {
+        c.contains("<model") && !c.contains("host-passthrough") && !c.contains("maximum")
+    }) {
+        let uri = format!("qemu+tcp://127.0.0.1:{port}/system");
+        let virt_type = agent.accel.clone();
+        tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+            let target = crate::virt::libvirt::Libvirt::open(&uri)?;
+            crate::cpu::compat::check_target_libvirt(&target, &virt_type, &cpu)
+                .map_err(|e| anyhow::anyhow!("the target cannot run the guest's CPU: {}", e.reason))
+        })
+        .await??;
+    }
     let xml = match (
         crate::cpu::compat::cpu_element(&live),
         crate::cpu::compat::cpu_element(xml),

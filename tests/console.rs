@@ -336,28 +336,7 @@ async fn rfb_and_serial_through_the_websocket_and_every_refusal() {
     let mut ws = open(&a, t["path"].as_str().unwrap(), None).await.unwrap();
     let (code, busy) = ticket(&a, &a.token, "con", "serial").await;
     assert_eq!(code, 409, "one serial connection at a time: {busy}");
-    // The guest may still be starting its shell: characters typed before the prompt can be
-    // lost, so the command is typed again every 3 s until its answer appears.
-    let mut seen = String::new();
-    let start = Instant::now();
-    let mut typed: Option<Instant> = None;
-    while !seen.contains("serial-42") {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "serial said: {seen:?}"
-        );
-        if typed.is_none_or(|t| t.elapsed() > Duration::from_secs(3)) {
-            ws.send(Message::Binary(b"\necho serial-$((6*7))\n".to_vec().into()))
-                .await
-                .unwrap();
-            typed = Some(Instant::now());
-        }
-        if let Ok(Some(Ok(Message::Binary(b)))) =
-            tokio::time::timeout(Duration::from_millis(500), ws.next()).await
-        {
-            seen.push_str(&String::from_utf8_lossy(&b));
-        }
-    }
+    let seen = serial_echo(&mut ws, "serial").await;
     assert!(
         seen.contains("con:"),
         "the prompt names the guest: {seen:?}"

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
@@ -238,33 +238,11 @@ fn api_client(c: &Appliance) -> edgevirt::client::Client {
 /// Through the controller's console proxy: type a command on the VM's serial console until
 /// its answer comes back; everything the console said.
 async fn serial_through_controller(c: &Appliance, vm: &str) -> String {
-    use futures::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::Message;
     let mut ws = api_client(c)
         .console("default", vm, "serial")
         .await
         .unwrap_or_else(|e| panic!("the serial console of {vm} through the controller: {e:#}"));
-    let (mut seen, start) = (String::new(), Instant::now());
-    let mut typed: Option<Instant> = None;
-    while !seen.contains("remote-42") {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "serial said: {seen:?}"
-        );
-        // Characters typed before the shell's prompt are lost: type again every 3 s.
-        if typed.is_none_or(|t| t.elapsed() > Duration::from_secs(3)) {
-            ws.send(Message::Binary(b"\necho remote-$((6*7))\n".to_vec().into()))
-                .await
-                .unwrap();
-            typed = Some(Instant::now());
-        }
-        if let Ok(Some(Ok(Message::Binary(b)))) =
-            tokio::time::timeout(Duration::from_millis(500), ws.next()).await
-        {
-            seen.push_str(&String::from_utf8_lossy(&b));
-        }
-    }
-    seen
+    serial_echo(&mut ws, "remote").await
 }
 
 /// Through the controller's console proxy: the first bytes of the VM's VNC server.

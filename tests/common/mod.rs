@@ -108,6 +108,38 @@ where
     }
 }
 
+/// On a serial console's websocket: type `echo {tag}-$((6*7))` until `{tag}-42` comes back;
+/// everything the console said. The guest may still be starting its shell and characters
+/// typed before the prompt are lost, so the command is typed again every 3 s.
+pub async fn serial_echo<S>(ws: &mut tokio_tungstenite::WebSocketStream<S>, tag: &str) -> String
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let (want, command) = (format!("{tag}-42"), format!("\necho {tag}-$((6*7))\n"));
+    let (mut seen, start) = (String::new(), Instant::now());
+    let mut typed: Option<Instant> = None;
+    while !seen.contains(&want) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "serial said: {seen:?}"
+        );
+        if typed.is_none_or(|t| t.elapsed() > Duration::from_secs(3)) {
+            ws.send(Message::Binary(command.clone().into_bytes().into()))
+                .await
+                .unwrap();
+            typed = Some(Instant::now());
+        }
+        if let Ok(Some(Ok(Message::Binary(b)))) =
+            tokio::time::timeout(Duration::from_millis(500), ws.next()).await
+        {
+            seen.push_str(&String::from_utf8_lossy(&b));
+        }
+    }
+    seen
+}
+
 pub struct Appliance {
     pub dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,

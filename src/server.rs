@@ -41,6 +41,8 @@ pub struct Settings {
     pub console_ticket_ttl: Duration,
     /// The cluster default guest CPU model (`cpu_model`).
     pub cpu_model: String,
+    /// The shared storage pool this host mounts: name and path (`shared_pool`).
+    pub shared_pool: Option<(String, PathBuf)>,
 }
 
 /// What the first start writes for the administrator.
@@ -167,6 +169,7 @@ fn agent_config(
         exe: std::env::current_exe().context("finding this executable")?,
         nat_network: s.nat_network.clone(),
         nat_prefix: s.nat_prefix.clone(),
+        shared_pool: s.shared_pool.clone(),
     })
 }
 

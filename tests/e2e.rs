@@ -534,6 +534,15 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
             "not paths",
         ),
         (
+            "claim naming a path",
+            vm_yaml("x6", "Always", true).replace(
+                "containerDisk: {image: test-disk}",
+                "persistentVolumeClaim: {claimName: ../../etc/shadow}",
+            ),
+            422,
+            "never a path",
+        ),
+        (
             "hostDisk",
             vm_yaml("x5", "Always", true).replace(
                 "containerDisk: {image: test-disk}",

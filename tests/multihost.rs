@@ -686,25 +686,56 @@ async fn vms_live_migrate_cancel_and_drain() {
             .success()
     );
     c.import("test-disk", &disk).await;
+    // A shared storage pool both hosts mount (here: the same folder, seen from both mount
+    // namespaces), with one raw disk for the claim `shared-data`.
+    let pool = tempfile::Builder::new()
+        .prefix("evmh-pool-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::create_dir(pool.path().join("default")).unwrap();
+    let claim = pool.path().join("default/shared-data.raw");
+    std::fs::File::create(&claim)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    for h in [&mut a, &mut b] {
+        h.env.push((
+            "EDGEVIRT_SHARED_POOL".into(),
+            format!("site={}", pool.path().display()),
+        ));
+    }
     let (ta, tb) = (join_token(&c).await, join_token(&c).await);
     a.start_agent(&c.url, Some(&ta));
     b.start_agent(&c.url, Some(&tb));
-    wait_ready(&c, "a", Duration::from_secs(60)).await;
+    let na = wait_ready(&c, "a", Duration::from_secs(60)).await;
     wait_ready(&c, "b", Duration::from_secs(60)).await;
+    assert_eq!(na["status"]["sharedPool"]["name"], "site", "{na}");
+    let (ok, out) = cli(&c, &["node", "list", "-o", "wide"]);
+    assert!(
+        ok && out.contains("POOL") && out.contains(" site "),
+        "{out}"
+    );
 
-    // Two VMs on a: diskless, and with a local disk.
+    // Three VMs on a: diskless, with a local disk, and with a disk on the shared pool.
     assert!(cli(&c, &["node", "cordon", "b"]).0);
+    let shared_yaml = vm_yaml("shared", "Always", true)
+        .replace("guest: 192Mi", "guest: 128Mi")
+        .replace(
+            "containerDisk: {image: test-disk}",
+            "persistentVolumeClaim: {claimName: shared-data}",
+        );
     for (name, yaml) in [
         ("mig", small_vm("mig", "128Mi")),
         (
             "disky",
             vm_yaml("disky", "Always", true).replace("guest: 192Mi", "guest: 128Mi"),
         ),
+        ("shared", shared_yaml),
     ] {
         let (code, v) = c.post_yaml(VMS, &yaml).await;
         assert_eq!(code, 201, "{name}: {v}");
     }
-    for name in ["mig", "disky"] {
+    for name in ["mig", "disky", "shared"] {
         let vmi = c.wait_running(name, None, BOOT).await;
         assert_eq!(vmi["status"]["nodeName"], "a", "{name}");
     }
@@ -812,8 +843,31 @@ async fn vms_live_migrate_cancel_and_drain() {
             .contains("DisksNotLiveMigratable"),
         "{v}"
     );
-    // --- Drain b: mig moves to a (disky is there already). Then drain a: disky cannot
-    // move and drain says so, while mig moves back to b.
+    // --- A disk on the shared pool: live-migratable without a copy. A marker the guest
+    // writes on a (straight to the file: cache='none') is in the pool's file on the host.
+    let sdom = wait_for("shared's domain", BOOT, || async {
+        domain_of(&a, "shared")
+    })
+    .await;
+    let vmi = c.vmi("shared").await.unwrap();
+    assert_eq!(cond(&vmi)["status"], "True", "{vmi}");
+    let smarker = format!("edgevirt-shared-{}", std::process::id());
+    let swrite = format!("printf {smarker} > /dev/vda && sync && echo written");
+    wait_for("the shared marker written on a", BOOT, || async {
+        a.guest_exec(&sdom, "/bin/sh", &["-c", &swrite])
+            .filter(|o| o.contains("written"))
+    })
+    .await;
+    let on_pool = std::fs::read(&claim).unwrap();
+    assert_eq!(
+        &on_pool[..smarker.len()],
+        smarker.as_bytes(),
+        "the guest writes the pool's file"
+    );
+    let sup0 = a.guest_uptime(&sdom).expect("shared's uptime on a");
+
+    // --- Drain b: mig moves to a (disky and shared are there already). Then drain a:
+    // disky cannot move and drain says so, while mig and shared move to b.
     let (ok, out) = cli(&c, &["node", "drain", "b"]);
     assert!(ok, "{out}");
     assert!(out.contains("default/mig: moved to a"), "{out}");
@@ -829,6 +883,47 @@ async fn vms_live_migrate_cancel_and_drain() {
     assert!(out.contains("could not move: default/disky"), "{out}");
     assert!(out.contains("default/mig: moved to b"), "{out}");
     assert_eq!(c.vmi("mig").await.unwrap()["status"]["nodeName"], "b");
+    assert!(out.contains("default/shared: moved to b"), "{out}");
+    // shared moved without a copy, and b's QEMU opened the pool's own file: the marker is
+    // there, read past the guest's page cache, and what b's guest writes lands in it.
+    let vmi = c.vmi("shared").await.unwrap();
+    assert_eq!(
+        (
+            vmi["status"]["nodeName"].as_str(),
+            vmi["status"]["migrationMethod"].as_str()
+        ),
+        (Some("b"), Some("LiveMigration")),
+        "{vmi}"
+    );
+    let sread = format!(
+        "echo 3 > /proc/sys/vm/drop_caches && head -c {} /dev/vda",
+        smarker.len()
+    );
+    let got = wait_for("the shared marker read on b", BOOT, || async {
+        b.guest_exec(&sdom, "/bin/sh", &["-c", &sread])
+    })
+    .await;
+    assert_eq!(got, smarker, "b's guest reads the shared disk");
+    let sup1 = b.guest_uptime(&sdom).expect("shared's uptime on b");
+    assert!(
+        sup1 > sup0,
+        "the guest did not reboot: uptime {sup0} -> {sup1}"
+    );
+    let (ok, xml) = b.virsh(&["dumpxml", &sdom]);
+    assert!(ok && xml.contains(&claim.display().to_string()), "{xml}");
+    let again = smarker.replace("shared", "from-b");
+    let bwrite = format!("printf {again} > /dev/vda && sync && echo written");
+    wait_for("a marker written on b", BOOT, || async {
+        b.guest_exec(&sdom, "/bin/sh", &["-c", &bwrite])
+            .filter(|o| o.contains("written"))
+    })
+    .await;
+    let on_pool = std::fs::read(&claim).unwrap();
+    assert_eq!(
+        &on_pool[..again.len()],
+        again.as_bytes(),
+        "b writes the pool's file"
+    );
 
     // --- Block migration, asked for: disky moves to b with its disk. A marker written to
     // the disk on a is read back on b past the guest's page cache: b's overlay started
@@ -878,13 +973,16 @@ async fn vms_live_migrate_cancel_and_drain() {
     let left = String::from_utf8_lossy(&left.stdout);
     assert!(!left.contains(".sock"), "left on a: {left}");
 
-    for name in ["mig", "disky"] {
+    for name in ["mig", "disky", "shared"] {
         c.delete(&format!("{VMS}/{name}")).await;
     }
     wait_for("all VMs gone", BOOT, || async {
         (a.domains().is_empty() && b.domains().is_empty()).then_some(())
     })
     .await;
+    // A claim's disk is the operator's: deleting its VM leaves it, contents and all.
+    let on_pool = std::fs::read(&claim).expect("the claim's disk is still there");
+    assert_eq!(&on_pool[..again.len()], again.as_bytes());
 }
 
 #[tokio::test]

@@ -484,9 +484,17 @@ async fn run_source(
         (Some(live_cpu), Some(planned)) => xml.replacen(&planned, &live_cpu, 1),
         _ => xml.to_string(),
     };
+    // Writable disks on the shared pool stay where they are: the target opens the same
+    // files. (A block migration of such an instance is refused before it gets here: the copy
+    // would write each shared disk onto itself.)
+    let shared_storage = agent.cfg.shared_pool.as_ref().is_some_and(|(_, pool)| {
+        crate::virt::domain_disks(&live)
+            .iter()
+            .any(|d| !d.readonly && std::path::Path::new(&d.file).starts_with(pool))
+    });
     let sock = crate::launcher::socket_path(&agent.launchers_dir(), &uid);
     let mut launcher = LauncherClient::connect(&sock).await?;
-    tracing::info!(migration = %name, vmi = %vmi_name, %target, block, "migrating");
+    tracing::info!(migration = %name, vmi = %vmi_name, %target, block, shared_storage, "migrating");
     let r = launcher
         .call_within(
             Request::Migrate {
@@ -495,6 +503,7 @@ async fn run_source(
                 block,
                 memory_uri: copy.as_ref().map(|c| c.0.clone()),
                 disks_uri: copy.as_ref().map(|c| c.1.clone()),
+                shared_storage,
             },
             Duration::from_secs(24 * 3600),
         )

@@ -44,6 +44,8 @@ pub struct Config {
     pub nat_network: String,
     /// The NAT network's /24, written as its first three octets, e.g. `10.77.0`.
     pub nat_prefix: String,
+    /// The shared storage pool this host mounts: name and path.
+    pub shared_pool: Option<(String, PathBuf)>,
 }
 
 /// State the sync loop keeps between ticks (all of it can be rebuilt after a restart).
@@ -167,6 +169,13 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     let accel = resolve_accel(&cfg.accel, &facts.domain_types)?;
     for d in ["run/launchers", "run/vmi", "images", "volumes", "log"] {
         std::fs::create_dir_all(cfg.data_dir.join(d))?;
+    }
+    if let Some((name, path)) = &cfg.shared_pool {
+        anyhow::ensure!(
+            path.is_dir(),
+            "shared pool {name}: {} is not a folder (is the shared filesystem mounted?)",
+            path.display()
+        );
     }
     let agent = Arc::new(Agent {
         cfg: cfg.clone(),
@@ -294,6 +303,7 @@ async fn register(agent: &Agent, facts: &crate::virt::HostFacts) -> anyhow::Resu
         "accelerator": agent.accel,
         "version": crate::version::RELEASE,
         "libvirtVersion": facts.libvirt_version,
+        "sharedPool": cfg.shared_pool.as_ref().map(|(name, path)| json!({"name": name, "path": path})),
         "lastHeartbeatTime": now(),
         "conditions": [{"type": "Ready", "status": "True", "reason": "AgentReady", "lastTransitionTime": now()}],
     });

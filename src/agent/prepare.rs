@@ -95,6 +95,38 @@ async fn local_image(agent: &Agent, name: &str) -> anyhow::Result<(PathBuf, Stri
     Ok((path, format))
 }
 
+/// The disk of a `persistentVolumeClaim` in this node's shared pool: `POOL/NS/CLAIM.qcow2`
+/// or `POOL/NS/CLAIM.raw` (the path comes from checked names only), with its format.
+/// edgevirt never creates these: the operator puts them there, like a provisioned volume.
+/// A disk with a backing file or an external data file is refused, as on image import:
+/// it could make QEMU open a file outside the pool. The extension sets the format; the
+/// file's contents are never probed for one.
+pub async fn claim_disk(agent: &Agent, ns: &str, claim: &str) -> anyhow::Result<(PathBuf, String)> {
+    crate::types::check_name("namespace", ns)?;
+    crate::types::check_name("claimName", claim)?;
+    let Some((pool, root)) = &agent.cfg.shared_pool else {
+        bail!(
+            "claim {ns}/{claim}: node {} mounts no shared storage pool (serve --shared-pool)",
+            agent.cfg.node_name
+        );
+    };
+    let dir = root.join(ns);
+    let Some((path, format)) = [("qcow2", "qcow2"), ("raw", "raw")]
+        .into_iter()
+        .map(|(ext, format)| (dir.join(format!("{claim}.{ext}")), format))
+        .find(|(p, _)| p.is_file())
+    else {
+        bail!(
+            "claim {ns}/{claim}: no disk {claim}.qcow2 or {claim}.raw in {} (shared pool {pool})",
+            dir.display()
+        );
+    };
+    crate::virt::image::inspect(&path, Some(format))
+        .await
+        .map_err(|e| anyhow::anyhow!("claim {ns}/{claim}: {}: {e}", path.display()))?;
+    Ok((path, format.to_string()))
+}
+
 async fn run_tool(cmd: &str, args: &[&str]) -> anyhow::Result<()> {
     let out = tokio::process::Command::new(cmd)
         .args(args)
@@ -168,6 +200,8 @@ pub async fn prepare(agent: &Agent, vmi: &Value) -> anyhow::Result<PathBuf> {
                 ResolvedDisk {
                     path: overlay.to_string_lossy().into_owned(),
                     format: "qcow2".into(),
+                    shared: false,
+                    readonly: false,
                 },
             );
         } else if let Some(ci) = &v.cloud_init_no_cloud {
@@ -177,6 +211,19 @@ pub async fn prepare(agent: &Agent, vmi: &Value) -> anyhow::Result<PathBuf> {
                 ResolvedDisk {
                     path: iso.to_string_lossy().into_owned(),
                     format: "raw".into(),
+                    shared: false,
+                    readonly: false,
+                },
+            );
+        } else if let Some(claim) = &v.persistent_volume_claim {
+            let (path, format) = claim_disk(agent, &ns, &claim.claim_name).await?;
+            disks.insert(
+                v.name.clone(),
+                ResolvedDisk {
+                    path: path.to_string_lossy().into_owned(),
+                    format,
+                    shared: true,
+                    readonly: claim.read_only.unwrap_or(false),
                 },
             );
         }

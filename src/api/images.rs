@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
@@ -17,40 +17,6 @@ use super::auth::{Access, Principal};
 use super::error::{ApiError, ApiResult};
 use crate::types::kubevirt::VirtualMachineSpec;
 use crate::types::{Kind, check_name};
-
-/// What `qemu-img info` says about a file, and whether edgevirt accepts it.
-pub async fn inspect(path: &std::path::Path) -> Result<(String, u64), String> {
-    let out = tokio::process::Command::new("qemu-img")
-        .args(["info", "--output=json"])
-        .arg(path)
-        .output()
-        .await
-        .map_err(|e| format!("running qemu-img: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "qemu-img cannot read the image: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let info: Value =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("qemu-img output: {e}"))?;
-    if info.get("backing-filename").is_some() || info.get("full-backing-filename").is_some() {
-        return Err("the image has a backing file; flatten it first (qemu-img convert)".into());
-    }
-    if info["format-specific"]["data"].get("data-file").is_some() {
-        return Err(
-            "the image uses an external data file; convert it to a self-contained image first"
-                .into(),
-        );
-    }
-    let format = info["format"].as_str().unwrap_or("").to_string();
-    if format != "qcow2" && format != "raw" {
-        return Err(format!(
-            "image format {format:?} is not supported; use qcow2 or raw"
-        ));
-    }
-    Ok((format, info["virtual-size"].as_u64().unwrap_or(0)))
-}
 
 pub async fn upload(
     st: Arc<AppState>,
@@ -99,7 +65,7 @@ pub async fn upload(
         let _ = tokio::fs::remove_file(&tmp).await;
         return Err(ApiError::bad_request("the uploaded image is empty"));
     }
-    let (format, vsize) = match inspect(&tmp).await {
+    let (format, vsize) = match crate::virt::image::inspect(&tmp, None).await {
         Ok(v) => v,
         Err(m) => {
             let _ = tokio::fs::remove_file(&tmp).await;

@@ -40,7 +40,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the appliance: API and controller, agent, or both (the default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Manage virtual machines.
     Vm(vm::VmArgs),
     /// Inspect virtual machine instances (the running side of a VM).
@@ -115,6 +115,13 @@ struct ServeArgs {
     /// model every node can run) or a named libvirt model [default: host-model].
     #[arg(long, env = "EDGEVIRT_CPU_MODEL")]
     cpu_model: Option<String>,
+    /// A shared storage pool this host mounts, as NAME=PATH: a filesystem every host that
+    /// names it mounts (NFS, CephFS, ...). `persistentVolumeClaim` volumes are the files
+    /// PATH/NAMESPACE/CLAIM.qcow2 (or .raw) there, and VMs whose disks all live there
+    /// live-migrate between hosts that mount the same pool without copying them. Hosts that
+    /// mount the same filesystem use the same NAME.
+    #[arg(long, env = "EDGEVIRT_SHARED_POOL")]
+    shared_pool: Option<String>,
     /// Seconds a console ticket stays valid (tests shorten it).
     #[arg(
         long,
@@ -147,6 +154,7 @@ struct FileSettings {
     nat_network: Option<String>,
     nat_prefix: Option<String>,
     cpu_model: Option<String>,
+    shared_pool: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -264,6 +272,11 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
         .or(f.cpu_model)
         .unwrap_or_else(|| crate::cpu::policy::DEFAULT_CPU_MODEL.into());
     crate::cpu::policy::check_default(&cpu_model).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let shared_pool = a
+        .shared_pool
+        .or(f.shared_pool)
+        .map(|p| parse_shared_pool(&p))
+        .transpose()?;
     Ok(server::Settings {
         role: a.role.or(f.role).unwrap_or(Role::All),
         data_dir: a
@@ -296,7 +309,21 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
             .unwrap_or_else(|| "10.77.0".into()),
         console_ticket_ttl: std::time::Duration::from_secs(a.console_ticket_ttl.max(1)),
         cpu_model,
+        shared_pool,
     })
+}
+
+/// `NAME=PATH`: a pool name (an RFC 1123 label) and an absolute path.
+fn parse_shared_pool(s: &str) -> anyhow::Result<(String, PathBuf)> {
+    let (name, path) = s
+        .split_once('=')
+        .with_context(|| format!("shared pool {s:?}: write it as NAME=PATH"))?;
+    crate::types::check_name("shared pool name", name).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let path = PathBuf::from(path);
+    if !path.is_absolute() {
+        anyhow::bail!("shared pool {name}: the path {path:?} must be absolute");
+    }
+    Ok((name.to_string(), path))
 }
 
 fn init_logging() {
@@ -346,7 +373,7 @@ pub fn main() -> ExitCode {
     };
     let r: anyhow::Result<()> = rt.block_on(async move {
         match cli.command {
-            Command::Serve(a) => server::run(serve_settings(a)?).await,
+            Command::Serve(a) => server::run(serve_settings(*a)?).await,
             Command::Launcher(a) => {
                 crate::launcher::run(crate::launcher::Config {
                     socket: a.socket,

@@ -146,6 +146,12 @@ fn rows(nodes: &[Value], vmis: &[Value], wide: bool) -> Vec<Vec<String>> {
             if wide {
                 r.push(s(n, &["status", "cpu", "model"]).to_string());
                 r.push(
+                    n["status"]["sharedPool"]["name"]
+                        .as_str()
+                        .unwrap_or("<none>")
+                        .to_string(),
+                );
+                r.push(
                     n["status"]["lastHeartbeatTime"]
                         .as_str()
                         .map(age)
@@ -168,7 +174,7 @@ fn headers(wide: bool) -> Vec<&'static str> {
         "NAME", "STATUS", "VENDOR", "ACCEL", "CPUS", "MEMORY", "VMIS", "VERSION", "AGE",
     ];
     if wide {
-        h.extend(["MODEL", "HEARTBEAT", "REASON"]);
+        h.extend(["MODEL", "POOL", "HEARTBEAT", "REASON"]);
     }
     h
 }

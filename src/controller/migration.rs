@@ -39,14 +39,17 @@ pub struct Migratability {
     pub method: &'static str,
 }
 
-/// Compute the LiveMigratable condition from the instance's spec. Disks built from images
-/// (`containerDisk`, `dataVolume`) are copies on the node's local disk: edgevirt has no
-/// shared storage pools yet, so they move only by block migration, which copies them while
-/// the guest runs. KubeVirt block-migrates such disks unasked; edgevirt copies them only
-/// when asked (the copy takes as long as the disk is big, and the link may be a branch
-/// office's): the annotation `edgevirt.io/block-migration: "true"` on the VMI makes it
-/// LiveMigratable with method BlockMigration, and the same annotation on one migration
-/// asks for it once (see [`migration_method`]). NoCloud disks are made anew on the target.
+/// Compute the LiveMigratable condition from the instance's spec, as KubeVirt's
+/// `calculateLiveMigrationCondition`. `persistentVolumeClaim` disks live on the shared
+/// storage pool (like a ReadWriteMany PVC): the target opens the same files. Disks built
+/// from images (`containerDisk`, `dataVolume`) are copies on the node's local disk: they
+/// move only by block migration, which copies them while the guest runs. KubeVirt
+/// block-migrates such disks unasked; edgevirt copies them only when asked (the copy takes
+/// as long as the disk is big, and the link may be a branch office's): the annotation
+/// `edgevirt.io/block-migration: "true"` on the VMI makes it LiveMigratable with method
+/// BlockMigration, and the same annotation on one migration asks for it once (see
+/// [`migration_method`]). An instance with both kinds cannot be block-migrated: libvirt
+/// would copy its shared disks onto themselves. NoCloud disks are made anew on the target.
 /// edgevirt has no disk hotplug yet, so HotplugNotLiveMigratable does not arise.
 pub fn live_migratable(vmi: &Value) -> Migratability {
     let spec = &vmi["spec"];
@@ -69,18 +72,27 @@ pub fn live_migratable(vmi: &Value) -> Migratability {
             };
         }
     }
-    let local: Vec<&str> = spec["volumes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|v| v.get("containerDisk").is_some() || v.get("dataVolume").is_some())
-        .filter_map(|v| v["name"].as_str())
-        .collect();
+    let (local, shared) = (local_disks(vmi), shared_disks(vmi));
     if local.is_empty() {
         return Migratability {
             ok: true,
             reason: String::new(),
             message: String::new(),
+            method: "LiveMigration",
+        };
+    }
+    if !shared.is_empty() {
+        return Migratability {
+            ok: false,
+            reason: "DisksNotLiveMigratable".into(),
+            message: format!(
+                "cannot migrate VMI: disks {} are on this node's local storage and disks {} on \
+                 the shared pool; a block migration would copy the shared ones onto \
+                 themselves, so move the local disks to the shared pool \
+                 (persistentVolumeClaim) first",
+                local.join(", "),
+                shared.join(", ")
+            ),
             method: "LiveMigration",
         };
     }
@@ -101,23 +113,45 @@ pub fn live_migratable(vmi: &Value) -> Migratability {
         message: format!(
             "cannot migrate VMI: disks {} are on this node's local storage, not shared; \
              ask for block migration to copy them (edgevirt vm migrate --block, or the \
-             annotation {BLOCK_MIGRATION_ANNOTATION}: \"true\" on the migration)",
+             annotation {BLOCK_MIGRATION_ANNOTATION}: \"true\" on the migration), or put \
+             them on the shared pool (persistentVolumeClaim)",
             local.join(", ")
         ),
         method: "LiveMigration",
     }
 }
 
+/// Names of the volumes of a VMI with the given sources.
+fn volumes_with(vmi: &Value, sources: &[&str]) -> Vec<String> {
+    vmi["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| sources.iter().any(|s| v.get(*s).is_some()))
+        .filter_map(|v| v["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Volumes copied onto the node's local disk from images.
+fn local_disks(vmi: &Value) -> Vec<String> {
+    volumes_with(vmi, &["containerDisk", "dataVolume"])
+}
+
+/// Volumes on the shared storage pool.
+pub fn shared_disks(vmi: &Value) -> Vec<String> {
+    volumes_with(vmi, &["persistentVolumeClaim"])
+}
+
 /// How one migration moves its instance: `Ok("LiveMigration" | "BlockMigration")`, or why
 /// it cannot. A migration annotated `edgevirt.io/block-migration: "true"` copies local
-/// disks even when the instance itself does not ask for it.
+/// disks even when the instance itself does not ask for it (unless it has shared ones).
 pub fn migration_method(vmi: &Value, migration: &Value) -> Result<&'static str, Migratability> {
     let m = live_migratable(vmi);
     if m.ok {
         return Ok(m.method);
     }
     let asked = migration["metadata"]["annotations"][BLOCK_MIGRATION_ANNOTATION] == "true";
-    if asked && m.reason == "DisksNotLiveMigratable" {
+    if asked && m.reason == "DisksNotLiveMigratable" && shared_disks(vmi).is_empty() {
         return Ok("BlockMigration");
     }
     Err(m)

@@ -4,6 +4,8 @@
 //! overcommitted as KubeVirt does by default (`cpuAllocationRatio` 10: each vCPU asks for a
 //! tenth of a host CPU), but one VM never gets more vCPUs than its node has CPUs. Node
 //! leases mark silent nodes NotReady and their instances Unknown, never deleting them.
+//! Instances with `persistentVolumeClaim` volumes go only to nodes that mount a shared
+//! storage pool, and migrate only between nodes that mount the same one.
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
@@ -89,6 +91,11 @@ pub async fn pick_node(
     let ready: Vec<&Value> = nodes.iter().filter(|n| node_ready(n)).collect();
     let cpu_default = crate::cpu::policy::scheduling_default(&ready);
     let source_node = exclude.and_then(|x| nodes.iter().find(|n| n["metadata"]["name"] == x));
+    // Claims live on the shared pool: only nodes that mount it can open them, and a
+    // migration stays among nodes that mount the same one.
+    let claims = super::migration::shared_disks(vmi);
+    let needs_pool = !claims.is_empty();
+    let source_pool = source_node.and_then(|n| n["status"]["sharedPool"]["name"].as_str());
     let running_cpu: Option<crate::cpu::GuestCpu> = vmi["metadata"]["annotations"]
         [crate::cpu::policy::GUEST_CPU_ANNOTATION]
         .as_str()
@@ -113,6 +120,25 @@ pub async fn pick_node(
         {
             reasons.push(format!("{name}: does not match nodeSelector"));
             continue;
+        }
+        if needs_pool {
+            match (n["status"]["sharedPool"]["name"].as_str(), source_pool) {
+                (None, _) => {
+                    reasons.push(format!(
+                        "{name}: mounts no shared storage pool (persistentVolumeClaim volumes {} \
+                         live there)",
+                        claims.join(", ")
+                    ));
+                    continue;
+                }
+                (Some(p), Some(sp)) if p != sp => {
+                    reasons.push(format!(
+                        "{name}: mounts shared pool {p}, not {sp} where the instance's disks are"
+                    ));
+                    continue;
+                }
+                _ => {}
+            }
         }
         let here: Vec<&Value> = placed
             .iter()

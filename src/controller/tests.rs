@@ -315,3 +315,93 @@ fn local_disks_move_only_by_block_migration_when_asked() {
         "InterfaceNotLiveMigratable"
     );
 }
+
+#[test]
+fn shared_pool_disks_migrate_without_a_copy() {
+    let vmi = |volumes: serde_json::Value| json!({"metadata": {}, "spec": {"volumes": volumes}});
+    let claim = json!({"name": "data", "persistentVolumeClaim": {"claimName": "data"}});
+    let local = json!({"name": "root", "containerDisk": {"image": "img"}});
+    let asked = json!({"metadata": {"annotations": {"edgevirt.io/block-migration": "true"}}});
+
+    let m = live_migratable(&vmi(json!([claim.clone()])));
+    assert!(m.ok, "{m:?}");
+    assert_eq!(m.method, "LiveMigration");
+    // A claim next to a local disk: a block migration would copy the claim onto itself, so
+    // it is refused even when asked, and the message names both kinds.
+    let mixed = vmi(json!([claim, local]));
+    let m = live_migratable(&mixed);
+    assert_eq!((m.ok, m.reason.as_str()), (false, "DisksNotLiveMigratable"));
+    assert!(
+        m.message.contains("root") && m.message.contains("data"),
+        "{m:?}"
+    );
+    assert_eq!(
+        migration_method(&mixed, &asked).unwrap_err().reason,
+        "DisksNotLiveMigratable"
+    );
+}
+
+async fn set_pool(ctx: &Context, node: &str, pool: &str) {
+    let pool = pool.to_string();
+    ctx.store
+        .update(Kind::Node, "", node, move |o| {
+            o["status"]["sharedPool"] = json!({"name": pool, "path": "/srv/pool"});
+            Ok(())
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn claims_go_only_to_nodes_that_mount_the_shared_pool() {
+    let (_d, ctx) = ctx().await;
+    // The roomiest node mounts no pool; the claim must not land there.
+    add_node(&ctx, "big", 64 << 30).await;
+    add_node(&ctx, "p1", 4 << 30).await;
+    add_node(&ctx, "p2", 4 << 30).await;
+    add_node(&ctx, "other", 8 << 30).await;
+    set_pool(&ctx, "p1", "site").await;
+    set_pool(&ctx, "p2", "site").await;
+    set_pool(&ctx, "other", "elsewhere").await;
+    let vmi = json!({"metadata": {"name": "c", "namespace": "default"}, "spec": {
+        "domain": {"memory": {"guest": "1Gi"}, "devices": {}},
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}});
+    let none = Default::default();
+    let (node, _) = scheduler::pick_node(&ctx, &vmi, None, &none)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(node, "big", "a node without the pool cannot open the claim");
+    // Migrating from p1: only p2 mounts the same pool ("other" has more room).
+    let (node, _) = scheduler::pick_node(&ctx, &vmi, Some("p1"), &none)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(node, "p2");
+    // With p2 cordoned nothing fits, and the reasons say why for each node.
+    ctx.store
+        .update(Kind::Node, "", "p2", |o| {
+            o["spec"]["unschedulable"] = json!(true);
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let why = scheduler::pick_node(&ctx, &vmi, Some("p1"), &none)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        why.contains("big: mounts no shared storage pool")
+            && why.contains("other: mounts shared pool elsewhere, not site")
+            && why.contains("p2: cordoned"),
+        "{why}"
+    );
+    // A VMI without claims still goes to the roomiest node.
+    let plain = json!({"metadata": {"name": "p", "namespace": "default"}, "spec": {
+        "domain": {"memory": {"guest": "1Gi"}, "devices": {}}}});
+    let (node, _) = scheduler::pick_node(&ctx, &plain, None, &none)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(node, "big");
+}

@@ -250,8 +250,9 @@ impl Launcher {
                 block,
                 memory_uri,
                 disks_uri,
+                shared_storage,
             } => {
-                tracing::info!(domain = %self.cfg.domain_name, block, "migrating");
+                tracing::info!(domain = %self.cfg.domain_name, block, shared_storage, "migrating");
                 let copy = match (block, memory_uri, disks_uri) {
                     (false, _, _) => Ok(None),
                     (true, Some(memory_uri), Some(disks_uri)) => Ok(Some(crate::virt::BlockCopy {
@@ -264,8 +265,10 @@ impl Launcher {
                 };
                 let r = match copy {
                     Ok(copy) => {
-                        self.act(move |hv, n| hv.migrate(n, &dest_uri, &dest_xml, copy.as_ref()))
-                            .await
+                        self.act(move |hv, n| {
+                            hv.migrate(n, &dest_uri, &dest_xml, copy.as_ref(), shared_storage)
+                        })
+                        .await
                     }
                     Err(e) => Err(e),
                 };

@@ -48,6 +48,12 @@ pub enum Request {
         memory_uri: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         disks_uri: Option<String>,
+        /// Writable disks live on a storage pool the operator declared shared: libvirt is
+        /// told to trust that (it cannot see that a filesystem is shared unless it is NFS,
+        /// GlusterFS, ... and refuses otherwise). A launcher that ignores this leaves it to
+        /// libvirt's own check, which refuses: the VM stays where it is.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        shared_storage: bool,
     },
     /// Abort a running migration; the `Migrate` call then fails.
     AbortMigration,

@@ -47,6 +47,20 @@ pub struct NodeStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub libvirt_version: Option<String>,
+    /// The shared storage pool this node mounts, if any (`serve --shared-pool NAME=PATH`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_pool: Option<SharedPool>,
+}
+
+/// A storage pool on a filesystem every node that names it mounts (NFS, CephFS, ...):
+/// `persistentVolumeClaim` volumes live there, and VMs whose disks all do live-migrate
+/// without copying them. Nodes that mount the same filesystem give it the same name.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedPool {
+    pub name: String,
+    /// Where this node mounts it.
+    pub path: String,
 }
 
 /// What the host CPU is: identity and flags from `/proc/cpuinfo`, and what libvirt can offer

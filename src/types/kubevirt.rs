@@ -315,6 +315,20 @@ pub struct Volume {
     pub data_volume: Option<DataVolumeSource>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud_init_no_cloud: Option<CloudInitNoCloud>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_volume_claim: Option<PersistentVolumeClaimSource>,
+}
+
+/// A persistent volume: the disk file `CLAIM.qcow2` (or `CLAIM.raw`) in the namespace's
+/// folder of the shared storage pool the nodes mount (`serve --shared-pool NAME=PATH`). Like
+/// a ReadWriteMany PVC it is the same disk on every node that mounts the pool, so the VM
+/// live-migrates without copying it; edgevirt never creates or deletes it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PersistentVolumeClaimSource {
+    pub claim_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

@@ -236,7 +236,6 @@ const KUBEVIRT_UNSUPPORTED: &[&str] = &[
     "chassis",
     "launchSecurity",
     "hugepages",
-    "persistentVolumeClaim",
     "hostDisk",
     "cloudInitConfigDrive",
     "configMap",

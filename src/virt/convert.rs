@@ -16,6 +16,11 @@ use crate::types::{Invalid, parse_quantity};
 pub struct ResolvedDisk {
     pub path: String,
     pub format: String,
+    /// On a shared storage pool: opened with `cache='none'`, so no host keeps guest writes
+    /// in its page cache when another host opens the disk (live migration).
+    pub shared: bool,
+    /// Read-only for the guest (a claim's `readOnly`).
+    pub readonly: bool,
 }
 
 /// Everything the converter needs besides the spec; paths here were derived by edgevirt.
@@ -59,6 +64,7 @@ struct DiskXml {
     target: String,
     bus: String,
     readonly: bool,
+    shared: bool,
     boot_order: Option<u32>,
     serial: Option<String>,
     alias: String,
@@ -188,12 +194,23 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
             v.container_disk.is_some(),
             v.data_volume.is_some(),
             v.cloud_init_no_cloud.is_some(),
+            v.persistent_volume_claim.is_some(),
         ];
         if sources.iter().filter(|s| **s).count() != 1 {
             return Err(Invalid(format!(
-                "volume {:?} must have exactly one source (containerDisk, dataVolume or cloudInitNoCloud)",
+                "volume {:?} must have exactly one source (containerDisk, dataVolume, \
+                 persistentVolumeClaim or cloudInitNoCloud)",
                 v.name
             )));
+        }
+        if let Some(c) = &v.persistent_volume_claim {
+            crate::types::check_name("claimName", &c.claim_name).map_err(|e| {
+                Invalid(format!(
+                    "volume {:?}: {e}; a claim names a disk in the shared storage pool, never \
+                     a path",
+                    v.name
+                ))
+            })?;
         }
         for image in [
             v.container_disk.as_ref().map(|c| &c.image),
@@ -333,7 +350,8 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             path: resolved.path.clone(),
             target: dev,
             bus,
-            readonly: device == "cdrom" || target.readonly.unwrap_or(false),
+            readonly: device == "cdrom" || target.readonly.unwrap_or(false) || resolved.readonly,
+            shared: resolved.shared,
             boot_order: d.boot_order,
             serial: d.serial.clone(),
             alias: d.name.clone(),
@@ -357,7 +375,8 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             path: resolved.path.clone(),
             target: dev,
             bus: "virtio".into(),
-            readonly: false,
+            readonly: resolved.readonly,
+            shared: resolved.shared,
             boot_order: None,
             serial: None,
             alias: v.name.clone(),

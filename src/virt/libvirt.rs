@@ -156,9 +156,15 @@ impl Hypervisor for Libvirt {
         dest_uri: &str,
         dest_xml: &str,
         block: Option<&BlockCopy>,
+        shared_storage: bool,
     ) -> Result<()> {
         let mut flags =
             sys::VIR_MIGRATE_LIVE | sys::VIR_MIGRATE_PEER2PEER | sys::VIR_MIGRATE_ABORT_ON_ERROR;
+        if shared_storage {
+            // libvirt 9 trusts only filesystems it recognises as shared (NFS, GFS2, ...;
+            // the `shared_filesystems` setting came later); the operator declared this pool.
+            flags |= sys::VIR_MIGRATE_UNSAFE;
+        }
         let mut params = virt::domain::MigrateParameters {
             dest_xml: Some(dest_xml.to_string()),
             ..Default::default()

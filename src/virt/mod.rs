@@ -6,6 +6,7 @@
 
 pub mod convert;
 pub mod fake;
+pub mod image;
 pub mod libvirt;
 
 use serde::{Deserialize, Serialize};
@@ -115,15 +116,18 @@ pub trait Hypervisor: Send + Sync + 'static {
     /// connection. With `block`, local disks are copied too (the top layer of each, onto
     /// disks the target prepared): libvirt cannot tunnel that copy, so QEMU's memory and
     /// disk streams go to the unix sockets `block` names, which the caller forwards.
-    /// Returns when libvirt reports the outcome.
+    /// `shared_storage`: the writable disks that are not copied are on a pool the operator
+    /// declared shared, which libvirt is told to trust. Returns when libvirt reports the
+    /// outcome.
     fn migrate(
         &self,
         name: &str,
         dest_uri: &str,
         dest_xml: &str,
         block: Option<&BlockCopy>,
+        shared_storage: bool,
     ) -> Result<()> {
-        let _ = (name, dest_uri, dest_xml, block);
+        let _ = (name, dest_uri, dest_xml, block, shared_storage);
         Err(Error::Libvirt("this backend cannot migrate".into()))
     }
     /// Abort the domain's running job (a migration).
@@ -150,6 +154,55 @@ pub trait Hypervisor: Send + Sync + 'static {
     fn watch_lifecycle(&self, _name: &str, _on_event: Box<dyn Fn() + Send + Sync>) -> Result<()> {
         Ok(())
     }
+}
+
+/// One `<disk>` of a domain's XML: its target device, source file, and whether the guest
+/// may write to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DomainDisk {
+    pub target: String,
+    pub file: String,
+    pub readonly: bool,
+}
+
+/// The file-backed disks of a domain's XML.
+pub fn domain_disks(xml: &str) -> Vec<DomainDisk> {
+    use quick_xml::events::Event;
+    let mut reader = quick_xml::Reader::from_str(xml);
+    let (mut out, mut cur): (Vec<DomainDisk>, Option<DomainDisk>) = (Vec::new(), None);
+    let attr = |e: &quick_xml::events::BytesStart, k: &[u8]| {
+        e.attributes()
+            .flatten()
+            .find(|a| a.key.local_name().as_ref() == k)
+            .and_then(|a| a.unescape_value().ok().map(|v| v.to_string()))
+    };
+    loop {
+        match reader.read_event() {
+            Ok(Event::Start(e)) if e.local_name().as_ref() == b"disk" => {
+                cur = Some(DomainDisk {
+                    target: String::new(),
+                    file: String::new(),
+                    readonly: false,
+                });
+            }
+            Ok(Event::Start(e)) | Ok(Event::Empty(e)) => {
+                if let Some(d) = cur.as_mut() {
+                    match e.local_name().as_ref() {
+                        b"source" => d.file = attr(&e, b"file").unwrap_or_default(),
+                        b"target" => d.target = attr(&e, b"dev").unwrap_or_default(),
+                        b"readonly" => d.readonly = true,
+                        _ => {}
+                    }
+                }
+            }
+            Ok(Event::End(e)) if e.local_name().as_ref() == b"disk" => {
+                out.extend(cur.take().filter(|d| !d.file.is_empty()));
+            }
+            Ok(Event::Eof) | Err(_) => break,
+            _ => {}
+        }
+    }
+    out
 }
 
 /// Parse edgevirt's metadata element out of a domain's XML metadata text.
@@ -184,6 +237,25 @@ pub fn parse_metadata(name: &str, xml: &str) -> Option<OwnedDomain> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn disks_of_a_domain() {
+        let xml = "<domain><devices>\
+            <disk type='file' device='disk'><driver name='qemu' type='qcow2' cache='none'/>\
+              <source file='/srv/pool/default/data.qcow2'/><backingStore/>\
+              <target dev='vda' bus='virtio'/><alias name='ua-data'/></disk>\
+            <disk type='file' device='cdrom'><source file='/var/lib/edgevirt/run/u/ci.iso'/>\
+              <target dev='sda' bus='sata'/><readonly/></disk>\
+            <disk type='file' device='cdrom'><target dev='sdb' bus='sata'/><readonly/></disk>\
+            </devices></domain>";
+        let d = super::domain_disks(xml);
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert_eq!(
+            (d[0].target.as_str(), d[0].file.as_str(), d[0].readonly),
+            ("vda", "/srv/pool/default/data.qcow2", false)
+        );
+        assert_eq!((d[1].target.as_str(), d[1].readonly), ("sda", true));
+    }
+
     #[test]
     fn metadata_round_trip() {
         let xml = r#"<ev:instance xmlns:ev="https://edgevirt.io/xmlns/domain/1" install="i1" vmi-uid="u1" node="n1" namespace="default" name="a"/>"#;

@@ -15,6 +15,26 @@ fn ctx(accel: &str) -> Context {
         ResolvedDisk {
             path: "/var/lib/edgevirt/volumes/vm-uid/rootdisk.qcow2".into(),
             format: "qcow2".into(),
+            shared: false,
+            readonly: false,
+        },
+    );
+    disks.insert(
+        "data".to_string(),
+        ResolvedDisk {
+            path: "/srv/edgevirt-shared/default/data.qcow2".into(),
+            format: "qcow2".into(),
+            shared: true,
+            readonly: false,
+        },
+    );
+    disks.insert(
+        "reference".to_string(),
+        ResolvedDisk {
+            path: "/srv/edgevirt-shared/default/reference.raw".into(),
+            format: "raw".into(),
+            shared: true,
+            readonly: true,
         },
     );
     disks.insert(
@@ -22,6 +42,8 @@ fn ctx(accel: &str) -> Context {
         ResolvedDisk {
             path: "/var/lib/edgevirt/run/vmi-uid/cloudinit.iso".into(),
             format: "raw".into(),
+            shared: false,
+            readonly: false,
         },
     );
     Context {
@@ -181,6 +203,29 @@ fn kernel_boot_tcg() {
 #[test]
 fn disk_cloudinit_kvm_efi() {
     golden("disk-cloudinit-kvm-efi", "kvm");
+}
+
+/// Claims on the shared pool: `cache='none'` (no host page cache between hosts), and a
+/// `readOnly` claim read-only for the guest.
+#[test]
+fn shared_pool_claims_kvm() {
+    golden("shared-pool-claims-kvm", "kvm");
+}
+
+#[test]
+fn claims_name_disks_never_paths() {
+    for claim in ["../../etc/shadow", "/etc/shadow", "Data", ""] {
+        let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(&format!(
+            "domain: {{resources: {{requests: {{memory: 64Mi}}}}, devices: {{}}}}\n\
+             volumes: [{{name: a, persistentVolumeClaim: {{claimName: {claim:?}}}}}]"
+        ))
+        .unwrap();
+        let e = validate(&spec).unwrap_err().0;
+        assert!(
+            e.contains("claimName") && e.contains("never a path"),
+            "{claim}: {e}"
+        );
+    }
 }
 
 #[test]

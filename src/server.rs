@@ -49,6 +49,7 @@ pub struct Settings {
 pub const INITIAL_ADMIN_FILE: &str = "initial-admin";
 
 pub async fn run(s: Settings) -> anyhow::Result<()> {
+    return_large_frees_to_the_os();
     tls::install_crypto_provider();
     crate::cpu::policy::set_cluster_default(&s.cpu_model);
     std::fs::create_dir_all(&s.data_dir)
@@ -88,6 +89,19 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
             crate::agent::run(cfg, cancel).await
         }
         Role::Controller | Role::All => serve_controller(s, cancel).await,
+    }
+}
+
+/// glibc serves blocks of 128 KiB and more with mmap, and gives them back when freed, but
+/// raises that threshold to the largest block freed so far: after one argon2 check (19 MiB)
+/// or one large body, such blocks stay in the heap, and a burst of logins or uploads left
+/// hundreds of MiB behind for good. A fixed threshold keeps RSS where the work left it.
+fn return_large_frees_to_the_os() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes allocator parameters; called before other threads
+    // allocate much, with a valid parameter and value.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
     }
 }
 
@@ -262,7 +276,7 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
                     let l = tokio::net::TcpListener::from_std(listener)?.tap_io(|t| {
                         let _ = t.set_nodelay(true);
                     });
-                    axum::serve(l, app)
+                    axum::serve(l, app.into_make_service_with_connect_info::<SocketAddr>())
                         .with_graceful_shutdown(async move { cancel.cancelled().await })
                         .await?;
                 }
@@ -281,7 +295,7 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
                     axum_server::from_tcp(listener)?
                         .acceptor(acceptor)
                         .handle(handle)
-                        .serve(app.into_make_service())
+                        .serve(app.into_make_service_with_connect_info::<SocketAddr>())
                         .await?;
                 }
             }

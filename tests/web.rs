@@ -112,8 +112,20 @@ struct Browser {
 }
 
 async fn login(s: &Server, user: &str, password: &str) -> Result<Browser, StatusCode> {
-    let r = s
-        .http
+    login_with(s, &s.http, user, password)
+        .await
+        .map_err(|(code, _)| code)
+}
+
+/// Log in through `http` (a client bound to another local address, say); on failure, the
+/// status and the page.
+async fn login_with(
+    s: &Server,
+    http: &reqwest::Client,
+    user: &str,
+    password: &str,
+) -> Result<Browser, (StatusCode, String)> {
+    let r = http
         .get(format!("{}/ui/login", s.url))
         .send()
         .await
@@ -124,8 +136,7 @@ async fn login(s: &Server, user: &str, password: &str) -> Result<Browser, Status
         form_csrf, pre,
         "the login form's token is the cookie's (double submit)"
     );
-    let r = s
-        .http
+    let r = http
         .post(format!("{}/ui/login", s.url))
         .header("cookie", format!("edgevirt_prelogin={pre}"))
         .form(&[
@@ -138,13 +149,18 @@ async fn login(s: &Server, user: &str, password: &str) -> Result<Browser, Status
         .await
         .unwrap();
     if r.status() != StatusCode::SEE_OTHER {
-        return Err(r.status());
+        let code = r.status();
+        let retry = r
+            .headers()
+            .get("retry-after")
+            .map(|v| format!("Retry-After: {}\n", v.to_str().unwrap_or("")))
+            .unwrap_or_default();
+        return Err((code, retry + &r.text().await.unwrap_or_default()));
     }
     let (session, line) = set_cookie(r.headers(), "edgevirt_session").expect("a session cookie");
     assert!(line.contains("HttpOnly"), "{line}");
     assert!(line.contains("SameSite=Strict"), "{line}");
-    let page = s
-        .http
+    let page = http
         .get(format!("{}/ui/", s.url))
         .header("cookie", format!("edgevirt_session={session}"))
         .send()
@@ -544,6 +560,65 @@ async fn login_sessions_csrf_escaping_and_roles() {
         )
         .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
+}
+
+/// Failed logins lock the (user, address) pair out, visibly, without locking the real user
+/// out from elsewhere; an administrator sees the lockout and clears it on the Admin page.
+#[tokio::test]
+async fn failed_logins_lock_out_the_address_until_an_admin_clears_it() {
+    let s = start();
+    let password = s.initial("password");
+    for i in 1..=5 {
+        let (code, page) = login_with(&s, &s.http, "admin", "wrong-password")
+            .await
+            .err()
+            .expect("a wrong password is refused");
+        assert_eq!(code, StatusCode::UNAUTHORIZED, "try {i}: {page}");
+        assert!(page.contains("wrong username or password"), "{page}");
+    }
+    // Locked now: even the right password is not checked from this address.
+    let (code, page) = login_with(&s, &s.http, "admin", &password)
+        .await
+        .err()
+        .expect("a locked-out address is refused");
+    assert_eq!(code, StatusCode::TOO_MANY_REQUESTS, "{page}");
+    assert!(page.contains("too many failed logins"), "{page}");
+    let retry: u64 = page
+        .strip_prefix("Retry-After: ")
+        .and_then(|p| p.lines().next())
+        .and_then(|v| v.parse().ok())
+        .expect("a Retry-After header");
+    assert!((1..=60).contains(&retry), "{retry}");
+    // The real admin, from another address of this machine, is not locked out.
+    let elsewhere = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    let admin = login_with(&s, &elsewhere, "admin", &password)
+        .await
+        .unwrap_or_else(|(c, p)| panic!("admin from 127.0.0.2: {c} {p}"));
+    let page = admin.get(&s, "/ui/admin").await.text().await.unwrap();
+    assert!(page.contains("Failed logins"), "{page}");
+    assert!(
+        page.contains("127.0.0.1"),
+        "the locked address is listed: {page}"
+    );
+    let r = admin
+        .post(
+            &s,
+            "/ui/admin/lockouts/clear",
+            &[
+                ("csrf", admin.csrf.as_str()),
+                ("user", "admin"),
+                ("address", "127.0.0.1"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    login_with(&s, &s.http, "admin", &password)
+        .await
+        .unwrap_or_else(|(c, p)| panic!("admin after the lockout was cleared: {c} {p}"));
 }
 
 #[tokio::test]

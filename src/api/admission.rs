@@ -72,18 +72,7 @@ pub async fn admit(
         check_name("namespace", ns)?;
         obj["metadata"]["namespace"] = json!(ns);
     }
-    for key in ["labels", "annotations"] {
-        if let Some(m) = obj["metadata"].get(key)
-            && !m.is_null()
-            && !m
-                .as_object()
-                .is_some_and(|m| m.values().all(Value::is_string))
-        {
-            return Err(ApiError::invalid(format!(
-                "metadata.{key} must map strings to strings"
-            )));
-        }
-    }
+    crate::types::check_labels_and_annotations(&obj["metadata"])?;
     let spec = obj.get("spec").cloned().unwrap_or(Value::Null);
     match kind {
         Kind::VirtualMachine => {
@@ -184,7 +173,23 @@ pub async fn admit(
         }
         _ => {}
     }
+    check_size(&obj)?;
     Ok(obj)
+}
+
+/// The most one stored object may take, as Kubernetes' etcd allows (1.5 MiB).
+pub const OBJECT_MAX_BYTES: usize = 1536 << 10;
+
+fn check_size(obj: &Value) -> ApiResult<()> {
+    let n = serde_json::to_vec(obj).map_err(ApiError::internal)?.len();
+    if n > OBJECT_MAX_BYTES {
+        return Err(ApiError::invalid(format!(
+            "the object is {} KiB; at most {} KiB (1.5 MiB) is stored",
+            n >> 10,
+            OBJECT_MAX_BYTES >> 10
+        )));
+    }
+    Ok(())
 }
 
 fn add_finalizer(obj: &mut Value, f: &str) {

@@ -69,6 +69,7 @@ impl From<store::Error> for ApiError {
             E::Conflict => ApiError::conflict(e.to_string()),
             E::Gone(_) => ApiError::new(StatusCode::GONE, "Expired", e.to_string()),
             E::Invalid(m) => ApiError::invalid(m.clone()),
+            E::BadQuery(m) => ApiError::bad_request(m.clone()),
             _ => ApiError::internal(e),
         }
     }

@@ -54,7 +54,7 @@ pub async fn create_token(
     let b: CreateBody = if body.is_empty() {
         CreateBody::default()
     } else {
-        serde_json::from_value(super::parse_body(&headers, &body)?)
+        serde_json::from_value(super::parse_body(&headers, &body).await?)
             .map_err(|e| ApiError::bad_request(format!("join token request: {e}")))?
     };
     let ttl = b.ttl_seconds.unwrap_or(DEFAULT_TTL_SECS);
@@ -141,23 +141,56 @@ struct JoinBody {
     version: String,
 }
 
-/// `POST /join`: not behind the bearer check; the join secret is the credential.
-pub async fn join(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
-    match join_inner(&st, &headers, &body).await {
+/// `POST /join`: not behind the bearer check; the join secret is the credential. Tries are
+/// rate-limited per client address, before the body is parsed.
+pub async fn join(
+    State(st): State<Arc<AppState>>,
+    peer: super::Peer,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let addr = super::peer_ip(&peer);
+    if let Err(wait) = st.join_limit.take(addr) {
+        st.bursts.record(
+            "join refused",
+            addr,
+            "too many tries from this address".into(),
+        );
+        return super::throttle::too_many(
+            format!(
+                "too many join requests from {addr}; retry in {} s",
+                super::throttle::retry_after_secs(wait)
+            ),
+            wait,
+        );
+    }
+    match join_inner(&st, addr, &headers, &body).await {
         Ok(r) => r,
-        Err(e) => e.into_response(),
+        Err(e) => {
+            // Token refusals were logged with their cause where it was known.
+            if e.code.is_client_error() && e.code != StatusCode::UNAUTHORIZED {
+                st.bursts.record("join refused", addr, e.message.clone());
+            }
+            e.into_response()
+        }
     }
 }
 
-async fn join_inner(st: &AppState, headers: &HeaderMap, body: &Bytes) -> ApiResult<Response> {
-    let b: JoinBody = serde_json::from_value(super::parse_body(headers, body)?)
-        .map_err(|e| ApiError::bad_request(format!("join request: {e}")))?;
-    crate::types::check_name("node name", &b.node_name).map_err(|e| ApiError::invalid(e.0))?;
+async fn join_inner(
+    st: &AppState,
+    addr: std::net::IpAddr,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> ApiResult<Response> {
+    // Nothing is parsed where nobody can join.
     let Some(pin) = st.cert_pin.clone() else {
         return Err(ApiError::conflict(
             "this controller serves plain HTTP; agents join only over TLS",
         ));
     };
+    let b: JoinBody = serde_json::from_value(super::parse_body(headers, body).await?)
+        .map_err(|e| ApiError::bad_request(format!("join request: {e}")))?;
+    crate::types::check_name("node name", &b.node_name).map_err(|e| ApiError::invalid(e.0))?;
     if let Some(node) = st.store.get(Kind::Node, "", &b.node_name).await?
         && crate::controller::node_ready(&node)
     {
@@ -183,7 +216,12 @@ async fn join_inner(st: &AppState, headers: &HeaderMap, body: &Bytes) -> ApiResu
             JoinRefusal::Used => "already used",
             JoinRefusal::Expired => "expired",
         };
-        tracing::warn!(node = %b.node_name, %why, "join refused");
+        // The client is not told which: that would say whether a guessed secret was real.
+        st.bursts.record(
+            "join refused",
+            addr,
+            format!("node {:?}: join token {why}", b.node_name),
+        );
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "Unauthorized",
@@ -191,7 +229,7 @@ async fn join_inner(st: &AppState, headers: &HeaderMap, body: &Bytes) -> ApiResu
              with `edgevirt node token create`",
         ));
     }
-    tracing::info!(node = %b.node_name, agent_version = %b.version, "node joined");
+    tracing::info!(node = %b.node_name, agent_version = %b.version, from = %addr, "node joined");
     Ok((
         StatusCode::CREATED,
         Json(json!({

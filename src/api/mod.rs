@@ -5,6 +5,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod body;
 mod discovery;
 pub mod error;
 mod images;
@@ -17,22 +18,26 @@ pub use resources::ensure_namespaces;
 mod strategy;
 mod subresources;
 mod table;
+pub mod throttle;
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, header};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::store::Store;
-use auth::{Principal, Role};
+use auth::{Access, Principal, Role};
+pub use body::parse_body;
 use error::{ApiError, ApiResult};
+use throttle::{Bursts, LoginGuard, RateLimit};
 
 /// The node whose agent runs in this same process (role `all`).
 #[derive(Clone, Debug)]
@@ -57,7 +62,17 @@ pub struct AppState {
     pub tunnels: Arc<crate::vnc::tunnel::Tunnels>,
     /// Agents' channels, on which consoles of VMs on their nodes are asked for.
     pub channels: Arc<crate::vnc::remote::Channels>,
+    /// Failed dashboard logins, lockouts.
+    pub logins: Arc<LoginGuard>,
+    /// `POST /join` tries per client address.
+    pub join_limit: Arc<RateLimit>,
+    /// Failure logs, one line per burst.
+    pub bursts: Arc<Bursts>,
 }
+
+/// `/join`: ten tries at once from one address, then one every six seconds.
+const JOIN_BURST: u32 = 10;
+const JOIN_EVERY: Duration = Duration::from_secs(6);
 
 impl AppState {
     pub fn new(store: Store, data_dir: PathBuf, install_id: String) -> Self {
@@ -71,6 +86,9 @@ impl AppState {
             cert_pin: None,
             tunnels: Default::default(),
             channels: Default::default(),
+            logins: Default::default(),
+            join_limit: Arc::new(RateLimit::new(JOIN_BURST, JOIN_EVERY)),
+            bursts: Default::default(),
         }
     }
 
@@ -86,18 +104,87 @@ pub fn router(state: AppState) -> Router {
     let state = Arc::new(state);
     let authed = api_routes()
         .merge(crate::vnc::authed_routes())
-        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(axum::extract::DefaultBodyLimit::max(body::OBJECT_LIMIT))
         .layer(middleware::from_fn(agent_skew))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate));
     let api_for_web = authed.clone().with_state(state.clone());
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/join", axum::routing::post(join::join))
+        .route(
+            "/join",
+            axum::routing::post(join::join)
+                .layer(axum::extract::DefaultBodyLimit::max(body::JOIN_LIMIT)),
+        )
         .merge(authed)
         .merge(crate::vnc::ticket_routes())
         .merge(crate::web::routes(state.clone(), api_for_web))
         .fallback(|| async { ApiError::not_found("no such path") })
+        .layer(middleware::map_response(status_errors))
         .with_state(state)
+}
+
+/// The peer of a request, as an extractor (absent for in-process calls).
+pub type Peer = Option<axum::Extension<ConnectInfo<SocketAddr>>>;
+
+/// The client's address as the connection shows it (never a header a client could set);
+/// unspecified for in-process calls.
+pub fn peer_ip(p: &Peer) -> IpAddr {
+    p.as_ref()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.0.ip())
+}
+
+/// Errors that axum's extractors answer in plain text (a bad query, a body over its limit,
+/// a wrong method) become `Status` objects with the same code, like every other error.
+async fn status_errors(res: Response) -> Response {
+    let code = res.status();
+    let plain = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_none_or(|ct| ct.starts_with("text/plain"));
+    if !(code.is_client_error() || code.is_server_error()) || !plain {
+        return res;
+    }
+    let (parts, body) = res.into_parts();
+    let text = axum::body::to_bytes(body, 64 << 10)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&text).trim().to_string();
+    let reason = match code {
+        StatusCode::BAD_REQUEST => "BadRequest",
+        StatusCode::NOT_FOUND => "NotFound",
+        StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "RequestEntityTooLarge",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "UnsupportedMediaType",
+        StatusCode::UNPROCESSABLE_ENTITY => "Invalid",
+        StatusCode::TOO_MANY_REQUESTS => "TooManyRequests",
+        c if c.is_server_error() => "InternalError",
+        _ => "BadRequest",
+    };
+    let message = match code {
+        StatusCode::PAYLOAD_TOO_LARGE => format!(
+            "the request body is too large for this endpoint (objects: at most {} MiB; \
+             /join: {} KiB; the login form: {} KiB)",
+            body::OBJECT_LIMIT >> 20,
+            body::JOIN_LIMIT >> 10,
+            body::LOGIN_LIMIT >> 10
+        ),
+        StatusCode::METHOD_NOT_ALLOWED if text.is_empty() => {
+            "this method is not allowed on this path".to_string()
+        }
+        _ if text.is_empty() => code
+            .canonical_reason()
+            .unwrap_or("the request failed")
+            .to_string(),
+        _ => text,
+    };
+    let mut r = ApiError::new(code, reason, message).into_response();
+    for (k, v) in parts.headers.iter() {
+        if k == header::RETRY_AFTER || k == header::ALLOW {
+            r.headers_mut().insert(k, v.clone());
+        }
+    }
+    r
 }
 
 /// The Kubernetes-style API paths.
@@ -123,6 +210,10 @@ fn api_routes() -> Router<Arc<AppState>> {
             put(strategy::put_version),
         )
         .route("/apis/edgevirt.io/v1/rollout", get(strategy::get_rollout))
+        .route(
+            "/apis/edgevirt.io/v1/loginlockouts",
+            get(list_lockouts).delete(clear_lockouts),
+        )
         .route("/api", get(discovery::core))
         .route("/api/{version}", get(discovery::core_version))
         .route("/apis", get(discovery::groups))
@@ -262,6 +353,9 @@ async fn authenticate(State(st): S, mut req: Request, next: Next) -> Response {
                 }
                 match Role::parse(&s.role) {
                     Some(role) => {
+                        if let Some(refused) = read_only_refusal(role, &s.user, &req) {
+                            return refused;
+                        }
                         req.extensions_mut()
                             .insert(Principal { user: s.user, role });
                         next.run(req).await
@@ -276,6 +370,9 @@ async fn authenticate(State(st): S, mut req: Request, next: Next) -> Response {
     match st.store.token(&auth::token_hash(token)).await {
         Ok(Some((user, role))) => match Role::parse(&role) {
             Some(role) => {
+                if let Some(refused) = read_only_refusal(role, &user, &req) {
+                    return refused;
+                }
                 req.extensions_mut().insert(Principal { user, role });
                 next.run(req).await
             }
@@ -286,46 +383,55 @@ async fn authenticate(State(st): S, mut req: Request, next: Next) -> Response {
     }
 }
 
-/// Decode a request body as JSON or YAML (by content type, falling back on a sniff).
-pub fn parse_body(headers: &HeaderMap, body: &Bytes) -> ApiResult<Value> {
-    let ct = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if body.is_empty() {
-        return Err(ApiError::bad_request("the request body is empty"));
-    }
-    if ct.starts_with(protobuf::CONTENT_TYPE) {
-        return protobuf::decode(body).map_err(|m| {
-            ApiError::new(
-                axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "UnsupportedMediaType",
-                m,
-            )
-        });
-    }
-    let text = std::str::from_utf8(body)
-        .map_err(|_| ApiError::bad_request("the request body is not UTF-8"))?;
-    let v: Value = if ct.contains("yaml") {
-        serde_yaml_ng::from_str(text)
-            .map_err(|e| ApiError::bad_request(format!("the body is not valid YAML: {e}")))?
-    } else {
-        match serde_json::from_str(text) {
-            Ok(v) => v,
-            Err(je) if !ct.contains("json") => serde_yaml_ng::from_str(text).map_err(|e| {
-                ApiError::bad_request(format!("the body is neither JSON ({je}) nor YAML ({e})"))
-            })?,
-            Err(e) => {
-                return Err(ApiError::bad_request(format!(
-                    "the body is not valid JSON: {e}"
-                )));
-            }
-        }
-    };
-    if !v.is_object() {
-        return Err(ApiError::bad_request("the body must be an object"));
-    }
-    Ok(v)
+/// A viewer may change nothing: its writes are refused here, before a body is read or
+/// parsed, so a viewer's request never gets further than a 403.
+fn read_only_refusal(role: Role, user: &str, req: &Request) -> Option<Response> {
+    (role == Role::Viewer && !req.method().is_safe()).then(|| {
+        ApiError::forbidden(format!(
+            "user {user:?} with role Viewer may not change anything ({} {})",
+            req.method(),
+            req.uri().path()
+        ))
+        .into_response()
+    })
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct LockoutQuery {
+    user: Option<String>,
+    address: Option<IpAddr>,
+}
+
+/// `GET /apis/edgevirt.io/v1/loginlockouts`: failed dashboard logins and lockouts.
+async fn list_lockouts(
+    State(st): S,
+    axum::Extension(p): axum::Extension<Principal>,
+) -> ApiResult<Response> {
+    p.require(Access::Admin)?;
+    Ok(axum::Json(json!({
+        "kind": "LoginLockoutList",
+        "apiVersion": "edgevirt.io/v1",
+        "items": st.logins.list(),
+    }))
+    .into_response())
+}
+
+/// `DELETE /apis/edgevirt.io/v1/loginlockouts[?user=U][&address=A]`: let them try again.
+async fn clear_lockouts(
+    State(st): S,
+    axum::Extension(p): axum::Extension<Principal>,
+    axum::extract::Query(q): axum::extract::Query<LockoutQuery>,
+) -> ApiResult<Response> {
+    p.require(Access::Admin)?;
+    let n = st.logins.clear(q.user.as_deref(), q.address);
+    tracing::info!(by = %p.user, user = ?q.user, address = ?q.address, cleared = n, "login lockouts cleared");
+    Ok(axum::Json(json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Success",
+        "message": format!("cleared {n} login failure records"),
+    }))
+    .into_response())
 }
 
 #[cfg(test)]

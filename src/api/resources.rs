@@ -376,7 +376,7 @@ async fn create(
     body: Bytes,
 ) -> ApiResult<Response> {
     p.require(write_access(kind))?;
-    let mut obj = parse_body(&headers, &body)?;
+    let mut obj = parse_body(&headers, &body).await?;
     let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
     super::scope::check(&st.store, &p, kind, &ns, &name, None).await?;
     super::scope::keep_node_spec(&p, kind, None, &mut obj);
@@ -432,7 +432,7 @@ async fn replace(
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
     p.require(write_access(kind))?;
-    let obj = parse_body(&headers, &body)?;
+    let obj = parse_body(&headers, &body).await?;
     if obj["metadata"]["name"].as_str() != Some(name.as_str()) {
         return Err(ApiError::bad_request(format!(
             "metadata.name must be {name:?}, the name in the path"
@@ -485,8 +485,7 @@ pub fn apply_patch(headers: &HeaderMap, body: &Bytes, target: &mut Value) -> Api
     if ct.starts_with("application/json-patch+json") {
         let patch: json_patch::Patch = serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
-        json_patch::patch(target, &patch)
-            .map_err(|e| ApiError::invalid(format!("the JSON patch does not apply: {e}")))?;
+        apply_json_patch(target, &patch.0)?;
     } else if ct.starts_with("application/merge-patch+json")
         || ct.starts_with("application/strategic-merge-patch+json")
     {
@@ -509,6 +508,40 @@ pub fn apply_patch(headers: &HeaderMap, body: &Bytes, target: &mut Value) -> Api
                  or application/json-patch+json"
             ),
         ));
+    }
+    Ok(())
+}
+
+/// Kubernetes' limit on the operations of one JSON patch.
+const JSON_PATCH_MAX_OPS: usize = 10_000;
+
+/// Apply a JSON patch one operation at a time, refusing one whose `copy` operations would
+/// copy more than a request may carry (each copy can double the object: 30 of them would
+/// make a gigabyte of a kilobyte). The caller works on a copy and drops it on error.
+fn apply_json_patch(target: &mut Value, ops: &[json_patch::PatchOperation]) -> ApiResult<()> {
+    if ops.len() > JSON_PATCH_MAX_OPS {
+        return Err(ApiError::invalid(format!(
+            "the JSON patch has {} operations; at most {JSON_PATCH_MAX_OPS}",
+            ops.len()
+        )));
+    }
+    let mut copied = 0usize;
+    for (i, op) in ops.iter().enumerate() {
+        if let json_patch::PatchOperation::Copy(c) = op
+            && let Some(v) = target.pointer(c.from.as_str())
+        {
+            copied += serde_json::to_vec(v).map_or(0, |b| b.len());
+            if copied > super::body::OBJECT_LIMIT {
+                return Err(ApiError::invalid(format!(
+                    "the JSON patch copies more than {} MiB (operation {i}); patches may not \
+                     grow an object past what a request could send",
+                    super::body::OBJECT_LIMIT >> 20
+                )));
+            }
+        }
+        json_patch::patch_unsafe(target, std::slice::from_ref(op)).map_err(|e| {
+            ApiError::invalid(format!("the JSON patch does not apply: operation {i}: {e}"))
+        })?;
     }
     Ok(())
 }
@@ -572,9 +605,7 @@ async fn patch(
         super::scope::check(&st.store, &p, kind, &ns, &name, Some(&existing)).await?;
         let mut obj = existing.clone();
         apply_patch(&headers, &body, &mut obj)?;
-        if obj["metadata"]["resourceVersion"] != existing["metadata"]["resourceVersion"] {
-            return Err(crate::store::Error::Conflict.into());
-        }
+        check_patched_identity(&existing, &mut obj)?;
         let obj = if p.role == super::auth::Role::Agent {
             // Agents patch metadata (finalizers, annotations) of objects they manage.
             let mut o = existing.clone();
@@ -591,6 +622,39 @@ async fn patch(
             r => return Ok(Json(r?)),
         }
     }
+}
+
+/// What a patch may not do to an object's identity: drop its metadata (422), rename it or
+/// move it (422: the URL names the object), or pin another resourceVersion (409). A patch
+/// that removes the resourceVersion applies to the current one, as in Kubernetes.
+fn check_patched_identity(existing: &Value, obj: &mut Value) -> ApiResult<()> {
+    if !obj["metadata"].is_object() {
+        return Err(ApiError::invalid(
+            "metadata: Required value: a patch cannot remove or replace the object's metadata",
+        ));
+    }
+    for field in ["name", "namespace", "uid"] {
+        let (was, now) = (&existing["metadata"][field], &obj["metadata"][field]);
+        if was != now && !(field == "uid" && now.is_null()) {
+            return Err(ApiError::invalid(format!(
+                "metadata.{field}: Invalid value: {now}: field is immutable (it is {was}); \
+                 create a new object instead"
+            )));
+        }
+    }
+    if existing["metadata"]["uid"].is_string() {
+        obj["metadata"]["uid"] = existing["metadata"]["uid"].clone();
+    }
+    match obj["metadata"].get("resourceVersion") {
+        None | Some(Value::Null) => {
+            obj["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"].clone();
+        }
+        Some(rv) if *rv != existing["metadata"]["resourceVersion"] => {
+            return Err(crate::store::Error::Conflict.into());
+        }
+        Some(_) => {}
+    }
+    Ok(())
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -59,7 +59,7 @@ pub async fn put_version(
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     p.require(Access::Admin)?;
-    let v = super::parse_body(&headers, &body)?;
+    let v = super::parse_body(&headers, &body).await?;
     let version = v["version"]
         .as_str()
         .ok_or_else(|| ApiError::bad_request("the body needs {\"version\": \"X.Y.Z\"}"))?;

@@ -101,9 +101,18 @@ pub async fn put_cluster(
     if group == "edgevirt.io" && plural == "images" && sub == "upload" {
         return images::upload(st, p, &name, body).await;
     }
-    let body = axum::body::to_bytes(body, 16 << 20)
+    let body = axum::body::to_bytes(body, super::body::OBJECT_LIMIT)
         .await
-        .map_err(|e| ApiError::bad_request(format!("reading body: {e}")))?;
+        .map_err(|_| {
+            ApiError::new(
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                "RequestEntityTooLarge",
+                format!(
+                    "the request body is over {} MiB",
+                    super::body::OBJECT_LIMIT >> 20
+                ),
+            )
+        })?;
     status_write(
         st, p, &group, &version, "", &plural, &name, &sub, headers, body, false,
     )
@@ -166,7 +175,7 @@ async fn status_write(
         apply_patch(&headers, &body, &mut cur)?;
         cur["status"].clone()
     } else {
-        let mut v = super::parse_body(&headers, &body)?;
+        let mut v = super::parse_body(&headers, &body).await?;
         // migrationState belongs to the migration machinery: a status PUT that does not
         // mention it (an agent's periodic status) keeps the stored one.
         if kind == Kind::VirtualMachineInstance

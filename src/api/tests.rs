@@ -572,3 +572,158 @@ async fn install_strategy_endpoints() {
         "0.0.1"
     );
 }
+
+/// Every refusal is a `Status` with the code its cause deserves: 415 for a body without a
+/// JSON or YAML type, 400 for a bad query, 422 for what a patch may not do to identity, 409
+/// only for a stale resourceVersion.
+#[tokio::test]
+async fn refusals_are_status_objects_with_the_right_code() {
+    let t = setup().await;
+    let tok = Some("admin-tok");
+    let (code, v) = call(
+        &t,
+        "POST",
+        VMS,
+        tok,
+        "application/json",
+        &vm("a", json!({})),
+    )
+    .await;
+    assert_eq!(code, StatusCode::CREATED, "{v}");
+    let status = |code: StatusCode, v: &Value, want: StatusCode, what: &str| {
+        assert_eq!(code, want, "{what}: {v}");
+        assert_eq!(v["kind"], "Status", "{what}: {v}");
+        assert_eq!(v["code"], want.as_u16(), "{what}: {v}");
+        assert!(
+            v["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{what}: {v}"
+        );
+    };
+    for ct in ["", "text/plain", "application/x-www-form-urlencoded"] {
+        let (code, v) = call(&t, "POST", VMS, tok, ct, &vm("b", json!({}))).await;
+        status(code, &v, StatusCode::UNSUPPORTED_MEDIA_TYPE, ct);
+    }
+    for q in [
+        "limit=-1",
+        "limit=abc",
+        "timeoutSeconds=x",
+        "labelSelector=!!",
+        "labelSelector=a%3Db%3Dc",
+    ] {
+        let (code, v) = call(&t, "GET", &format!("{VMS}?{q}"), tok, "", "").await;
+        status(code, &v, StatusCode::BAD_REQUEST, q);
+    }
+    let a = format!("{VMS}/a");
+    let merge = "application/merge-patch+json";
+    for (patch, want) in [
+        (r#"{"metadata": null}"#, StatusCode::UNPROCESSABLE_ENTITY),
+        (
+            r#"{"metadata": {"name": "b"}}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            r#"{"metadata": {"namespace": "other"}}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            r#"{"metadata": {"resourceVersion": "1"}}"#,
+            StatusCode::CONFLICT,
+        ),
+    ] {
+        let (code, v) = call(&t, "PATCH", &a, tok, merge, patch).await;
+        status(code, &v, want, patch);
+    }
+    // Removing the resourceVersion applies to the current one.
+    let (code, v) = call(
+        &t,
+        "PATCH",
+        &a,
+        tok,
+        merge,
+        r#"{"metadata": {"resourceVersion": null, "labels": {"x": "y"}}}"#,
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{v}");
+    assert_eq!(v["metadata"]["labels"]["x"], "y");
+    // A JSON patch whose copies double the object is refused before it grows.
+    let mut ops = vec![
+        json!({"op": "add", "path": "/metadata/annotations", "value": {"a": "x".repeat(1000)}}),
+    ];
+    for i in 0..40 {
+        ops.push(json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/c{i}")}));
+    }
+    let (code, v) = call(
+        &t,
+        "PATCH",
+        &a,
+        tok,
+        "application/json-patch+json",
+        &serde_json::to_string(&ops).unwrap(),
+    )
+    .await;
+    status(code, &v, StatusCode::UNPROCESSABLE_ENTITY, "copy bomb");
+    assert!(
+        v["message"].as_str().unwrap().contains("copies more than"),
+        "{v}"
+    );
+    // Labels and annotations follow Kubernetes' syntax and limits.
+    for (labels, what) in [
+        (json!({"a b": "x"}), "a key with a space"),
+        (json!({"k".repeat(64): "x"}), "a 64-character key"),
+        (json!({"a": "v".repeat(64)}), "a 64-character value"),
+    ] {
+        let (code, v) = call(&t, "POST", VMS, tok, "application/json", &vm("c", labels)).await;
+        status(code, &v, StatusCode::UNPROCESSABLE_ENTITY, what);
+        assert!(
+            v["message"].as_str().unwrap().contains("metadata.labels"),
+            "{v}"
+        );
+    }
+    let mut big: Value = serde_json::from_str(&vm("d", json!({}))).unwrap();
+    big["metadata"]["annotations"] = json!({"a": "x".repeat(300 << 10)});
+    let (code, v) = call(&t, "POST", VMS, tok, "application/json", &big.to_string()).await;
+    status(
+        code,
+        &v,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "300 KiB annotation",
+    );
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("metadata.annotations"),
+        "{v}"
+    );
+    // Counts and quantities never wrap: refused with the field named.
+    let domain = |d: Value| {
+        let mut o: Value = serde_json::from_str(&vm("e", json!({}))).unwrap();
+        let dom = &mut o["spec"]["template"]["spec"]["domain"];
+        for (k, v) in d.as_object().unwrap() {
+            dom[k] = v.clone();
+        }
+        o.to_string()
+    };
+    for (d, field) in [
+        (json!({"cpu": {"sockets": 65536, "cores": 65536}}), "cpu"),
+        (json!({"cpu": {"sockets": 289}}), "cpu"),
+        (
+            json!({"memory": {"guest": "18446744073709551616"}}),
+            "memory",
+        ),
+        (json!({"memory": {"guest": "1e400"}}), "memory"),
+        (json!({"memory": {"guest": "-1Gi"}}), "memory"),
+        (json!({"memory": {"guest": "17Ti"}}), "memory"),
+    ] {
+        let (code, v) = call(&t, "POST", VMS, tok, "application/json", &domain(d.clone())).await;
+        status(code, &v, StatusCode::UNPROCESSABLE_ENTITY, &d.to_string());
+        assert!(v["message"].as_str().unwrap().contains(field), "{d}: {v}");
+    }
+    let (code, v) = call(&t, "GET", VMS, tok, "", "").await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(
+        v["items"].as_array().unwrap().len(),
+        1,
+        "only the first VM was stored"
+    );
+}

@@ -5,6 +5,7 @@
 mod console;
 mod cpu;
 mod k8s;
+mod lockout;
 mod node;
 mod output;
 mod strategy;
@@ -59,6 +60,8 @@ enum Command {
     Kubeconfig(k8s::KubeconfigArgs),
     /// The install strategy (desired version) and the rollout of versions to nodes and VMs.
     Strategy(strategy::StrategyArgs),
+    /// Failed dashboard logins and lockouts; clear them for a locked-out user (admins).
+    Lockout(lockout::LockoutArgs),
     /// Per-VM launcher process (started by the agent, not by hand).
     #[command(hide = true)]
     Launcher(LauncherArgs),
@@ -393,6 +396,7 @@ pub fn main() -> ExitCode {
             Command::Export(a) => k8s::export(a).await,
             Command::Kubeconfig(a) => k8s::kubeconfig(a),
             Command::Strategy(a) => strategy::run(a).await,
+            Command::Lockout(a) => lockout::run(a).await,
         }
     });
     match r {

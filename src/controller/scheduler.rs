@@ -40,7 +40,7 @@ fn vcpus_of(vmi: &Value) -> u64 {
     serde_json::from_value::<VirtualMachineInstanceSpec>(vmi["spec"].clone())
         .map(|s| {
             let (so, co, th) = crate::virt::convert::topology(&s);
-            u64::from(so * co * th)
+            u64::from(so) * u64::from(co) * u64::from(th)
         })
         .unwrap_or(1)
 }

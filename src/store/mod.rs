@@ -61,6 +61,9 @@ pub enum Error {
     Json(#[from] serde_json::Error),
     #[error("{0}")]
     Invalid(String),
+    /// A query (selector, paging) that does not parse: 400, not 422.
+    #[error("{0}")]
+    BadQuery(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -86,6 +89,9 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Keep this many events for watchers to resume from.
 const EVENT_LOG_KEEP: i64 = 20_000;
+/// And at most this many bytes of them: big objects written often would otherwise keep
+/// gigabytes.
+const EVENT_LOG_MAX_BYTES: i64 = 64 << 20;
 
 impl Store {
     /// Open (creating if needed) the database file, refuse a newer schema, back it up and
@@ -532,9 +538,23 @@ impl Store {
         Ok(v)
     }
 
-    /// Drop events older than the keep window.
+    /// Drop events older than the keep window, and the oldest ones past the size cap.
     pub async fn prune_events(&self) -> Result<u64> {
-        self.prune_events_keep(EVENT_LOG_KEEP).await
+        Ok(self.prune_events_keep(EVENT_LOG_KEEP).await?
+            + self.prune_events_bytes(EVENT_LOG_MAX_BYTES).await?)
+    }
+
+    /// Keep only the newest events that fit in `max_bytes` of bodies.
+    pub async fn prune_events_bytes(&self, max_bytes: i64) -> Result<u64> {
+        let r = sqlx::query(
+            "DELETE FROM events WHERE rv <= (SELECT rv FROM \
+               (SELECT rv, SUM(length(CAST(body AS BLOB))) OVER (ORDER BY rv DESC) AS acc FROM events) \
+             WHERE acc > ? ORDER BY rv DESC LIMIT 1)",
+        )
+        .bind(max_bytes)
+        .execute(&self.writer)
+        .await?;
+        Ok(r.rows_affected())
     }
 
     /// Keep only the last `keep` events (tests compact the log on purpose).

@@ -20,30 +20,27 @@ enum Req {
 pub struct LabelSelector(Vec<Req>);
 
 impl LabelSelector {
+    /// Parse Kubernetes' label selector grammar: comma-separated requirements, each
+    /// `[!]KEY`, `KEY(=|==|!=)VALUE` or `KEY (in|notin) (V1, V2...)`, keys and values with
+    /// label syntax. Anything else is an error naming the term.
     pub fn parse(s: &str) -> Result<LabelSelector> {
+        let toks = lex(s)?;
+        let mut p = Parser {
+            toks,
+            at: 0,
+            src: s,
+        };
         let mut reqs = Vec::new();
-        for part in split_top(s) {
-            let part = part.trim();
-            if part.is_empty() {
-                continue;
+        if p.peek().is_none() {
+            return Ok(LabelSelector(reqs));
+        }
+        loop {
+            reqs.push(p.requirement()?);
+            match p.next() {
+                None => break,
+                Some(Tok::Comma) => continue,
+                Some(t) => return Err(p.error(&format!("expected ',' or the end, found {t}"))),
             }
-            let bad = || Error::Invalid(format!("invalid label selector term {part:?}"));
-            let req = if let Some((k, v)) = part.split_once("!=") {
-                Req::NotEq(k.trim().into(), v.trim().into())
-            } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
-                Req::Eq(k.trim().into(), v.trim().into())
-            } else if let Some(k) = part.strip_prefix('!') {
-                Req::NotExists(k.trim().into())
-            } else if let Some((k, rest)) = part.split_once(" notin ") {
-                Req::NotIn(k.trim().into(), set(rest).ok_or_else(bad)?)
-            } else if let Some((k, rest)) = part.split_once(" in ") {
-                Req::In(k.trim().into(), set(rest).ok_or_else(bad)?)
-            } else if part.contains(' ') || part.contains('(') {
-                return Err(bad());
-            } else {
-                Req::Exists(part.into())
-            };
-            reqs.push(req);
         }
         Ok(LabelSelector(reqs))
     }
@@ -62,6 +59,165 @@ impl LabelSelector {
     }
 }
 
+#[derive(Clone, Debug, PartialEq)]
+enum Tok {
+    Word(String),
+    Eq,
+    DoubleEq,
+    NotEq,
+    Bang,
+    Open,
+    Close,
+    Comma,
+}
+
+impl std::fmt::Display for Tok {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Tok::Word(w) => write!(f, "{w:?}"),
+            Tok::Eq => f.write_str("'='"),
+            Tok::DoubleEq => f.write_str("'=='"),
+            Tok::NotEq => f.write_str("'!='"),
+            Tok::Bang => f.write_str("'!'"),
+            Tok::Open => f.write_str("'('"),
+            Tok::Close => f.write_str("')'"),
+            Tok::Comma => f.write_str("','"),
+        }
+    }
+}
+
+fn lex(s: &str) -> Result<Vec<Tok>> {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        let two = b.get(i + 1).copied();
+        let (tok, len) = match c {
+            b' ' | b'\t' => {
+                i += 1;
+                continue;
+            }
+            b'=' if two == Some(b'=') => (Tok::DoubleEq, 2),
+            b'=' => (Tok::Eq, 1),
+            b'!' if two == Some(b'=') => (Tok::NotEq, 2),
+            b'!' => (Tok::Bang, 1),
+            b'(' => (Tok::Open, 1),
+            b')' => (Tok::Close, 1),
+            b',' => (Tok::Comma, 1),
+            c if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'/') => {
+                let n = b[i..]
+                    .iter()
+                    .take_while(|c| {
+                        c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'/')
+                    })
+                    .count();
+                (Tok::Word(s[i..i + n].to_string()), n)
+            }
+            _ => {
+                let ch = s[i..].chars().next().unwrap_or('?');
+                return Err(Error::BadQuery(format!(
+                    "invalid label selector {s:?}: unexpected character {ch:?}"
+                )));
+            }
+        };
+        out.push(tok);
+        i += len;
+    }
+    Ok(out)
+}
+
+struct Parser<'a> {
+    toks: Vec<Tok>,
+    at: usize,
+    src: &'a str,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<&Tok> {
+        self.toks.get(self.at)
+    }
+    fn next(&mut self) -> Option<Tok> {
+        let t = self.toks.get(self.at).cloned();
+        self.at += 1;
+        t
+    }
+    fn error(&self, why: &str) -> Error {
+        Error::BadQuery(format!("invalid label selector {:?}: {why}", self.src))
+    }
+    fn key(&mut self) -> Result<String> {
+        match self.next() {
+            Some(Tok::Word(k)) => {
+                crate::types::check_label_key("label selector key", &k)
+                    .map_err(|e| self.error(&e.0))?;
+                Ok(k)
+            }
+            Some(t) => Err(self.error(&format!("expected a label key, found {t}"))),
+            None => Err(self.error("expected a label key, found the end")),
+        }
+    }
+    fn value(&mut self) -> Result<String> {
+        match self.peek() {
+            // An empty value, as Kubernetes allows (`app=`).
+            None | Some(Tok::Comma) | Some(Tok::Close) => Ok(String::new()),
+            Some(Tok::Word(_)) => {
+                let Some(Tok::Word(v)) = self.next() else {
+                    unreachable!("peeked a word")
+                };
+                crate::types::check_label_value("label selector value", &v)
+                    .map_err(|e| self.error(&e.0))?;
+                Ok(v)
+            }
+            Some(t) => Err(self.error(&format!("expected a value, found {t}"))),
+        }
+    }
+    fn requirement(&mut self) -> Result<Req> {
+        if self.peek() == Some(&Tok::Bang) {
+            self.next();
+            let k = self.key()?;
+            return match self.peek() {
+                None | Some(Tok::Comma) => Ok(Req::NotExists(k)),
+                Some(t) => Err(self.error(&format!("'!{k}' takes no operator, found {t}"))),
+            };
+        }
+        let k = self.key()?;
+        match self.peek().cloned() {
+            None | Some(Tok::Comma) => Ok(Req::Exists(k)),
+            Some(Tok::Eq) | Some(Tok::DoubleEq) => {
+                self.next();
+                Ok(Req::Eq(k, self.value()?))
+            }
+            Some(Tok::NotEq) => {
+                self.next();
+                Ok(Req::NotEq(k, self.value()?))
+            }
+            Some(Tok::Word(op)) if op == "in" || op == "notin" => {
+                self.next();
+                if self.next() != Some(Tok::Open) {
+                    return Err(self.error(&format!("'{op}' needs a list: {k} {op} (a, b)")));
+                }
+                let mut vals = vec![self.value()?];
+                loop {
+                    match self.next() {
+                        Some(Tok::Comma) => vals.push(self.value()?),
+                        Some(Tok::Close) => break,
+                        Some(t) => {
+                            return Err(self.error(&format!("expected ',' or ')', found {t}")));
+                        }
+                        None => return Err(self.error("the list is not closed with ')'")),
+                    }
+                }
+                Ok(if op == "in" {
+                    Req::In(k, vals)
+                } else {
+                    Req::NotIn(k, vals)
+                })
+            }
+            Some(t) => Err(self.error(&format!("expected an operator after {k:?}, found {t}"))),
+        }
+    }
+}
+
 /// A parsed `fieldSelector` over the fields edgevirt indexes.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FieldSelector(Vec<(String, bool, String)>);
@@ -74,26 +230,38 @@ const FIELDS: &[&str] = &[
 ];
 
 impl FieldSelector {
+    /// Parse `KEY(=|==|!=)VALUE` terms separated by commas, over the fields edgevirt
+    /// indexes; in values, `\\`, `\,`, `\=` and `\!` escape those characters, as in
+    /// Kubernetes, and unescaped ones are an error.
     pub fn parse(s: &str) -> Result<FieldSelector> {
         let mut out = Vec::new();
-        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        for part in split_unescaped(s).into_iter().map(str::trim) {
+            if part.is_empty() {
+                if s.trim().is_empty() {
+                    continue;
+                }
+                return Err(Error::BadQuery(format!(
+                    "invalid field selector {s:?}: an empty term"
+                )));
+            }
+            let bad =
+                |why: &str| Error::BadQuery(format!("invalid field selector term {part:?}: {why}"));
             let (k, eq, v) = if let Some((k, v)) = part.split_once("!=") {
                 (k, false, v)
             } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
                 (k, true, v)
             } else {
-                return Err(Error::Invalid(format!(
-                    "invalid field selector term {part:?}"
-                )));
+                return Err(bad("expected KEY=VALUE, KEY==VALUE or KEY!=VALUE"));
             };
-            if !FIELDS.contains(&k.trim()) {
-                return Err(Error::Invalid(format!(
-                    "field selector {:?} is not supported; use one of {}",
-                    k.trim(),
+            let k = k.trim();
+            if !FIELDS.contains(&k) {
+                return Err(Error::BadQuery(format!(
+                    "field selector {k:?} is not supported; use one of {}",
                     FIELDS.join(", ")
                 )));
             }
-            out.push((k.trim().to_string(), eq, v.trim().to_string()));
+            let v = unescape(v.trim()).map_err(|why| bad(&why))?;
+            out.push((k.to_string(), eq, v));
         }
         Ok(FieldSelector(out))
     }
@@ -122,20 +290,15 @@ impl FieldSelector {
     }
 }
 
-fn set(rest: &str) -> Option<Vec<String>> {
-    let inner = rest.trim().strip_prefix('(')?.strip_suffix(')')?;
-    Some(inner.split(',').map(|s| s.trim().to_string()).collect())
-}
-
-/// Split on commas that are not inside parentheses.
-fn split_top(s: &str) -> Vec<&str> {
+/// Split on commas not escaped with a backslash.
+fn split_unescaped(s: &str) -> Vec<&str> {
     let mut out = Vec::new();
-    let (mut depth, mut start) = (0, 0);
+    let (mut start, mut escaped) = (0, false);
     for (i, c) in s.char_indices() {
         match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            ',' => {
                 out.push(&s[start..i]);
                 start = i + 1;
             }
@@ -144,6 +307,23 @@ fn split_top(s: &str) -> Vec<&str> {
     }
     out.push(&s[start..]);
     out
+}
+
+fn unescape(v: &str) -> std::result::Result<String, String> {
+    let mut out = String::with_capacity(v.len());
+    let mut it = v.chars();
+    while let Some(c) = it.next() {
+        match c {
+            '\\' => match it.next() {
+                Some(e @ ('\\' | ',' | '=' | '!')) => out.push(e),
+                Some(e) => return Err(format!("invalid escape sequence \\{e}")),
+                None => return Err("a trailing backslash".into()),
+            },
+            '=' | '!' | ',' => return Err(format!("unescaped {c:?} in the value")),
+            c => out.push(c),
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -172,6 +352,40 @@ mod tests {
             );
         }
         assert!(LabelSelector::parse("a in b").is_err());
+        for bad in [
+            "!!",
+            "((((!!==",
+            "a=b=c",
+            "a in (b",
+            "=x",
+            "a b",
+            "!a=b",
+            "a,,b",
+            ",",
+            "a!",
+            "a in ()x",
+            "-a",
+            "a=-b",
+            "a=b c",
+            "app=web;",
+            &"k".repeat(64),
+            &format!("a={}", "v".repeat(64)),
+        ] {
+            assert!(
+                matches!(LabelSelector::parse(bad), Err(Error::BadQuery(_))),
+                "{bad:?} must be refused"
+            );
+        }
+        for good in [
+            "a=",
+            "a==",
+            "a!=",
+            "example.com/app=web",
+            "a in (b,)",
+            "a notin (b, c),d",
+        ] {
+            assert!(LabelSelector::parse(good).is_ok(), "{good:?}");
+        }
     }
 
     #[test]
@@ -195,5 +409,10 @@ mod tests {
             Some("n1")
         );
         assert!(FieldSelector::parse("spec.foo=1").is_err());
+        assert!(FieldSelector::parse("metadata.name==a==b").is_err());
+        assert!(FieldSelector::parse("metadata.name=a,").is_err());
+        assert!(FieldSelector::parse("metadata.name=a\\q").is_err());
+        let f = FieldSelector::parse("metadata.name=a\\=b").unwrap();
+        assert!(f.matches(&json!({"metadata": {"name": "a=b"}})));
     }
 }

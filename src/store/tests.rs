@@ -304,3 +304,39 @@ async fn a_new_database_needs_no_backup() {
         "a backup of an empty database"
     );
 }
+
+#[tokio::test]
+async fn the_event_log_is_pruned_by_size() {
+    let (_d, s) = store().await;
+    let mut big = vm("big");
+    big["metadata"]["annotations"] = json!({"a": "x".repeat(100 << 10)});
+    s.create(Kind::VirtualMachine, big, false).await.unwrap();
+    for i in 0..5 {
+        s.create(Kind::VirtualMachine, vm(&format!("small{i}")), false)
+            .await
+            .unwrap();
+    }
+    // 64 KiB keeps the five small events and drops the 100 KiB one before them.
+    let dropped = s.prune_events_bytes(64 << 10).await.unwrap();
+    assert_eq!(dropped, 1);
+    let left = s.events_since(0).await;
+    assert!(
+        matches!(left, Err(Error::Gone(_))),
+        "a watch from the start is told it is gone"
+    );
+    let (min,): (Option<i64>,) = sqlx::query_as("SELECT MIN(rv) FROM events")
+        .fetch_one(&s.reader)
+        .await
+        .unwrap();
+    assert_eq!(
+        sqlx::query_as::<_, (i64,)>("SELECT COUNT(*) FROM events")
+            .fetch_one(&s.reader)
+            .await
+            .unwrap()
+            .0,
+        5
+    );
+    assert!(min.unwrap() > 1);
+    // Under the cap nothing goes.
+    assert_eq!(s.prune_events_bytes(64 << 10).await.unwrap(), 0);
+}

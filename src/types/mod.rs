@@ -196,6 +196,104 @@ pub fn check_name(what: &str, name: &str) -> Result<(), Invalid> {
     }
 }
 
+/// Kubernetes' limit on all annotations of one object together (keys and values).
+pub const ANNOTATIONS_MAX_BYTES: usize = 256 << 10;
+
+/// `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`, at most 63: a label value or a key's name part.
+fn qualified_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// A DNS-1123 subdomain: dot-separated lowercase labels, at most 253.
+fn dns_subdomain(s: &str) -> bool {
+    s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+/// A label or annotation key: `[prefix/]name`, the prefix a DNS subdomain (≤ 253), the name
+/// at most 63 of `[A-Za-z0-9_.-]`, starting and ending alphanumeric.
+pub fn check_label_key(what: &str, key: &str) -> Result<(), Invalid> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let shown: String = key.chars().take(80).collect();
+    if let Some(p) = prefix
+        && !dns_subdomain(p)
+    {
+        return Err(Invalid(format!(
+            "{what} {shown:?} is invalid: the prefix before '/' must be a DNS subdomain \
+             (lowercase letters, digits, '-' and '.', at most 253 characters)"
+        )));
+    }
+    if !qualified_part(name) {
+        return Err(Invalid(format!(
+            "{what} {shown:?} is invalid: the name must be at most 63 characters of letters, \
+             digits, '-', '_' and '.', starting and ending with a letter or digit"
+        )));
+    }
+    Ok(())
+}
+
+/// A label value: empty, or at most 63 of `[A-Za-z0-9_.-]`, starting and ending alphanumeric.
+pub fn check_label_value(what: &str, v: &str) -> Result<(), Invalid> {
+    if v.is_empty() || qualified_part(v) {
+        return Ok(());
+    }
+    let shown: String = v.chars().take(80).collect();
+    Err(Invalid(format!(
+        "{what} {shown:?} is invalid: a label value must be empty or at most 63 characters of \
+         letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+    )))
+}
+
+/// Labels and annotations as Kubernetes checks them: maps of strings, key syntax, label value
+/// syntax, annotations at most 256 KiB together.
+pub fn check_labels_and_annotations(meta: &Value) -> Result<(), Invalid> {
+    for key in ["labels", "annotations"] {
+        let Some(m) = meta.get(key).filter(|m| !m.is_null()) else {
+            continue;
+        };
+        let Some(m) = m.as_object() else {
+            return Err(Invalid(format!(
+                "metadata.{key} must map strings to strings"
+            )));
+        };
+        let mut total = 0usize;
+        for (k, v) in m {
+            let Some(v) = v.as_str() else {
+                return Err(Invalid(format!(
+                    "metadata.{key} must map strings to strings"
+                )));
+            };
+            check_label_key(&format!("metadata.{key}: key"), k)?;
+            if key == "labels" {
+                check_label_value(&format!("metadata.labels[{k}]: value"), v)?;
+            }
+            total += k.len() + v.len();
+        }
+        if key == "annotations" && total > ANNOTATIONS_MAX_BYTES {
+            return Err(Invalid(format!(
+                "metadata.annotations: too long: {total} bytes, at most {ANNOTATIONS_MAX_BYTES} \
+                 (256 KiB) for all annotations together"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// KubeVirt fields that edgevirt knows of but does not implement yet, so a refusal can say so.
 const KUBEVIRT_UNSUPPORTED: &[&str] = &[
     "dataVolumeTemplates",
@@ -303,46 +401,88 @@ pub fn decode<T: DeserializeOwned>(kind: &str, value: Value) -> Result<T, Invali
     })
 }
 
-/// Parse a Kubernetes quantity (`512Mi`, `2G`, `1`, `500m`) into a number of base units
-/// (bytes for memory; for CPU use [`parse_cpu_millis`]).
+/// Parse a Kubernetes quantity (`512Mi`, `2G`, `1`, `1.5Gi`, `1e9`, `500m`) into a whole
+/// number of base units (bytes for memory), rounding a fraction up as Kubernetes does. The
+/// grammar is Kubernetes' own; negative numbers and anything past `u64` are refused.
 pub fn parse_quantity(q: &str) -> Result<u64, Invalid> {
-    let q = q.trim();
-    let bad = || {
-        Invalid(format!(
-            "invalid quantity {q:?}: expected e.g. 512Mi, 2Gi or 1G"
-        ))
-    };
-    let split = q
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(q.len());
-    let (num, suffix) = q.split_at(split);
-    let n: f64 = num.parse().map_err(|_| bad())?;
-    let mult: f64 = match suffix {
-        "" => 1.0,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024.0f64.powi(4),
-        _ => return Err(bad()),
-    };
-    Ok((n * mult).round() as u64)
+    parse_scaled(q, 0)
 }
 
-/// Parse a CPU quantity (`2`, `500m`) into millicores.
+/// Parse a CPU quantity (`2`, `500m`, `0.5`) into millicores.
 pub fn parse_cpu_millis(q: &str) -> Result<u64, Invalid> {
+    parse_scaled(q, 3)
+}
+
+/// A quantity times 10^`extra`, as an integer.
+fn parse_scaled(q: &str, extra: i32) -> Result<u64, Invalid> {
+    let shown: String = q.chars().take(40).collect();
+    let bad = |why: &str| Invalid(format!("invalid quantity {shown:?}: {why}"));
     let q = q.trim();
-    if let Some(m) = q.strip_suffix('m') {
-        m.parse()
-            .map_err(|_| Invalid(format!("invalid CPU quantity {q:?}")))
-    } else {
-        q.parse::<f64>()
-            .map(|c| (c * 1000.0).round() as u64)
-            .map_err(|_| Invalid(format!("invalid CPU quantity {q:?}")))
+    let q = q.strip_prefix('+').unwrap_or(q);
+    if q.starts_with('-') {
+        return Err(bad("it must not be negative"));
     }
+    let digits_end = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(q.len());
+    let (number, suffix) = q.split_at(digits_end);
+    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+    if (int.is_empty() && frac.is_empty()) || frac.contains('.') {
+        return Err(bad("expected a number such as 512Mi, 2Gi or 1G"));
+    }
+    // Leading zeros carry nothing; more digits than u128 holds carry too much.
+    let int = int.trim_start_matches('0');
+    if int.len() + frac.len() > 36 {
+        return Err(bad("the number is too large"));
+    }
+    let mantissa: u128 = format!("{int}{frac}0")
+        .parse::<u128>()
+        .map_err(|_| bad("not a number"))?
+        / 10;
+    // value = mantissa * 10^-frac.len() * 2^bin * 10^dec
+    let (bin, dec): (u32, i32) = match suffix {
+        "" => (0, 0),
+        "m" => (0, -3),
+        "k" => (0, 3),
+        "M" => (0, 6),
+        "G" => (0, 9),
+        "T" => (0, 12),
+        "P" => (0, 15),
+        "E" => (0, 18),
+        "Ki" => (10, 0),
+        "Mi" => (20, 0),
+        "Gi" => (30, 0),
+        "Ti" => (40, 0),
+        "Pi" => (50, 0),
+        "Ei" => (60, 0),
+        s if s.starts_with(['e', 'E']) => {
+            let e: i32 = s[1..]
+                .parse()
+                .ok()
+                .filter(|e: &i32| e.abs() <= 64)
+                .ok_or_else(|| bad("invalid or out-of-range exponent"))?;
+            (0, e)
+        }
+        _ => {
+            return Err(bad(
+                "unknown suffix; use Ki, Mi, Gi, Ti, Pi, Ei, m, k, M, G, T, P, E or eN",
+            ));
+        }
+    };
+    let too_large = || bad("the value is too large");
+    let mut v = mantissa.checked_mul(1u128 << bin).ok_or_else(too_large)?;
+    let exp = dec + extra - frac.len() as i32;
+    if exp >= 0 {
+        let p = 10u128.checked_pow(exp as u32).ok_or_else(too_large)?;
+        v = v.checked_mul(p).ok_or_else(too_large)?;
+    } else {
+        match 10u128.checked_pow((-exp) as u32) {
+            Some(p) => v = v.div_ceil(p),
+            // Smaller than one unit: rounds up to one unless it is zero.
+            None => v = u128::from(v > 0),
+        }
+    }
+    u64::try_from(v).map_err(|_| too_large())
 }
 
 #[cfg(test)]
@@ -358,6 +498,37 @@ mod tests {
     }
 
     #[test]
+    fn labels_and_annotations_follow_kubernetes() {
+        use serde_json::json;
+        for good in ["app", "example.com/app", "a.b_c-d", "A9", &"k".repeat(63)] {
+            assert!(check_label_key("key", good).is_ok(), "{good:?}");
+        }
+        let long_prefix = format!("{}/a", "p".repeat(254));
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "a b",
+            "/a",
+            "a/",
+            "Ex.com/a",
+            &"k".repeat(64),
+            &long_prefix,
+        ] {
+            assert!(check_label_key("key", bad).is_err(), "{bad:?}");
+        }
+        assert!(check_label_value("v", "").is_ok());
+        assert!(check_label_value("v", &"v".repeat(64)).is_err());
+        assert!(check_labels_and_annotations(&json!({"labels": {"a": "b"}})).is_ok());
+        assert!(check_labels_and_annotations(&json!({"labels": {"a": 1}})).is_err());
+        let big = "x".repeat(ANNOTATIONS_MAX_BYTES);
+        let e = check_labels_and_annotations(&json!({"annotations": {"a": big}})).unwrap_err();
+        assert!(e.0.contains("metadata.annotations"), "{e}");
+        let e = check_labels_and_annotations(&json!({"labels": {"a": "x y"}})).unwrap_err();
+        assert!(e.0.contains("metadata.labels"), "{e}");
+    }
+
+    #[test]
     fn quantities() {
         assert_eq!(parse_quantity("512Mi").unwrap(), 512 << 20);
         assert_eq!(parse_quantity("1G").unwrap(), 1_000_000_000);
@@ -365,6 +536,34 @@ mod tests {
         assert!(parse_quantity("12XB").is_err());
         assert_eq!(parse_cpu_millis("500m").unwrap(), 500);
         assert_eq!(parse_cpu_millis("2").unwrap(), 2000);
+        assert_eq!(parse_cpu_millis("0.5").unwrap(), 500);
+        assert_eq!(parse_quantity("1e9").unwrap(), 1_000_000_000);
+        assert_eq!(parse_quantity("1E3").unwrap(), 1000);
+        assert_eq!(parse_quantity(".5Ki").unwrap(), 512);
+        assert_eq!(parse_quantity("2.").unwrap(), 2);
+        assert_eq!(parse_quantity("1500m").unwrap(), 2, "a fraction rounds up");
+        assert_eq!(parse_quantity("+3").unwrap(), 3);
+        assert_eq!(parse_quantity("15Ei").unwrap(), 15 << 60);
+        assert_eq!(parse_quantity("0001Mi").unwrap(), 1 << 20);
+        for bad in [
+            "18446744073709551616",
+            "16Ei",
+            "1e400",
+            "1e20",
+            "99999999Ei",
+            "-1Gi",
+            "1.5.5Gi",
+            ".",
+            "Gi",
+            "1 Gi",
+            "1gi",
+            "NaN",
+            "inf",
+            "1e",
+            &"9".repeat(40),
+        ] {
+            assert!(parse_quantity(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

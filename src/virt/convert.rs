@@ -132,13 +132,36 @@ pub fn guest_memory(spec: &VirtualMachineInstanceSpec) -> Result<u64, Invalid> {
                     .into(),
             )
         })?;
-    let b = parse_quantity(&q)?;
+    let b = parse_quantity(&q).map_err(|e| Invalid(format!("guest memory: {}", e.0)))?;
+    if b > MAX_GUEST_MEMORY {
+        return Err(Invalid(format!(
+            "guest memory {q} is more than a host can have (at most 16Ti)"
+        )));
+    }
     if b < 16 << 20 {
         return Err(Invalid(format!(
             "guest memory {q} is below the 16Mi minimum"
         )));
     }
     Ok(b)
+}
+
+/// The most guest memory edgevirt accepts: beyond any host it runs on.
+pub const MAX_GUEST_MEMORY: u64 = 16 << 40;
+/// The most vCPUs of one guest: QEMU's limit for the q35 machine.
+pub const MAX_VCPUS: u64 = 288;
+
+/// The vCPU count of a topology, refused past [`MAX_VCPUS`] (never wrapped).
+pub fn vcpu_count(spec: &VirtualMachineInstanceSpec) -> Result<u32, Invalid> {
+    let (s, c, t) = topology(spec);
+    let n = u64::from(s) * u64::from(c) * u64::from(t);
+    if n > MAX_VCPUS || u64::from(s.max(c).max(t)) > MAX_VCPUS {
+        return Err(Invalid(format!(
+            "spec.domain.cpu: sockets {s} x cores {c} x threads {t} is {n} vCPUs; at most \
+             {MAX_VCPUS} (QEMU's limit for the q35 machine)"
+        )));
+    }
+    Ok(n as u32)
 }
 
 /// (sockets, cores, threads) from `spec.domain.cpu`, defaulting to one vCPU.
@@ -161,6 +184,7 @@ pub fn mac_for(seed: &str, index: usize) -> String {
 /// Check the parts of a spec the converter relies on, before anything is stored.
 pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     guest_memory(spec)?;
+    vcpu_count(spec)?;
     crate::cpu::policy::validate(spec.domain.cpu.as_ref())?;
     if let Some(r) = &spec.domain.resources
         && let Some(k) = r.requests.keys().find(|k| k.as_str() != "memory")

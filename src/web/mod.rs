@@ -94,13 +94,21 @@ pub fn routes(state: Arc<AppState>, api: Router) -> Router<Arc<AppState>> {
         .route("/ui/admin/users/{user}/delete", post(pages::delete_user))
         .route("/ui/admin/tokens", post(pages::create_token))
         .route("/ui/admin/tokens/{id}/delete", post(pages::delete_token))
+        .route("/ui/admin/lockouts/clear", post(pages::clear_lockouts))
         .route("/ui/logout", post(pages::logout))
         .layer(middleware::from_fn_with_state(state, require_session))
         .layer(axum::Extension(Api(api)));
     Router::new()
         .route("/", get(|| async { Redirect::to("/ui/") }))
         .route("/ui", get(|| async { Redirect::to("/ui/") }))
-        .route("/ui/login", get(pages::login_page).post(pages::login))
+        .route(
+            "/ui/login",
+            get(pages::login_page)
+                .post(pages::login)
+                .layer(axum::extract::DefaultBodyLimit::max(
+                    crate::api::body::LOGIN_LIMIT,
+                )),
+        )
         .route("/ui/static/{*path}", get(static_asset))
         .route("/ui/vendor/novnc/{*path}", get(novnc_asset))
         .route("/ui/vendor/xterm/{*path}", get(xterm_asset))

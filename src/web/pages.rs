@@ -223,7 +223,13 @@ pub struct LoginForm {
     password: String,
 }
 
-pub async fn login(State(st): S, headers: HeaderMap, Form(f): Form<LoginForm>) -> Response {
+pub async fn login(
+    State(st): S,
+    peer: crate::api::Peer,
+    headers: HeaderMap,
+    Form(f): Form<LoginForm>,
+) -> Response {
+    use crate::api::throttle::{Pool, Refusal, retry_after_secs};
     let expected = auth::cookie(&headers, PRELOGIN_COOKIE).unwrap_or_default();
     if expected.is_empty() || !auth::same_secret(&f.csrf, &expected) {
         return login_form(
@@ -234,26 +240,90 @@ pub async fn login(State(st): S, headers: HeaderMap, Form(f): Form<LoginForm>) -
             StatusCode::FORBIDDEN,
         );
     }
+    let addr = crate::api::peer_ip(&peer);
+    // For messages and logs: a user name is short; whatever a client sent may not be.
+    let who: String = f.username.chars().take(64).collect();
+    let attempt = match st.logins.begin(&f.username, addr) {
+        Ok(a) => a,
+        Err(Refusal::Locked(wait)) => {
+            st.bursts.record(
+                "dashboard login refused",
+                addr,
+                format!("user {who:?} is locked out from this address"),
+            );
+            let secs = retry_after_secs(wait);
+            let mut r = login_form(
+                &st,
+                &f.next,
+                &f.username,
+                Some(format!(
+                    "too many failed logins for {:?} from your address; try again in {} \
+                     (an administrator can clear this on the Admin page or with \
+                     `edgevirt lockout clear --user {}`)",
+                    who,
+                    crate::types::human_duration(secs as i64),
+                    who
+                )),
+                StatusCode::TOO_MANY_REQUESTS,
+            );
+            r.headers_mut().insert(header::RETRY_AFTER, secs.into());
+            return r;
+        }
+    };
+    if !attempt.delay.is_zero() {
+        // This user is failing from many addresses: every try waits, nobody's CPU spent.
+        tokio::time::sleep(attempt.delay).await;
+    }
     let user = match st.store.user(&f.username).await {
         Ok(u) => u,
-        Err(e) => return error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        Err(e) => {
+            st.logins.abandon(attempt);
+            return error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string());
+        }
     };
     let ok = match &user {
         Some((hash, _)) => {
             let (p, h) = (f.password.clone(), hash.clone());
-            tokio::task::spawn_blocking(move || auth::verify_password(&p, &h))
+            match Pool::passwords()
+                .run(move || auth::verify_password(&p, &h))
                 .await
-                .unwrap_or(false)
+            {
+                Ok(ok) => ok,
+                Err(_) => {
+                    st.logins.abandon(attempt);
+                    let mut r = login_form(
+                        &st,
+                        &f.next,
+                        &f.username,
+                        Some("the server is busy checking other logins; try again".into()),
+                        StatusCode::TOO_MANY_REQUESTS,
+                    );
+                    r.headers_mut().insert(header::RETRY_AFTER, 1.into());
+                    return r;
+                }
+            }
         }
         None => false,
     };
+    let locked = st.logins.finish(attempt, ok);
     let Some((_, role)) = user.filter(|_| ok) else {
-        tracing::warn!(user = %f.username, "dashboard login failed");
+        st.bursts.record(
+            "dashboard login failed",
+            addr,
+            format!("wrong username or password for {who:?}"),
+        );
+        let mut error = "wrong username or password".to_string();
+        if let Some(l) = locked {
+            error.push_str(&format!(
+                "; too many failed logins: further tries from your address wait {}",
+                crate::types::human_duration(l.as_secs() as i64)
+            ));
+        }
         return login_form(
             &st,
             &f.next,
             &f.username,
-            Some("wrong username or password".into()),
+            Some(error),
             StatusCode::UNAUTHORIZED,
         );
     };
@@ -815,6 +885,14 @@ pub struct YamlForm {
     yaml: String,
 }
 
+/// Pasted YAML is parsed as the API parses YAML bodies: within limits, off the async workers.
+async fn parse_pasted_yaml(yaml: String) -> Result<Value, String> {
+    crate::api::throttle::Pool::parsing()
+        .run(move || crate::api::body::parse_yaml(&yaml))
+        .await
+        .unwrap_or_else(|_| Err("the server is busy; try again in a second".into()))
+}
+
 pub async fn create_from_yaml(
     State(st): S,
     Extension(u): Extension<WebUser>,
@@ -822,8 +900,7 @@ pub async fn create_from_yaml(
     Extension(api): Extension<Api>,
     Form(form): Form<YamlForm>,
 ) -> Response {
-    let parsed: Result<Value, String> =
-        serde_yaml_ng::from_str(&form.yaml).map_err(|e| format!("the YAML does not parse: {e}"));
+    let parsed = parse_pasted_yaml(form.yaml.clone()).await;
     let (code, msg) = match parsed {
         Ok(v) if v["kind"] == "VirtualMachine" => {
             let ns = v["metadata"]["namespace"]
@@ -1144,7 +1221,7 @@ pub async fn save_vm(
     Path((ns, name)): Path<(String, String)>,
     Form(form): Form<YamlForm>,
 ) -> Response {
-    let (code, msg) = match serde_yaml_ng::from_str::<Value>(&form.yaml) {
+    let (code, msg) = match parse_pasted_yaml(form.yaml.clone()).await {
         Ok(v) => {
             let (code, r) = api
                 .call(
@@ -1311,6 +1388,7 @@ struct AdminTpl {
     users: Vec<crate::store::UserInfo>,
     tokens: Vec<crate::store::TokenInfo>,
     new_token: Option<String>,
+    lockouts: Vec<crate::api::throttle::Lockout>,
 }
 
 fn require_admin(u: &WebUser) -> Result<(), Response> {
@@ -1349,6 +1427,7 @@ async fn admin_page(
             users,
             tokens,
             new_token,
+            lockouts: st.logins.list(),
         },
     )
 }
@@ -1502,6 +1581,46 @@ pub async fn create_token(
         }
         Err(e) => error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
+}
+
+#[derive(Deserialize)]
+pub struct ClearLockoutForm {
+    #[serde(default)]
+    user: String,
+    #[serde(default)]
+    address: String,
+}
+
+/// Clear failed logins: one user's and/or one address's, or all when both are empty.
+pub async fn clear_lockouts(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Form(f): Form<ClearLockoutForm>,
+) -> Response {
+    if let Err(r) = require_admin(&u) {
+        return r;
+    }
+    let user = Some(f.user.as_str()).filter(|s| !s.is_empty());
+    let addr = match f.address.as_str() {
+        "" => None,
+        a => match a.parse() {
+            Ok(ip) => Some(ip),
+            Err(_) => {
+                return admin_page(
+                    &st,
+                    &u,
+                    Some(format!("{a:?} is not an IP address")),
+                    None,
+                    None,
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                )
+                .await;
+            }
+        },
+    };
+    let n = st.logins.clear(user, addr);
+    tracing::info!(admin = %u.name, user = ?user, address = ?addr, cleared = n, "login lockouts cleared");
+    Redirect::to("/ui/admin").into_response()
 }
 
 pub async fn delete_token(

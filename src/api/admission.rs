@@ -177,16 +177,14 @@ pub async fn admit(
     Ok(obj)
 }
 
-/// The most one stored object may take, as Kubernetes' etcd allows (1.5 MiB).
-pub const OBJECT_MAX_BYTES: usize = 1536 << 10;
-
+/// Checked here too (the store holds every write to it) so a dry run says so.
 fn check_size(obj: &Value) -> ApiResult<()> {
     let n = serde_json::to_vec(obj).map_err(ApiError::internal)?.len();
-    if n > OBJECT_MAX_BYTES {
+    if n > crate::store::OBJECT_MAX_BYTES {
         return Err(ApiError::invalid(format!(
             "the object is {} KiB; at most {} KiB (1.5 MiB) is stored",
             n >> 10,
-            OBJECT_MAX_BYTES >> 10
+            crate::store::OBJECT_MAX_BYTES >> 10
         )));
     }
     Ok(())

@@ -87,6 +87,10 @@ pub struct Store {
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+/// The most one stored object may take, as Kubernetes' etcd allows (1.5 MiB). Every write
+/// (an API write, a status from an agent, a controller's update) is held to it.
+pub const OBJECT_MAX_BYTES: usize = 1536 << 10;
+
 /// Keep this many events for watchers to resume from.
 const EVENT_LOG_KEEP: i64 = 20_000;
 /// And at most this many bytes of them: big objects written often would otherwise keep
@@ -625,6 +629,15 @@ async fn insert_row(
     obj: &Value,
     rv: u64,
 ) -> Result<()> {
+    let body = serde_json::to_string(obj)?;
+    if body.len() > OBJECT_MAX_BYTES {
+        return Err(Error::Invalid(format!(
+            "{} {name:?} would take {} KiB; at most {} KiB (1.5 MiB) is stored",
+            kind.name(),
+            body.len() >> 10,
+            OBJECT_MAX_BYTES >> 10
+        )));
+    }
     sqlx::query(
         "INSERT INTO objects (kind, namespace, name, uid, resource_version, node_name, phase, body) \
          VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -636,7 +649,7 @@ async fn insert_row(
     .bind(rv as i64)
     .bind(obj["status"]["nodeName"].as_str())
     .bind(obj["status"]["phase"].as_str())
-    .bind(serde_json::to_string(obj)?)
+    .bind(body)
     .execute(&mut **tx)
     .await?;
     Ok(())

@@ -340,3 +340,38 @@ async fn the_event_log_is_pruned_by_size() {
     // Under the cap nothing goes.
     assert_eq!(s.prune_events_bytes(64 << 10).await.unwrap(), 0);
 }
+
+#[tokio::test]
+async fn no_object_over_one_and_a_half_mib_is_stored() {
+    let (_d, s) = store().await;
+    let a = s
+        .create(Kind::VirtualMachine, vm("a"), false)
+        .await
+        .unwrap();
+    let mut big = vm("big");
+    big["spec"]["x"] = json!("x".repeat(OBJECT_MAX_BYTES));
+    assert!(matches!(
+        s.create(Kind::VirtualMachine, big, false).await,
+        Err(Error::Invalid(m)) if m.contains("1.5 MiB")
+    ));
+    // A status write (agents, controllers) is held to it too, and leaves the object as it was.
+    let r = s
+        .update(Kind::VirtualMachine, "default", "a", |o| {
+            o["status"] = json!({"note": "y".repeat(OBJECT_MAX_BYTES)});
+            Ok(())
+        })
+        .await;
+    assert!(matches!(r, Err(Error::Invalid(_))), "{r:?}");
+    let now = s
+        .get(Kind::VirtualMachine, "default", "a")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rv_of(&now), rv_of(&a));
+    assert!(
+        s.get(Kind::VirtualMachine, "default", "big")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}

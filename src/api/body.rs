@@ -7,7 +7,9 @@
 //!   nodes, aliases, scalar bytes). It is linear on deep flow nesting, where libyaml (behind
 //!   serde_yaml_ng) is quadratic, and it refuses alias "bombs" once they pass the budget.
 //! - `application/vnd.kubernetes.protobuf`: the envelope kubectl may send.
-//! - Anything else, no type included, is 415: nothing is guessed.
+//! - No `Content-Type` at all is JSON, as kube-apiserver takes it (kubectl 1.20 sends
+//!   none when it creates a namespace); such a body is never tried as YAML.
+//! - Anything else is 415: nothing is guessed.
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -55,7 +57,7 @@ pub fn format_of(headers: &HeaderMap) -> ApiResult<Format> {
         .trim()
         .to_ascii_lowercase();
     match essence.as_str() {
-        "application/json" => Ok(Format::Json),
+        "" | "application/json" => Ok(Format::Json),
         "application/yaml" | "application/x-yaml" | "text/yaml" | "text/x-yaml" => Ok(Format::Yaml),
         e if e == super::protobuf::CONTENT_TYPE => Ok(Format::Protobuf),
         e if e.starts_with("application/") && e.ends_with("+json") => Ok(Format::Json),
@@ -64,15 +66,13 @@ pub fn format_of(headers: &HeaderMap) -> ApiResult<Format> {
 }
 
 fn unsupported(ct: &str) -> ApiError {
-    let what = if ct.is_empty() {
-        "a request body without a Content-Type".to_string()
-    } else {
-        format!("Content-Type {ct:?}")
-    };
     ApiError::new(
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
         "UnsupportedMediaType",
-        format!("{what} is not accepted here; send application/json or application/yaml"),
+        format!(
+            "Content-Type {ct:?} is not accepted here; send application/json or \
+             application/yaml"
+        ),
     )
 }
 
@@ -128,9 +128,11 @@ pub fn parse_yaml(text: &str) -> Result<Value, String> {
     budget.max_total_scalar_bytes = YAML_MAX_SCALAR_BYTES;
     budget.max_aliases = YAML_MAX_ALIASES;
     budget.max_documents = 1;
+    // Duplicate keys: the last one wins, as in JSON and as kube-apiserver does by default.
     let options = serde_saphyr::options! {
         budget: Some(budget),
         with_snippet: false,
+        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::LastWins,
     };
     serde_saphyr::from_str_with_options::<Value>(text, options).map_err(|e| {
         let m = e.to_string();
@@ -175,12 +177,10 @@ mod tests {
             format_of(&headers("application/yaml")).unwrap(),
             Format::Yaml
         );
-        for ct in [
-            "",
-            "text/plain",
-            "application/x-www-form-urlencoded",
-            "yaml",
-        ] {
+        // As kube-apiserver: no type is JSON, and never YAML.
+        assert_eq!(format_of(&headers("")).unwrap(), Format::Json);
+        assert!(parse(Format::Json, b"metadata:\n  name: a\n").is_err());
+        for ct in ["text/plain", "application/x-www-form-urlencoded", "yaml"] {
             let e = format_of(&headers(ct)).unwrap_err();
             assert_eq!(e.code, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{ct}");
         }
@@ -194,6 +194,8 @@ mod tests {
         // A few aliases within the budget are fine.
         let v = parse_yaml("a: &x {b: 1}\nc: *x\n").unwrap();
         assert_eq!(v["c"]["b"], 1);
+        let v = parse_yaml("a: 1\nb: 2\na: 3\n").unwrap();
+        assert_eq!(v["a"], 3, "the last of duplicate keys wins");
     }
 
     #[test]

@@ -599,10 +599,14 @@ async fn refusals_are_status_objects_with_the_right_code() {
             "{what}: {v}"
         );
     };
-    for ct in ["", "text/plain", "application/x-www-form-urlencoded"] {
+    for ct in ["text/plain", "application/x-www-form-urlencoded"] {
         let (code, v) = call(&t, "POST", VMS, tok, ct, &vm("b", json!({}))).await;
         status(code, &v, StatusCode::UNSUPPORTED_MEDIA_TYPE, ct);
     }
+    // No type is JSON (kube-apiserver's rule, which kubectl 1.20 relies on), never YAML.
+    let (code, v) = call(&t, "POST", VMS, tok, "", "metadata:\n  name: b\n").await;
+    status(code, &v, StatusCode::BAD_REQUEST, "YAML without a type");
+    assert!(v["message"].as_str().unwrap().contains("JSON"), "{v}");
     for q in [
         "limit=-1",
         "limit=abc",

@@ -335,10 +335,18 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
     let valid = serde_json::to_vec(&vm("hostile-valid", |_| {})).unwrap();
 
     // ---- 1. content types and body limits on object writes
+    // No type is JSON, as kube-apiserver takes it (kubectl 1.20 sends none): a YAML body
+    // without one is not guessed as YAML.
     c.push(
-        post("vm-no-content-type")
-            .raw(None, valid.clone())
-            .expect(&[415]),
+        post("vm-yaml-without-content-type")
+            .raw(
+                None,
+                serde_yaml_ng::to_string(&vm("hostile-valid", |_| {}))
+                    .unwrap()
+                    .into_bytes(),
+            )
+            .expect(&[400])
+            .msg("JSON"),
     );
     for ct in [
         "text/plain",
@@ -654,9 +662,9 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             .expect(&[401]),
     );
     c.push(
-        join("join-no-content-type", "127.0.1.2")
-            .raw(None, join_body("x"))
-            .expect(&[415]),
+        join("join-yaml-bomb-without-content-type", "127.0.1.2")
+            .raw(None, yaml_laughs(9, 10))
+            .expect(&[400]),
     );
     c.push(
         join("join-text-plain", "127.0.1.3")

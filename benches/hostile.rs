@@ -264,12 +264,7 @@ async fn measure(label: &str, exe: PathBuf) -> Column {
     match prelogin(&flooder, &url).await {
         Ok(form) => {
             let t = Instant::now();
-            let m = Monitor::start(
-                r.clients.from(ip("127.0.0.250")),
-                &url,
-                r.a.pid(),
-                r.kill_above_kib,
-            );
+            let m = r.monitor();
             let answers =
                 concurrent_logins(&flooder, &url, &form, "admin", "wrong-password", 100).await;
             let s = m.finish(Duration::from_millis(200)).await;
@@ -287,12 +282,7 @@ async fn measure(label: &str, exe: PathBuf) -> Column {
         col.rows.last_mut().unwrap().note.push_str("restarted");
     }
     let t = Instant::now();
-    let m = Monitor::start(
-        r.clients.from(ip("127.0.0.250")),
-        &url,
-        r.a.pid(),
-        r.kill_above_kib,
-    );
+    let m = r.monitor();
     let answers = join_tries(&r.clients.from(ip("127.0.0.4")), &url, 200, 20).await;
     let s = m.finish(Duration::from_millis(200)).await;
     col.rows.push(flood_row(

@@ -148,6 +148,25 @@ async fn hostile_clients_cannot_exhaust_the_appliance() {
     );
 }
 
+/// After a flood: the store as it was before it (`before`), and serve still alive (else
+/// restarted for what follows).
+async fn end_of_flood(
+    r: &mut Runner<'_>,
+    tag: &str,
+    before: Option<std::collections::BTreeMap<String, String>>,
+) -> Vec<String> {
+    let mut p = Vec::new();
+    if let (Some(b), Ok(after)) = (before, r.snapshot().await)
+        && let Some(d) = store_diff(&b, &after)
+    {
+        p.push(format!("{tag}: the store changed: {d}"));
+    }
+    if let Some(why) = r.revive().await {
+        p.push(format!("{tag}: {why}; restarted it"));
+    }
+    p
+}
+
 /// The administrator clears every lockout: a problem unless that answers 200.
 async fn clear_lockouts(
     admin: &reqwest::Client,
@@ -193,12 +212,7 @@ async fn login_flood(r: &mut Runner<'_>, problems: &mut Vec<String>, lines: &mut
 
     // 100 concurrent wrong passwords from 127.0.0.1.
     let tag = "[login] 100 concurrent wrong passwords for admin";
-    let m = Monitor::start(
-        r.clients.from(ip("127.0.0.250")),
-        &url,
-        r.a.pid(),
-        r.kill_above_kib,
-    );
+    let m = r.monitor();
     let answers = concurrent_logins(&c1, &url, &form, "admin", "wrong-password", 100).await;
     let s = m.finish(SETTLE).await;
     p.extend(r.judge(tag, &s));
@@ -311,12 +325,7 @@ async fn login_flood(r: &mut Runner<'_>, problems: &mut Vec<String>, lines: &mut
     // 100 sequential wrong passwords (from an address with no history): after the 5th,
     // refused without a password check.
     let tag = "[login] 100 sequential wrong passwords for admin";
-    let m = Monitor::start(
-        r.clients.from(ip("127.0.0.250")),
-        &url,
-        r.a.pid(),
-        r.kill_above_kib,
-    );
+    let m = r.monitor();
     let mut seq = Vec::new();
     for _ in 0..100 {
         seq.push(login(&c3, &url, &form, "admin", "wrong-password").await);
@@ -370,14 +379,7 @@ async fn login_flood(r: &mut Runner<'_>, problems: &mut Vec<String>, lines: &mut
     lines.push(format!(
         "[login] serve.log lines about failed/refused logins: {n}"
     ));
-    if let (Some(b), Ok(after)) = (before, r.snapshot().await)
-        && let Some(d) = store_diff(&b, &after)
-    {
-        p.push(format!("[login] the store changed: {d}"));
-    }
-    if let Some(why) = r.revive().await {
-        p.push(format!("[login] {why}; restarted it"));
-    }
+    p.extend(end_of_flood(r, "[login]", before).await);
     problems.extend(p);
 }
 
@@ -385,12 +387,7 @@ async fn join_flood(r: &mut Runner<'_>, problems: &mut Vec<String>, lines: &mut 
     let url = r.a.url.clone();
     let tag = "[join] 1000 wrong-secret tries from 127.0.0.1";
     let before = r.snapshot().await.ok();
-    let m = Monitor::start(
-        r.clients.from(ip("127.0.0.250")),
-        &url,
-        r.a.pid(),
-        r.kill_above_kib,
-    );
+    let m = r.monitor();
     let answers = join_tries(&r.clients.from(ip("127.0.0.1")), &url, 1000, 20).await;
     let s = m.finish(SETTLE).await;
     let mut p = r.judge(tag, &s);
@@ -444,13 +441,6 @@ async fn join_flood(r: &mut Runner<'_>, problems: &mut Vec<String>, lines: &mut 
         (s.peak_rss_kib as i64 - r.idle_rss_kib as i64) / 1024,
         proc_kib(r.a.pid(), "VmRSS").unwrap_or(0) / 1024
     ));
-    if let (Some(b), Ok(after)) = (before, r.snapshot().await)
-        && let Some(d) = store_diff(&b, &after)
-    {
-        p.push(format!("{tag}: the store changed: {d}"));
-    }
-    if let Some(why) = r.revive().await {
-        p.push(format!("{tag}: {why}; restarted it"));
-    }
+    p.extend(end_of_flood(r, tag, before).await);
     problems.extend(p);
 }

@@ -167,7 +167,6 @@ struct Entry {
     in_flight: u32,
     lockouts: u32,
     locked_until: Option<Instant>,
-    locked_until_wall: Option<SystemTime>,
     last: Instant,
 }
 
@@ -179,7 +178,6 @@ impl Entry {
             in_flight: 0,
             lockouts: 0,
             locked_until: None,
-            locked_until_wall: None,
             last: now,
         }
     }
@@ -283,10 +281,10 @@ impl LoginGuard {
     /// End a try: a success forgets the pair's failures; a failure may lock the pair or the
     /// address. Returns the lock it started, if any.
     pub fn finish(&self, a: Attempt, ok: bool) -> Option<Duration> {
-        self.finish_at(a, ok, Instant::now(), SystemTime::now())
+        self.finish_at(a, ok, Instant::now())
     }
 
-    fn finish_at(&self, a: Attempt, ok: bool, now: Instant, wall: SystemTime) -> Option<Duration> {
+    fn finish_at(&self, a: Attempt, ok: bool, now: Instant) -> Option<Duration> {
         let mut map = self.entries.lock().expect("login guard lock");
         let mut started = None;
         for (k, limit) in Self::keys(&a.user, a.addr) {
@@ -310,7 +308,6 @@ impl LoginGuard {
                 e.lockouts += 1;
                 e.failures = 0;
                 e.locked_until = Some(now + lock);
-                e.locked_until_wall = Some(wall + lock);
                 started = Some(started.map_or(lock, |s: Duration| s.max(lock)));
             }
         }
@@ -329,7 +326,7 @@ impl LoginGuard {
 
     /// Current lockouts and failure counts, for administrators.
     pub fn list(&self) -> Vec<Lockout> {
-        let now = Instant::now();
+        let (now, wall) = (Instant::now(), SystemTime::now());
         let map = self.entries.lock().expect("login guard lock");
         let mut out: Vec<(Key, Lockout)> = map
             .iter()
@@ -340,10 +337,10 @@ impl LoginGuard {
                     Key::Addr(a) => (None, Some(a.to_string())),
                     Key::User(u) => (Some(u.clone()), None),
                 };
+                // The wall-clock time is derived when shown: the lock itself is monotonic.
                 let locked_until = e
                     .locked(now)
-                    .and(e.locked_until_wall)
-                    .map(|t| chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339());
+                    .map(|left| chrono::DateTime::<chrono::Utc>::from(wall + left).to_rfc3339());
                 (
                     k.clone(),
                     Lockout {
@@ -511,11 +508,11 @@ mod tests {
     #[test]
     fn a_pair_is_locked_after_five_failures_and_the_lock_doubles() {
         let g = LoginGuard::default();
-        let (now, wall) = (Instant::now(), SystemTime::now());
+        let now = Instant::now();
         let a = ip("10.0.0.1");
         for i in 0..USER_ADDR_FAILURES {
             let t = g.begin_at("admin", a, now).unwrap();
-            let lock = g.finish_at(t, false, now, wall);
+            let lock = g.finish_at(t, false, now);
             assert_eq!(lock.is_some(), i + 1 == USER_ADDR_FAILURES);
         }
         assert_eq!(
@@ -527,7 +524,7 @@ mod tests {
         let later = now + FIRST_LOCK + Duration::from_secs(1);
         for _ in 0..USER_ADDR_FAILURES {
             let t = g.begin_at("admin", a, later).unwrap();
-            g.finish_at(t, false, later, wall);
+            g.finish_at(t, false, later);
         }
         assert_eq!(
             g.begin_at("admin", a, later).err(),
@@ -548,7 +545,7 @@ mod tests {
             .collect();
         assert!(g.begin_at("u", a, now).is_err(), "a sixth concurrent try");
         for t in tries {
-            g.finish_at(t, true, now, SystemTime::now());
+            g.finish_at(t, true, now);
         }
         assert!(g.begin_at("u", a, now).is_ok());
     }
@@ -560,7 +557,7 @@ mod tests {
         let a = ip("10.0.0.9");
         for i in 0..ADDR_FAILURES {
             let t = g.begin_at(&format!("user{i}"), a, now).unwrap();
-            g.finish_at(t, false, now, SystemTime::now());
+            g.finish_at(t, false, now);
         }
         assert!(g.begin_at("someone-else", a, now).is_err());
         assert!(g.begin_at("someone-else", ip("10.0.0.10"), now).is_ok());
@@ -577,7 +574,7 @@ mod tests {
                 .begin_at("admin", ip(&format!("10.1.{}.{}", i / 200, i % 200)), now)
                 .unwrap();
             assert_eq!(t.delay, Duration::ZERO);
-            g.finish_at(t, false, now, SystemTime::now());
+            g.finish_at(t, false, now);
         }
         let t = g.begin_at("admin", ip("10.9.9.9"), now).unwrap();
         assert_eq!(t.delay, USER_SLOWDOWN);
@@ -619,7 +616,7 @@ mod tests {
         let g = LoginGuard::default();
         for i in 0..(MAX_ENTRIES as u32 + 500) {
             let t = g.begin_at("u", IpAddr::V4(i.into()), now).unwrap();
-            g.finish_at(t, false, now, SystemTime::now());
+            g.finish_at(t, false, now);
         }
         assert!(g.entries.lock().unwrap().len() <= MAX_ENTRIES + 3);
     }

@@ -223,6 +223,19 @@ pub struct LoginForm {
     password: String,
 }
 
+/// The login form again, with 429 and `Retry-After`: try again in `secs` seconds.
+fn login_wait(st: &AppState, f: &LoginForm, message: String, secs: u64) -> Response {
+    let mut r = login_form(
+        st,
+        &f.next,
+        &f.username,
+        Some(message),
+        StatusCode::TOO_MANY_REQUESTS,
+    );
+    r.headers_mut().insert(header::RETRY_AFTER, secs.into());
+    r
+}
+
 pub async fn login(
     State(st): S,
     peer: crate::api::Peer,
@@ -252,22 +265,13 @@ pub async fn login(
                 format!("user {who:?} is locked out from this address"),
             );
             let secs = retry_after_secs(wait);
-            let mut r = login_form(
-                &st,
-                &f.next,
-                &f.username,
-                Some(format!(
-                    "too many failed logins for {:?} from your address; try again in {} \
-                     (an administrator can clear this on the Admin page or with \
-                     `edgevirt lockout clear --user {}`)",
-                    who,
-                    crate::types::human_duration(secs as i64),
-                    who
-                )),
-                StatusCode::TOO_MANY_REQUESTS,
+            let message = format!(
+                "too many failed logins for {who:?} from your address; try again in {} (an \
+                 administrator can clear this on the Admin page or with \
+                 `edgevirt lockout clear --user {who}`)",
+                crate::types::human_duration(secs as i64),
             );
-            r.headers_mut().insert(header::RETRY_AFTER, secs.into());
-            return r;
+            return login_wait(&st, &f, message, secs);
         }
     };
     if !attempt.delay.is_zero() {
@@ -291,15 +295,8 @@ pub async fn login(
                 Ok(ok) => ok,
                 Err(_) => {
                     st.logins.abandon(attempt);
-                    let mut r = login_form(
-                        &st,
-                        &f.next,
-                        &f.username,
-                        Some("the server is busy checking other logins; try again".into()),
-                        StatusCode::TOO_MANY_REQUESTS,
-                    );
-                    r.headers_mut().insert(header::RETRY_AFTER, 1.into());
-                    return r;
+                    let message = "the server is busy checking other logins; try again";
+                    return login_wait(&st, &f, message.into(), 1);
                 }
             }
         }

@@ -1474,6 +1474,17 @@ pub struct Runner<'a> {
 }
 
 impl Runner<'_> {
+    /// Start watching serve's `/healthz` and RSS, from an address no case sends from
+    /// (127.0.0.250), so no limit of the appliance applies to the watching.
+    pub fn monitor(&self) -> Monitor {
+        Monitor::start(
+            self.clients.from(Some("127.0.0.250".parse().unwrap())),
+            &self.a.url,
+            self.a.pid(),
+            self.kill_above_kib,
+        )
+    }
+
     /// The answers `case` should get as `who`; `None`: the case is not sent as `who`.
     pub fn expected(case: &Case, who: Identity) -> Option<Vec<u16>> {
         match (who, case.auth) {
@@ -1560,12 +1571,7 @@ impl Runner<'_> {
         } else {
             None
         };
-        let monitor = Monitor::start(
-            self.clients.from(Some("127.0.0.250".parse().unwrap())),
-            &self.a.url,
-            self.a.pid(),
-            self.kill_above_kib,
-        );
+        let monitor = self.monitor();
         let answers =
             futures::future::join_all((0..case.parallel).map(|_| send(self.request(case, who))))
                 .await;

@@ -3,48 +3,50 @@
 //!
 //!   CARGO_TARGET_DIR=/work/target-bench-api cargo bench --bench api
 //!
-//! It starts the real `edgevirt serve --role controller` (the optimized build of this
-//! workspace: the bench profile has the release settings; no libvirt needed in that role) on
-//! a fresh data dir, fills the store with `BENCH_VMS` VMs (runStrategy Halted, so nothing
-//! boots) through the API, and measures in one run:
+//! It starts the real `edgevirt serve --role controller` (the build of this workspace the
+//! bench target was built with; no libvirt needed in that role) on a fresh data dir, fills the
+//! store with `BENCH_VMS` VMs in `default` and `BENCH_WATCH_VMS` in `fan` (runStrategy Halted,
+//! so nothing boots) through the API, and measures in one run:
 //!
-//! 1. The create rate, and the serve process's CPU while idle with the store full (per
-//!    second, so the controller's 10 s resync of every VM shows).
-//! 2. LIST of the namespace's VMs over loopback HTTP, as JSON (`Accept: application/json`)
-//!    and as a `meta.k8s.io/v1` Table (what `kubectl get` asks for), request sent → whole
-//!    body read, against the in-process floor: this process opens the same SQLite file
-//!    (WAL, so safe while the server runs) with `edgevirt::store::Store` and times
-//!    `Store::list` + `serde_json::to_vec` of the same list object built the same way, i.e.
-//!    the handler's work minus HTTP. The Table builder (`api::table`) is private, so the
-//!    Table LIST is compared to the same JSON floor. For reference, also one 500-item page
-//!    (`?limit=500`, kubectl's chunk size), the stored JSON text spliced into a list without
-//!    parsing (a raw SELECT), and the floor again with the server paused (SIGSTOP). All but
-//!    the last are interleaved (order rotated each iteration) so background work in the
-//!    server hits them alike. p50 and p99.
-//! 3. Watch fan-out: `BENCH_WATCHERS` concurrent `?watch=true&resourceVersion=<rv>` streams,
-//!    then `BENCH_CHANGES` merge patches of one VM's labels, one at a time; per change, the
-//!    time from sending the PATCH until the first and the last watcher has read the event,
-//!    against the PATCH itself (sent → response read, the write) as the baseline; events
-//!    delivered must be watchers × changes.
-//! 4. Memory: VmRSS of the serve process empty, after the fill, with the watches open.
+//! 1. The create rate; the serve process's CPU while idle with the store full; and the
+//!    controller's periodic resync (`controller::resync_keys`) run in this process against
+//!    the same store: objects queued and write transactions (`Store::writes`).
+//! 2. LIST of `default`'s VMs over loopback HTTP, as JSON and as a Table, request sent →
+//!    whole body read, against the floor: a raw SQLite `SELECT body` of the same rows spliced
+//!    into a list (no parse). Also one 500-item page (`?limit=500`, kubectl's chunk size)
+//!    and the old path in-process (`Store::list` + `json!` + `to_vec`, what the handler did
+//!    before the stored JSON was passed through). All interleaved, order rotated each
+//!    iteration. With `EDGEVIRT_BASELINE_BIN`, the baseline build is started on a copy of the
+//!    database first and its JSON LIST and page are timed the same way ("before").
+//! 3. LIST storm: `BENCH_STORM` concurrent JSON LISTs of `default`; statuses, serve's peak
+//!    RSS, and its RSS `BENCH_SETTLE_SECS` later against before.
+//! 4. Watch fan-out: `BENCH_WATCHERS` concurrent `?watch=true` streams of `fan` without a
+//!    resourceVersion (each starts from a full listing), opened together: time until every
+//!    response head and every whole listing arrived, statuses; then `BENCH_CHANGES` merge
+//!    patches of one VM's labels, one at a time; per change, PATCH sent → the first and the
+//!    last watcher read the event, against the PATCH itself; events delivered must be
+//!    watchers × changes; serve's peak RSS against its idle RSS.
+//! 5. Memory: VmRSS of the serve process along the way.
 //!
-//! Target (DESIGN.md "Targets"): LIST of 10,000 VMs ≤ 1.5× an in-process SELECT + serialize.
-//! Printed next to the figures, not asserted.
+//! Targets (DESIGN.md "Targets", issue 16): JSON LIST ≤ 1.5× the floor and ≤ 0.3× before; a
+//! page ≤ 0.1× a full LIST; an idle resync makes zero writes; RSS a minute after the storm
+//! ≤ 2× before it; every watch connected and listed within 10 s, no 5xx, every event to every
+//! watcher, RSS ≤ 4× idle. Printed next to the figures, never asserted.
 //!
-//! Environment: BENCH_VMS (10000), BENCH_CREATE_CONCURRENCY (16), BENCH_LIST_ITERS (30, after
-//! BENCH_LIST_WARMUP = 3), BENCH_WATCHERS (100), BENCH_CHANGES (50), BENCH_IDLE_SECS (20: the
-//! idle-CPU window, two controller resyncs), BENCH_TMPDIR (/var/tmp, where the data dir
-//! goes), BENCH_KEEP_LOGS (a directory to copy serve.log into).
+//! Environment: BENCH_VMS (10000), BENCH_WATCH_VMS (2000), BENCH_CREATE_CONCURRENCY (16),
+//! BENCH_LIST_ITERS (30, after BENCH_LIST_WARMUP = 3), BENCH_STORM (100), BENCH_SETTLE_SECS
+//! (60), BENCH_WATCHERS (200), BENCH_CHANGES (50), BENCH_IDLE_SECS (20), BENCH_TMPDIR
+//! (/var/tmp, where the data dirs go), BENCH_KEEP_LOGS (a directory to copy serve.log into),
+//! EDGEVIRT_BASELINE_BIN (a build of the baseline, for "before").
 //!
 //! `cargo test --all-targets` also runs this binary, without `--bench`: it then does nothing.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use futures::StreamExt;
 use reqwest::Method;
@@ -59,6 +61,9 @@ const VMS: &str = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines";
 const JSON_ACCEPT: &str = "application/json";
 const TABLE_ACCEPT: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
 const PATCHED_VM: &str = "vm-00001";
+/// The namespace the watchers list and follow.
+const WATCH_NS: &str = "fan";
+const WATCH_VMS: &str = "/apis/kubevirt.io/v1/namespaces/fan/virtualmachines";
 /// kubectl's default `--chunk-size`: `kubectl get` pages a list in LISTs of this many.
 const PAGE: usize = 500;
 const REQ_TIMEOUT: Duration = Duration::from_secs(120);
@@ -100,57 +105,24 @@ impl Serve {
             .prefix("edgevirt-bench-api.")
             .tempdir_in(parent)
             .with_context(|| format!("creating a data dir under {}", parent.display()))?;
-        let log = std::fs::File::create(dir.path().join("serve.log"))?;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_edgevirt"))
-            .args([
-                "serve",
-                "--role",
-                "controller",
-                "--listen",
-                "127.0.0.1:0",
-                "--node-name",
-                "bench",
-            ])
-            .arg("--data-dir")
-            .arg(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .context("starting edgevirt serve")?;
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            // Keep draining stdout after the URL so the server never blocks on the pipe.
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(u) = line.split("serving the API on ").nth(1) {
-                    let _ = tx.send(u.trim().to_string());
-                }
-            }
-        });
-        let mut serve = Serve {
-            child,
-            url: String::new(),
+        Serve::start_in(testkit::exe(), dir, None)
+    }
+
+    /// `bin` on the data dir `dir` (which may hold a database already: then `token`, an
+    /// administrator's token in it, since no initial-admin file is written). The test kit
+    /// starts it and waits for /healthz; the bench keeps the process.
+    fn start_in(bin: &Path, dir: tempfile::TempDir, token: Option<String>) -> Result<Serve> {
+        let mut cmd = testkit::serve::command(bin, dir.path());
+        cmd.args(["--role", "controller", "--listen", "127.0.0.1:0"])
+            .args(["--node-name", "bench"]);
+        let mut started = testkit::serve::start(cmd, dir.path());
+        let token = token.unwrap_or_else(|| started.initial("token"));
+        Ok(Serve {
+            child: started.child.take().expect("serve runs"),
+            url: started.url.clone(),
             dir,
-            token: String::new(),
-        };
-        serve.url = rx
-            .recv_timeout(Duration::from_secs(60))
-            .map_err(|_| anyhow!("edgevirt serve printed no URL within 60 s (see serve.log)"))?;
-        let file = serve.dir.path().join("initial-admin");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        serve.token = loop {
-            let token = std::fs::read_to_string(&file).ok().and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("token=").map(|t| t.trim().to_string()))
-            });
-            match token {
-                Some(t) if !t.is_empty() => break t,
-                _ if Instant::now() > deadline => bail!("no token= line in {}", file.display()),
-                _ => std::thread::sleep(Duration::from_millis(50)),
-            }
-        };
-        Ok(serve)
+            token,
+        })
     }
 
     fn pid(&self) -> u32 {
@@ -167,11 +139,25 @@ impl Serve {
 
     /// VmRSS in KiB.
     fn rss_kib(&self) -> u64 {
+        self.status_kib("VmRSS:")
+    }
+
+    /// The peak RSS since [`Serve::reset_peak`] (VmHWM), in KiB.
+    fn peak_kib(&self) -> u64 {
+        self.status_kib("VmHWM:")
+    }
+
+    /// Start a new peak RSS window (`/proc/PID/clear_refs`, 5).
+    fn reset_peak(&self) {
+        let _ = std::fs::write(format!("/proc/{}/clear_refs", self.pid()), "5");
+    }
+
+    fn status_kib(&self, field: &str) -> u64 {
         std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
             .ok()
             .and_then(|s| {
                 s.lines()
-                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .find_map(|l| l.strip_prefix(field))
                     .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             })
             .unwrap_or(0)
@@ -298,16 +284,7 @@ async fn call(rb: reqwest::RequestBuilder) -> Result<Bytes> {
 }
 
 fn vm_body(name: &str) -> String {
-    json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachine",
-        "metadata": {"name": name, "labels": {"app": "bench"}},
-        "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {
-            "memory": {"guest": "64Mi"},
-            "firmware": {"kernelBoot": {"container": {"image": "k", "kernelPath": "k"}}},
-        }}}},
-    })
-    .to_string()
+    testkit::Vm::halted(name, "k").label("app", "bench").body()
 }
 
 fn vm_name(i: usize) -> String {
@@ -378,10 +355,11 @@ async fn http_list(api: &Api, path: &str, accept: &str) -> Result<(Duration, Byt
     Ok((t.elapsed(), body))
 }
 
-/// What the LIST handler does for JSON, minus HTTP: read the rows, build the list, serialize.
+/// What the LIST handler did for JSON before the stored JSON was passed through, minus HTTP:
+/// read and parse the rows, build the list, serialize.
 /// Also returns the time spent in `Store::list`, and in that plus building the list `Value`
 /// (`json!` copies the items through `serde_json::to_value`, as the handler's does).
-async fn floor_list(store: &Store) -> Result<(Duration, [Duration; 2], Vec<u8>)> {
+async fn old_path_list(store: &Store) -> Result<(Duration, [Duration; 2], Vec<u8>)> {
     let t = Instant::now();
     let (items, rv) = store
         .list(
@@ -404,8 +382,8 @@ async fn floor_list(store: &Store) -> Result<(Duration, [Duration; 2], Vec<u8>)>
     Ok((t.elapsed(), [read, built], body))
 }
 
-/// For reference: the rows' stored JSON text spliced into a list, no parse and no
-/// re-serialization (what a store returning raw bodies could do).
+/// The floor: the rows' stored JSON text from a raw SELECT spliced into a list, no parse and
+/// no re-serialization.
 async fn raw_list(pool: &sqlx::SqlitePool) -> Result<(Duration, Vec<u8>)> {
     let t = Instant::now();
     let mut tx = pool.begin().await?;
@@ -435,6 +413,71 @@ async fn raw_list(pool: &sqlx::SqlitePool) -> Result<(Duration, Vec<u8>)> {
     Ok((t.elapsed(), body))
 }
 
+/// The LIST figures of the baseline build.
+struct Before {
+    bin: PathBuf,
+    list: Series,
+    page: Series,
+    items: usize,
+}
+
+/// Start the baseline build on a copy of serve's database (`VACUUM INTO`, consistent while
+/// serve runs) and time its JSON LIST and one page; it is stopped before returning.
+async fn measure_before(
+    bin: &Path,
+    serve: &Serve,
+    parent: &Path,
+    warmup: usize,
+    iters: usize,
+) -> Result<Before> {
+    let dir = tempfile::Builder::new()
+        .prefix("edgevirt-bench-api-before.")
+        .tempdir_in(parent)?;
+    let copy = dir.path().join("edgevirt.db");
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(sqlx::sqlite::SqliteConnectOptions::new().filename(serve.db()))
+        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "VACUUM INTO '{}'",
+        copy.display().to_string().replace('\'', "''")
+    )))
+    .execute(&pool)
+    .await?;
+    pool.close().await;
+    eprintln!(
+        "[bench] before: {} on a copy of the database",
+        bin.display()
+    );
+    let old = Serve::start_in(bin, dir, Some(serve.token.clone()))?;
+    let api = Api {
+        http: reqwest::Client::builder().build()?,
+        url: old.url.clone(),
+        token: old.token.clone(),
+    };
+    call(api.req(Method::GET, "/readyz")).await?;
+    let page_path = format!("{VMS}?limit={PAGE}");
+    let (mut list, mut page, mut items) = (Series::default(), Series::default(), 0);
+    for i in 0..warmup + iters {
+        let (d, body) = http_list(&api, VMS, JSON_ACCEPT).await?;
+        let (dp, _) = http_list(&api, &page_path, JSON_ACCEPT).await?;
+        if i == 0 {
+            items = count_in(&body, "items");
+        }
+        if i >= warmup {
+            list.times.push(d);
+            page.times.push(dp);
+        }
+    }
+    drop(old);
+    Ok(Before {
+        bin: bin.to_path_buf(),
+        list,
+        page,
+        items,
+    })
+}
+
 fn count_in(body: &[u8], field: &str) -> usize {
     serde_json::from_slice::<Value>(body)
         .ok()
@@ -445,6 +488,8 @@ fn count_in(body: &[u8], field: &str) -> usize {
 // ------------------------------------------------------------------------- watch
 
 enum WatchMsg {
+    /// Watcher read its `added`th ADDED event (of the initial listing).
+    Added { added: usize },
     /// A line read by watcher `w`: the change number it carries (label `n`), if any.
     Line {
         w: usize,
@@ -475,7 +520,11 @@ async fn run() -> Result<()> {
     let conc: usize = env_num("BENCH_CREATE_CONCURRENCY", 16).max(1);
     let iters: usize = env_num("BENCH_LIST_ITERS", 30).max(1);
     let warmup: usize = env_num("BENCH_LIST_WARMUP", 3);
-    let watchers: usize = env_num("BENCH_WATCHERS", 100).max(1);
+    let watchers: usize = env_num("BENCH_WATCHERS", 200).max(1);
+    let watch_vms: usize = env_num("BENCH_WATCH_VMS", 2000).max(1);
+    let storm: usize = env_num("BENCH_STORM", 100).max(1);
+    let settle_secs: f64 = env_num("BENCH_SETTLE_SECS", 60.0);
+    let baseline_bin = std::env::var_os("EDGEVIRT_BASELINE_BIN").map(PathBuf::from);
     let changes: u32 = env_num("BENCH_CHANGES", 50).max(1);
     let idle_secs: f64 = env_num("BENCH_IDLE_SECS", 20.0);
     let parent = PathBuf::from(std::env::var("BENCH_TMPDIR").unwrap_or("/var/tmp".into()));
@@ -559,7 +608,38 @@ async fn run() -> Result<()> {
         );
     }
 
-    // The in-process floor's store: the same file, opened while the server runs (WAL).
+    // The watched namespace: BENCH_WATCH_VMS more VMs, which the watchers list and follow.
+    call(
+        api.req(Method::POST, "/api/v1/namespaces")
+            .header(CONTENT_TYPE, "application/json")
+            .body(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WATCH_NS}})
+                    .to_string(),
+            ),
+    )
+    .await
+    .context("creating the watched namespace")?;
+    eprintln!("[bench] creating {watch_vms} VMs in namespace {WATCH_NS}");
+    let watch_failed = futures::stream::iter(1..=watch_vms)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                call(
+                    api.req(Method::POST, WATCH_VMS)
+                        .header(CONTENT_TYPE, "application/json")
+                        .body(vm_body(&vm_name(i)))
+                        .timeout(REQ_TIMEOUT),
+                )
+                .await
+            }
+        })
+        .buffer_unordered(conc)
+        .filter(|r| std::future::ready(r.is_err()))
+        .count()
+        .await;
+    let watch_created = watch_vms - watch_failed;
+
+    // The in-process store: the same file, opened while the server runs (WAL).
     let store = Store::open(&serve.db())
         .await
         .context("opening the server's database in-process")?;
@@ -572,7 +652,7 @@ async fn run() -> Result<()> {
         let (items, rv) = store
             .list(
                 Kind::VirtualMachine,
-                Some(NS),
+                None,
                 &LabelSelector::default(),
                 &FieldSelector::default(),
             )
@@ -581,15 +661,21 @@ async fn run() -> Result<()> {
             .iter()
             .filter(|o| o["status"]["printableStatus"] == "Stopped")
             .count();
-        if (stopped >= created && rv == last_rv) || t_settle.elapsed() > Duration::from_secs(600) {
+        drop(items);
+        if (stopped >= created + watch_created && rv == last_rv)
+            || t_settle.elapsed() > Duration::from_secs(600)
+        {
             break stopped;
         }
         last_rv = rv;
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
     let settle_took = t_settle.elapsed();
-    if stopped < created {
-        eprintln!("[bench] WARNING: only {stopped} of {created} VMs reached Stopped");
+    if stopped < created + watch_created {
+        eprintln!(
+            "[bench] WARNING: only {stopped} of {} VMs reached Stopped",
+            created + watch_created
+        );
     }
     // The controller still reconciles the backlog of creation events after the last status
     // write (without writing): wait for a quiet second so the idle window shows the steady
@@ -630,10 +716,25 @@ async fn run() -> Result<()> {
     let idle_threads = thread_delta(&threads0, &serve.thread_cpu(), idle_wall);
     let idle_writes = store.current_rv().await? - rv0;
     let rss_idle = serve.rss_kib();
+    // The controller's periodic resync, run in this process against the same (idle) store:
+    // which objects it would reconcile and how many writes it makes (the store counts every
+    // use of its writer connection, empty transactions included).
+    let w0 = store.writes();
+    let t_resync = Instant::now();
+    let resync_queued = edgevirt::controller::resync_keys(&store).await.len();
+    let resync_took = t_resync.elapsed();
+    let resync_writes = store.writes() - w0;
+
+    // The LIST before this change, measured now: the baseline build serving a copy of the
+    // same database (then stopped, so its own resync does not disturb what follows).
+    let before = match &baseline_bin {
+        Some(bin) => Some(measure_before(bin, &serve, &parent, warmup, iters).await?),
+        None => None,
+    };
 
     // ---- LIST
     eprintln!(
-        "[bench] LIST: {warmup} warm-up + {iters} timed, floor / JSON / Table / one page / raw interleaved"
+        "[bench] LIST: {warmup} warm-up + {iters} timed, old path / JSON / Table / one page / raw floor interleaved"
     );
     let page_path = format!("{VMS}?limit={PAGE}");
     let raw_pool = sqlx::sqlite::SqlitePoolOptions::new()
@@ -645,7 +746,7 @@ async fn run() -> Result<()> {
         )
         .await?;
     let mut series: [Series; 5] = Default::default();
-    let (mut floor_read, mut floor_built) = (Series::default(), Series::default());
+    let (mut old_read, mut old_built) = (Series::default(), Series::default());
     let mut counts = [0usize; 5];
     let mut cpu_lists = 0.0;
     for i in 0..warmup + iters {
@@ -654,10 +755,10 @@ async fn run() -> Result<()> {
             let cpu_before = serve.cpu_secs();
             let (d, body) = match which {
                 0 => {
-                    let (d, [read, built], b) = floor_list(&store).await?;
+                    let (d, [read, built], b) = old_path_list(&store).await?;
                     if i >= warmup {
-                        floor_read.times.push(read);
-                        floor_built.times.push(built - read);
+                        old_read.times.push(read);
+                        old_built.times.push(built - read);
                     }
                     (d, Bytes::from(b))
                 }
@@ -682,39 +783,60 @@ async fn run() -> Result<()> {
         }
     }
     raw_pool.close().await;
-    let [floor, js, table, page, raw] = series;
-    let [floor_items, json_items, table_rows, page_items, raw_items] = counts;
-    // Server CPU per HTTP LIST (the floor runs in this process, not in serve); includes the
-    // controller's resync running meanwhile.
+    let [old, js, table, page, raw] = series;
+    let [old_items, json_items, table_rows, page_items, raw_items] = counts;
+    // Server CPU per HTTP LIST (the in-process rows run in this process, not in serve);
+    // includes the controller's resync running meanwhile.
     let serve_cpu_per_list_ms = cpu_lists * 1e3 / (3 * iters) as f64;
 
-    // For reference only: the floor with the server paused (SIGSTOP), i.e. without the
-    // controller's background work competing for the cores.
-    eprintln!("[bench] floor with serve paused: {iters} timed");
-    let mut quiet = Series::default();
-    serve.signal(nix::sys::signal::Signal::SIGSTOP);
-    let quiet_result: Result<()> = async {
-        floor_list(&store).await?;
-        for _ in 0..iters {
-            let (d, _, b) = floor_list(&store).await?;
-            quiet.times.push(d);
-            quiet.bytes = b.len();
+    // ---- LIST storm: concurrent full LISTs, then serve's RSS a while later
+    eprintln!("[bench] {storm} concurrent LISTs of {created} VMs");
+    let rss_before_storm = serve.rss_kib();
+    serve.reset_peak();
+    let t_storm = Instant::now();
+    let storm_results = futures::future::join_all((0..storm).map(|_| {
+        let api = api.clone();
+        async move {
+            let t = Instant::now();
+            match api
+                .req(Method::GET, VMS)
+                .header(ACCEPT, JSON_ACCEPT)
+                .timeout(Duration::from_secs(300))
+                .send()
+                .await
+            {
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    let items = r.bytes().await.map(|b| count_in(&b, "items")).unwrap_or(0);
+                    (status, items, t.elapsed())
+                }
+                Err(_) => (0, 0, t.elapsed()),
+            }
         }
-        Ok(())
-    }
+    }))
     .await;
-    serve.signal(nix::sys::signal::Signal::SIGCONT);
-    quiet_result?;
+    let storm_took = t_storm.elapsed();
+    let storm_peak = serve.peak_kib();
+    let storm_full = storm_results
+        .iter()
+        .filter(|(s, n, _)| *s == 200 && *n == created)
+        .count();
+    let storm_429 = storm_results.iter().filter(|(s, _, _)| *s == 429).count();
+    let storm_5xx = storm_results.iter().filter(|(s, _, _)| *s >= 500).count();
+    let storm_failed = storm_results.iter().filter(|(s, _, _)| *s == 0).count();
+    let storm_times = Series {
+        times: storm_results.iter().map(|r| r.2).collect(),
+        ..Default::default()
+    };
+    eprintln!("[bench] waiting {settle_secs:.0} s after the storm");
+    tokio::time::sleep(Duration::from_secs_f64(settle_secs)).await;
+    let rss_after_storm = serve.rss_kib();
 
-    // ---- watch fan-out
-    eprintln!("[bench] opening {watchers} watches");
+    // ---- watch fan-out from a full listing
+    eprintln!("[bench] opening {watchers} watches from a full listing of {WATCH_NS}");
     let rss_before_watch = serve.rss_kib();
-    let listed = call(api.req(Method::GET, &format!("{VMS}?limit=1"))).await?;
-    let rv: String = serde_json::from_slice::<Value>(&listed)?["metadata"]["resourceVersion"]
-        .as_str()
-        .ok_or_else(|| anyhow!("the list has no metadata.resourceVersion"))?
-        .to_string();
-    let path = format!("{VMS}?watch=true&resourceVersion={rv}&timeoutSeconds=900");
+    serve.reset_peak();
+    let path = format!("{WATCH_VMS}?watch=true&timeoutSeconds=900");
     let t_open = Instant::now();
     let responses = futures::future::join_all((0..watchers).map(|_| {
         api.req(Method::GET, &path)
@@ -722,47 +844,69 @@ async fn run() -> Result<()> {
             .send()
     }))
     .await;
-    let open_took = t_open.elapsed();
+    let headers_took = t_open.elapsed();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<WatchMsg>();
     let mut tasks = Vec::new();
+    let (mut watch_5xx, mut watch_429, mut watch_other) = (0usize, 0usize, 0usize);
+    let mut open = 0usize;
     for (w, r) in responses.into_iter().enumerate() {
-        let r = r.with_context(|| format!("opening watch {w}"))?;
-        if !r.status().is_success() {
-            bail!("watch {w}: {}", r.status());
-        }
+        let r = match r {
+            Ok(r) if r.status().is_success() => r,
+            Ok(r) if r.status().as_u16() == 429 => {
+                watch_429 += 1;
+                continue;
+            }
+            Ok(r) if r.status().is_server_error() => {
+                watch_5xx += 1;
+                continue;
+            }
+            _ => {
+                watch_other += 1;
+                continue;
+            }
+        };
+        open += 1;
         let tx = tx.clone();
         tasks.push(tokio::spawn(async move {
             let mut stream = r.bytes_stream();
             let mut buf: Vec<u8> = Vec::new();
+            let mut added = 0usize;
             while let Some(Ok(chunk)) = stream.next().await {
                 buf.extend_from_slice(&chunk);
-                while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                let mut from = 0;
+                while let Some(pos) = buf[from..].iter().position(|b| *b == b'\n') {
+                    let line = &buf[from..from + pos];
+                    from += pos + 1;
+                    if line.ends_with(b"\"type\":\"ADDED\"}") {
+                        added += 1;
+                        let _ = tx.send(WatchMsg::Added { added });
+                        continue;
+                    }
                     let at = Instant::now();
-                    let change = change_of(&buf[..pos]);
-                    buf.drain(..=pos);
+                    let change = change_of(line);
                     let _ = tx.send(WatchMsg::Line { w, change, at });
                 }
+                buf.drain(..from);
             }
             let _ = tx.send(WatchMsg::Closed);
         }));
     }
     drop(tx);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let rss_watch_open = serve.rss_kib();
-
-    eprintln!("[bench] {changes} merge patches of {PATCHED_VM}, one at a time");
-    let mut write = Series::default();
-    let mut first = Series::default();
-    let mut last = Series::default();
     let mut delivered: HashSet<(usize, u32)> = HashSet::new();
     let (mut other_lines, mut closed, mut incomplete) = (0usize, 0usize, 0u32);
-    let cpu_watch0 = serve.cpu_secs();
     let handle = |m: WatchMsg,
                   delivered: &mut HashSet<(usize, u32)>,
                   other: &mut usize,
-                  closed: &mut usize|
+                  closed: &mut usize,
+                  listed: &mut usize|
      -> Option<(u32, Instant)> {
         match m {
+            WatchMsg::Added { added } => {
+                if added == watch_created {
+                    *listed += 1;
+                }
+                None
+            }
             WatchMsg::Line {
                 w,
                 change: Some(c),
@@ -778,10 +922,33 @@ async fn run() -> Result<()> {
             }
         }
     };
+    // Every watcher has its whole initial listing.
+    let mut listed = 0usize;
+    let deadline = tokio::time::Instant::from_std(t_open + Duration::from_secs(300));
+    while listed < open {
+        let Ok(Some(m)) = tokio::time::timeout_at(deadline, rx.recv()).await else {
+            break;
+        };
+        handle(
+            m,
+            &mut delivered,
+            &mut other_lines,
+            &mut closed,
+            &mut listed,
+        );
+    }
+    let listed_took = t_open.elapsed();
+    let rss_watch_open = serve.rss_kib();
+
+    eprintln!("[bench] {changes} merge patches of {WATCH_NS}/{PATCHED_VM}, one at a time");
+    let mut write = Series::default();
+    let mut first = Series::default();
+    let mut last = Series::default();
+    let cpu_watch0 = serve.cpu_secs();
     for c in 1..=changes {
         let t0 = Instant::now();
         call(
-            api.req(Method::PATCH, &format!("{VMS}/{PATCHED_VM}"))
+            api.req(Method::PATCH, &format!("{WATCH_VMS}/{PATCHED_VM}"))
                 .header(CONTENT_TYPE, "application/merge-patch+json")
                 .body(json!({"metadata": {"labels": {"n": c.to_string()}}}).to_string())
                 .timeout(REQ_TIMEOUT),
@@ -791,12 +958,17 @@ async fn run() -> Result<()> {
         write.times.push(t0.elapsed());
         let (mut got, mut t_first, mut t_last) = (0usize, None, None);
         let deadline = tokio::time::Instant::from_std(t0 + FANOUT_TIMEOUT);
-        while got < watchers {
+        while got < open {
             let Ok(Some(m)) = tokio::time::timeout_at(deadline, rx.recv()).await else {
                 break;
             };
-            if let Some((mc, at)) = handle(m, &mut delivered, &mut other_lines, &mut closed)
-                && mc == c
+            if let Some((mc, at)) = handle(
+                m,
+                &mut delivered,
+                &mut other_lines,
+                &mut closed,
+                &mut listed,
+            ) && mc == c
             {
                 got += 1;
                 t_first.get_or_insert(at);
@@ -804,7 +976,7 @@ async fn run() -> Result<()> {
             }
         }
         match (t_first, t_last) {
-            (Some(f), Some(l)) if got == watchers => {
+            (Some(f), Some(l)) if got == open => {
                 first.times.push(f - t0);
                 last.times.push(l - t0);
             }
@@ -814,9 +986,16 @@ async fn run() -> Result<()> {
     let serve_cpu_per_change_ms = (serve.cpu_secs() - cpu_watch0) * 1e3 / changes as f64;
     // Late arrivals still count as delivered.
     while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(300), rx.recv()).await {
-        handle(m, &mut delivered, &mut other_lines, &mut closed);
+        handle(
+            m,
+            &mut delivered,
+            &mut other_lines,
+            &mut closed,
+            &mut listed,
+        );
     }
     let rss_watch_after = serve.rss_kib();
+    let watch_peak = serve.peak_kib();
     for t in &tasks {
         t.abort();
     }
@@ -826,8 +1005,8 @@ async fn run() -> Result<()> {
     let total = started.elapsed();
 
     // ---- results
-    let r50 = |s: &Series| s.p50() / floor.p50();
-    let r99 = |s: &Series| s.p99() / floor.p99();
+    let r50 = |s: &Series| s.p50() / raw.p50();
+    let r99 = |s: &Series| s.p99() / raw.p99();
     println!();
     println!("== edgevirt API benchmark ==");
     println!(
@@ -836,20 +1015,21 @@ async fn run() -> Result<()> {
         if optimized {
             "optimized"
         } else {
-            "NOT optimized"
+            "NOT optimized: a debug build; ratios between paths of the same build are what count"
         },
         serve.pid(),
         parent.display()
     );
     println!(
-        "store: {created} VMs in namespace {NS} (runStrategy Halted), created through the API in {:.1} s = {:.0}/s ({conc} concurrent POSTs, {failed} failed); controller set all statuses {:.1} s later ({stopped} Stopped) and was quiet {:.1} s after that",
+        "store: {created} VMs in namespace {NS} (runStrategy Halted), created through the API in {:.1} s = {:.0}/s ({conc} concurrent POSTs, {failed} failed), and {watch_created} in namespace {WATCH_NS}; controller set all statuses {:.1} s later ({stopped} Stopped) and was quiet {:.1} s after that",
         fill_took.as_secs_f64(),
         created as f64 / fill_took.as_secs_f64(),
         settle_took.as_secs_f64(),
         quiet_took.as_secs_f64()
     );
     println!(
-        "serve idle with {created} VMs: {:.0}% of one core over {:.0} s, {idle_writes} writes (the controller resyncs every VM every 10 s); by thread: {}",
+        "serve idle with {} VMs: {:.0}% of one core over {:.0} s, {idle_writes} resourceVersions written; by thread: {}",
+        created + watch_created,
         idle_cpu * 100.0,
         idle_wall,
         idle_threads
@@ -871,41 +1051,53 @@ async fn run() -> Result<()> {
             .collect::<Vec<_>>()
             .join(" ")
     );
+    println!(
+        "  idle resync (controller::resync_keys, in-process on the same store, {} VMs): {resync_queued} objects queued, {resync_writes} write transactions, {:.0} ms   target 0 writes: {}",
+        created + watch_created,
+        resync_took.as_secs_f64() * 1e3,
+        if resync_writes == 0 { "met" } else { "MISSED" }
+    );
     println!();
     println!(
         "LIST {VMS} ({iters} timed each after {warmup} warm-up, interleaved; client-side, loopback HTTP/1.1, request sent -> whole body read)"
     );
     println!(
-        "  {:<44} {:>9} {:>9} {:>11} {:>7}  {:>6} {:>6}   target",
+        "  {:<48} {:>9} {:>9} {:>11} {:>7}  {:>6} {:>6}   target",
         "", "p50 ms", "p99 ms", "bytes", "items", "x p50", "x p99"
     );
     println!(
-        "  {:<44} {:>9.2} {:>9.2} {:>11} {:>7}  {:>6} {:>6}   (baseline)",
-        "in-process floor: Store::list + to_vec",
-        floor.p50(),
-        floor.p99(),
-        floor.bytes,
-        floor_items,
+        "  {:<48} {:>9.2} {:>9.2} {:>11} {:>7}  {:>6} {:>6}   (the floor)",
+        "raw SELECT body + splice, no JSON parse",
+        raw.p50(),
+        raw.p99(),
+        raw.bytes,
+        raw_items,
         "1.00",
         "1.00"
     );
     for (label, s, n, target) in [
-        ("HTTP LIST as JSON", &js, json_items, true),
+        ("HTTP LIST as JSON", &js, json_items, Some(1.5)),
         (
-            "HTTP LIST as Table (vs the JSON floor*)",
+            "HTTP LIST as Table (parses; vs the JSON floor)",
             &table,
             table_rows,
-            true,
+            None,
         ),
         (
             "HTTP LIST ?limit=500, one kubectl page",
             &page,
             page_items,
-            false,
+            None,
+        ),
+        (
+            "old path in-process: Store::list+json!+to_vec",
+            &old,
+            old_items,
+            None,
         ),
     ] {
         println!(
-            "  {:<44} {:>9.2} {:>9.2} {:>11} {:>7}  {:>6.2} {:>6.2}   {}",
+            "  {:<48} {:>9.2} {:>9.2} {:>11} {:>7}  {:>6.2} {:>6.2}   {}",
             label,
             s.p50(),
             s.p99(),
@@ -913,65 +1105,107 @@ async fn run() -> Result<()> {
             n,
             r50(s),
             r99(s),
-            if target {
-                format!("<= 1.5x floor: {}", verdict(r50(s), r99(s), 1.5))
-            } else {
-                "(no target; x the full-list floor)".to_string()
+            match target {
+                Some(t) => format!("<= {t}x floor: {}", verdict(r50(s), r99(s), t)),
+                None => String::new(),
             }
         );
     }
     println!(
-        "  {:<44} {:>9.2} {:>9.2} {:>11} {:>7}  {:>6.2} {:>6.2}   (reference: HTTP JSON LIST is {:.2}x / {:.2}x this)",
-        "raw SELECT body + splice, no JSON parse",
-        raw.p50(),
-        raw.p99(),
-        raw.bytes,
-        raw_items,
-        raw.p50() / floor.p50(),
-        raw.p99() / floor.p99(),
-        js.p50() / raw.p50(),
-        js.p99() / raw.p99()
+        "  one page of {PAGE} / the full JSON LIST: {:.3}x p50, {:.3}x p99   target <= 0.1x: {}",
+        page.p50() / js.p50(),
+        page.p99() / js.p99(),
+        verdict(page.p50() / js.p50(), page.p99() / js.p99(), 0.1)
+    );
+    match &before {
+        Some(b) => {
+            println!(
+                "  before (baseline build {}, same database copied, measured in this run):",
+                b.bin.display()
+            );
+            println!(
+                "    HTTP LIST as JSON {:.2} / {:.2} ms p50/p99 ({} items); one page {:.2} / {:.2} ms",
+                b.list.p50(),
+                b.list.p99(),
+                b.items,
+                b.page.p50(),
+                b.page.p99()
+            );
+            println!(
+                "    JSON LIST now / before: {:.3}x p50, {:.3}x p99   target <= 0.3x: {}; page now / before: {:.3}x p50",
+                js.p50() / b.list.p50(),
+                js.p99() / b.list.p99(),
+                verdict(js.p50() / b.list.p50(), js.p99() / b.list.p99(), 0.3),
+                page.p50() / b.page.p50()
+            );
+            println!(
+                "    the baseline's JSON LIST / the floor: {:.2}x p50",
+                b.list.p50() / raw.p50()
+            );
+        }
+        None => println!(
+            "  before: not measured (set EDGEVIRT_BASELINE_BIN to a build of the baseline); the old path in-process, now / that: {:.3}x p50",
+            js.p50() / old.p50()
+        ),
+    }
+    println!(
+        "  old path breakdown, p50: Store::list (SELECT + parse every body) {:.2} ms; json! (a deep copy) {:.2} ms; to_vec + drop {:.2} ms",
+        old_read.p50(),
+        old_built.p50(),
+        old.p50() - old_read.p50() - old_built.p50()
     );
     println!(
-        "  {:<44} {:>9.2} {:>9.2} {:>11} {:>7}  {:>6.2} {:>6.2}   (reference: the floor without serve's background work)",
-        "floor again, serve paused (SIGSTOP)",
-        quiet.p50(),
-        quiet.p99(),
-        quiet.bytes,
-        floor_items,
-        quiet.p50() / floor.p50(),
-        quiet.p99() / floor.p99()
-    );
-    println!(
-        "  floor breakdown, p50: Store::list (SELECT + parse every body into a Value) {:.2} ms; json!{{.., \"items\": items}} (a deep copy via to_value) {:.2} ms; to_vec + drop, the rest, {:.2} ms",
-        floor_read.p50(),
-        floor_built.p50(),
-        floor.p50() - floor_read.p50() - floor_built.p50()
-    );
-    println!(
-        "  serve CPU per HTTP LIST: {serve_cpu_per_list_ms:.1} ms (average of the three HTTP rows; includes the controller's resync running meanwhile)"
+        "  serve CPU per HTTP LIST: {serve_cpu_per_list_ms:.1} ms (average of the three HTTP rows)"
     );
     println!(
         "  p99 = nearest rank of {iters} samples (the max below 100); a full `kubectl get` pages {} LISTs of {PAGE}",
         created.div_ceil(PAGE)
     );
-    println!(
-        "  * api::table is private, so there is no in-process Table floor; the Table LIST is compared to the JSON floor."
-    );
-    if floor_items != created
+    if old_items != created
         || json_items != created
         || table_rows != created
         || page_items != PAGE.min(created)
         || raw_items != created
     {
         println!(
-            "  WARNING: unexpected item counts (floor {floor_items}, JSON {json_items}, Table {table_rows}, raw {raw_items} of {created}; page {page_items} of {PAGE})"
+            "  WARNING: unexpected item counts (old {old_items}, JSON {json_items}, Table {table_rows}, raw {raw_items} of {created}; page {page_items} of {PAGE})"
         );
     }
     println!();
     println!(
-        "Watch fan-out: {watchers} watches (?watch=true&resourceVersion=<rv>, opened together in {:.0} ms), {changes} merge patches of {PATCHED_VM}'s labels one at a time",
-        open_took.as_secs_f64() * 1e3
+        "LIST storm: {storm} concurrent JSON LISTs of {created} VMs: {storm_full} complete, {storm_429} x 429, {storm_5xx} x 5xx, {storm_failed} failed; all done in {:.1} s (each: p50 {:.0} ms, max {:.0} ms)",
+        storm_took.as_secs_f64(),
+        storm_times.p50(),
+        storm_times
+            .sorted()
+            .last()
+            .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+    );
+    println!(
+        "  serve RSS before {:.1} MiB, peak during {:.1} MiB, {settle_secs:.0} s after {:.1} MiB: {:.2}x before   target <= 2x: {}",
+        mib(rss_before_storm),
+        mib(storm_peak),
+        mib(rss_after_storm),
+        rss_after_storm as f64 / rss_before_storm.max(1) as f64,
+        if rss_after_storm <= 2 * rss_before_storm {
+            "met"
+        } else {
+            "MISSED"
+        }
+    );
+    println!();
+    println!(
+        "Watch fan-out: {watchers} watches from a full listing (?watch=true, no resourceVersion) of {WATCH_NS}'s {watch_created} VMs, opened together, then {changes} merge patches of {WATCH_NS}/{PATCHED_VM}'s labels one at a time"
+    );
+    let connect_ok = open == watchers
+        && watch_5xx == 0
+        && listed == open
+        && listed_took <= Duration::from_secs(10);
+    println!(
+        "  connected: {open} of {watchers} ({watch_5xx} x 5xx, {watch_429} x 429, {watch_other} other); all response heads in {:.2} s; {listed} had their whole listing after {:.2} s   target all within 10 s, no 5xx: {}",
+        headers_took.as_secs_f64(),
+        listed_took.as_secs_f64(),
+        if connect_ok { "met" } else { "MISSED" }
     );
     println!(
         "  {:<52} {:>9} {:>9}  {:>6} {:>6}",
@@ -999,21 +1233,34 @@ async fn run() -> Result<()> {
         );
     }
     println!(
-        "  events delivered: {got_events} of {expected} ({} missing); changes not at every watcher within {} s: {incomplete}; other lines: {other_lines}; streams closed early: {closed}",
+        "  events delivered: {got_events} of {expected} ({} missing)   target every event to every watcher: {}; changes not at every watcher within {} s: {incomplete}; other lines: {other_lines}; streams closed early: {closed}",
         expected.saturating_sub(got_events),
+        if got_events == expected {
+            "met"
+        } else {
+            "MISSED"
+        },
         FANOUT_TIMEOUT.as_secs()
     );
     println!(
-        "  serve CPU per change (write + {watchers} deliveries): {serve_cpu_per_change_ms:.1} ms   (no target stated for fan-out)"
+        "  serve RSS: idle {:.1} MiB, peak while the watches listed and followed {:.1} MiB = {:.2}x idle   target <= 4x: {}",
+        mib(rss_idle),
+        mib(watch_peak),
+        watch_peak as f64 / rss_idle.max(1) as f64,
+        if watch_peak <= 4 * rss_idle {
+            "met"
+        } else {
+            "MISSED"
+        }
     );
+    println!("  serve CPU per change (write + {open} deliveries): {serve_cpu_per_change_ms:.1} ms");
     println!();
     println!("Memory (serve VmRSS)");
-    let per_vm = rss_filled.saturating_sub(rss_empty) as f64 / created as f64;
-    let per_watch = (rss_watch_open as f64 - rss_before_watch as f64) / watchers as f64;
+    let per_vm = rss_filled.saturating_sub(rss_empty) as f64 / (created + watch_created) as f64;
     for (label, kib, note) in [
         ("started, empty store".to_string(), rss_empty, String::new()),
         (
-            format!("after {created} VMs, statuses set"),
+            format!("after {} VMs, statuses set", created + watch_created),
             rss_filled,
             format!("  (+{per_vm:.1} KiB per VM)"),
         ),
@@ -1023,21 +1270,27 @@ async fn run() -> Result<()> {
             String::new(),
         ),
         (
-            "after the LISTs".to_string(),
+            "before the LIST storm".to_string(),
+            rss_before_storm,
+            String::new(),
+        ),
+        (
+            format!("{settle_secs:.0} s after the storm"),
+            rss_after_storm,
+            String::new(),
+        ),
+        (
+            "before the watches".to_string(),
             rss_before_watch,
             String::new(),
         ),
         (
-            format!("{watchers} watches open"),
+            format!("{open} watches open, listed"),
             rss_watch_open,
-            if per_watch >= 0.0 {
-                format!("  (+{per_watch:.1} KiB per watch)")
-            } else {
-                "  (less than before: the allocator returned freed LIST memory meanwhile)".into()
-            },
+            String::new(),
         ),
         (
-            format!("{watchers} watches, after the {changes} changes"),
+            format!("{open} watches, after the {changes} changes"),
             rss_watch_after,
             String::new(),
         ),

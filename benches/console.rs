@@ -49,17 +49,14 @@
 //! BENCH_PAGE_VMS=0 skips creating VMs (the pages are then timed with the one running VM).
 //! Needs root, libvirtd, the test guest and `websockify` (Debian package).
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use common::*;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
+use testkit::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio_tungstenite::tungstenite::Message;
@@ -855,8 +852,13 @@ async fn create_halted(a: &Appliance, n: usize) -> Result<(Duration, usize)> {
     let start = Instant::now();
     let results: Vec<(u16, Value)> = futures::stream::iter(0..n)
         .map(|i| async move {
-            a.post_yaml(VMS, &vm_yaml(&format!("page-{i:05}"), "Halted", false))
-                .await
+            a.post_yaml(
+                VMS,
+                &Vm::guest(&format!("page-{i:05}"))
+                    .run_strategy("Halted")
+                    .yaml(),
+            )
+            .await
         })
         .buffer_unordered(16)
         .collect()
@@ -986,17 +988,38 @@ fn flag(ok: bool) -> &'static str {
     if ok { "met" } else { "MISSED" }
 }
 
-async fn run() -> Result<()> {
-    let page_vms: usize = env_num("BENCH_PAGE_VMS", 1000);
-    let rounds: usize = env_num("BENCH_ROUNDS", 5).max(1);
-    let tput = Duration::from_secs_f64(env_num("BENCH_TPUT_SECS", 1.5));
-    let lat_total: usize = env_num("BENCH_LAT_ITERS", 2000);
-    let lat_iters = lat_total.div_ceil(rounds);
-    let idle_conns: usize = env_num("BENCH_IDLE_CONNS", 400).max(1);
-    let idle_steps: usize = env_num("BENCH_IDLE_STEPS", 4);
-    let spin = env_num("BENCH_SPIN", 1u8) != 0;
-    let page_reqs: usize = env_num("BENCH_PAGE_REQS", 20).max(1);
+/// The knobs, from the environment (the header lists them).
+#[derive(Clone, Copy)]
+struct Settings {
+    page_vms: usize,
+    rounds: usize,
+    tput: Duration,
+    lat_iters: usize,
+    idle_conns: usize,
+    idle_steps: usize,
+    spin: bool,
+    page_reqs: usize,
+}
 
+impl Settings {
+    fn from_env() -> Settings {
+        let rounds: usize = env_num("BENCH_ROUNDS", 5).max(1);
+        let lat_total: usize = env_num("BENCH_LAT_ITERS", 2000);
+        Settings {
+            page_vms: env_num("BENCH_PAGE_VMS", 1000),
+            rounds,
+            tput: Duration::from_secs_f64(env_num("BENCH_TPUT_SECS", 1.5)),
+            lat_iters: lat_total.div_ceil(rounds),
+            idle_conns: env_num("BENCH_IDLE_CONNS", 400).max(1),
+            idle_steps: env_num("BENCH_IDLE_STEPS", 4),
+            spin: env_num("BENCH_SPIN", 1u8) != 0,
+            page_reqs: env_num("BENCH_PAGE_REQS", 20).max(1),
+        }
+    }
+}
+
+async fn run() -> Result<()> {
+    let set = Settings::from_env();
     let exe = std::fs::canonicalize(exe())?;
     let optimized = exe.components().any(|c| c.as_os_str() == "release");
     eprintln!("[bench] edgevirt binary: {}", exe.display());
@@ -1010,8 +1033,25 @@ async fn run() -> Result<()> {
         "[bench] edgevirt serve pid {pid}, data dir {}",
         a.dir.display()
     );
+    let vnc_sock = boot_vm(&a, pid).await?;
+    let memory = idle_console_memory(&a, &vnc_sock, pid, &set).await?;
+    let vnc = vnc_sets(&a, &vnc_sock, pid, &set).await?;
+    let pages = dashboard_pages(&a, pid, &set).await?;
+    keep_logs(&a)?;
+
+    print_setup(&exe, optimized, &set, &vnc);
+    print_ratios(&vnc.qemu_set, &vnc.synth_set);
+    print_memory(&memory);
+    print_pages(&pages, set.page_reqs);
+    println!();
+    drop(a);
+    Ok(())
+}
+
+/// Create the benchmark's VM, wait until it runs and has booted; its VNC socket.
+async fn boot_vm(a: &Appliance, pid: u32) -> Result<PathBuf> {
     a.import_guest().await;
-    let (code, v) = a.post_yaml(VMS, &vm_yaml(VM, "Always", false)).await;
+    let (code, v) = a.post_yaml(VMS, &Vm::guest(VM).yaml()).await;
     if code != 201 {
         bail!("creating {VM}: HTTP {code}: {v}");
     }
@@ -1046,13 +1086,34 @@ async fn run() -> Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     wait_quiet(pid, Duration::from_secs(30)).await;
 
-    // ---- 1. memory per idle console connection, first: before big transfers have left
-    // freed memory in the allocator, which later connections would reuse unseen. Through
-    // edgevirt to the synthetic server (QEMU 7.2 takes at most 32 clients per display), in
-    // steps, so that the slope over the later steps is not hidden by memory freed earlier.
-    let ws_log = a.dir.join("websockify.log");
+    Ok(vnc_sock)
+}
+
+/// Part 1: serve's VmRSS with idle consoles open, in steps.
+struct MemoryResult {
+    /// (open consoles, VmRSS KiB)
+    rss_trace: Vec<(usize, u64)>,
+    rss_closed: u64,
+    per_conn_slope: f64,
+    per_conn_all: f64,
+    n_first: usize,
+    n_last: usize,
+}
+
+async fn idle_console_memory(
+    a: &Appliance,
+    vnc_sock: &Path,
+    pid: u32,
+    set: &Settings,
+) -> Result<MemoryResult> {
+    let Settings {
+        idle_conns,
+        idle_steps,
+        ..
+    } = *set;
+    let vnc_sock = vnc_sock.to_path_buf();
     let ctx_tmp = Ctx {
-        a: &a,
+        a,
         vnc_sock: vnc_sock.clone(),
         websockify_port: 0,
         direct_tcp_port: None,
@@ -1103,10 +1164,37 @@ async fn run() -> Result<()> {
     };
     let per_conn_all = (rss_last as f64 - rss_trace[0].1 as f64) / n_last.max(1) as f64;
 
-    // ---- 2. VNC: direct socket, edgevirt, websockify; QEMU's server, then the synthetic one
+    Ok(MemoryResult {
+        rss_trace,
+        rss_closed,
+        per_conn_slope,
+        per_conn_all,
+        n_first,
+        n_last,
+    })
+}
+
+/// Part 2: the VNC paths against QEMU's server, then the synthetic one.
+struct VncResult {
+    qemu_set: SetResult,
+    synth_set: SetResult,
+    load_before: String,
+    load_after: String,
+}
+
+async fn vnc_sets(a: &Appliance, vnc_sock: &Path, pid: u32, set: &Settings) -> Result<VncResult> {
+    let Settings {
+        rounds,
+        tput,
+        lat_iters,
+        spin,
+        ..
+    } = *set;
+    let vnc_sock = vnc_sock.to_path_buf();
+    let ws_log = a.dir.join("websockify.log");
     let wsfy = Websockify::start(&vnc_sock, &ws_log).await?;
     let ctx = Ctx {
-        a: &a,
+        a,
         vnc_sock: vnc_sock.clone(),
         websockify_port: wsfy.port,
         direct_tcp_port: None,
@@ -1132,11 +1220,34 @@ async fn run() -> Result<()> {
             .await
             .context("the VM's console after the synthetic server")?;
     }
-    let screen = qemu_set.screen;
 
-    // ---- 3. dashboard pages with many VMs
+    Ok(VncResult {
+        qemu_set,
+        synth_set,
+        load_before,
+        load_after,
+    })
+}
+
+/// Part 3: the dashboard's pages with many VMs in the store.
+struct PagesResult {
+    pages: Vec<Page>,
+    created: usize,
+    took: Duration,
+    settle: Duration,
+    stopped: usize,
+    rss_pages: u64,
+    vm_count: usize,
+}
+
+async fn dashboard_pages(a: &Appliance, pid: u32, set: &Settings) -> Result<PagesResult> {
+    let Settings {
+        page_vms,
+        page_reqs,
+        ..
+    } = *set;
     eprintln!("[bench] pages: creating {page_vms} Halted VMs, 16 at a time");
-    let (took, created) = create_halted(&a, page_vms).await?;
+    let (took, created) = create_halted(a, page_vms).await?;
     eprintln!(
         "[bench] created {created} VMs in {:.1} s ({:.0}/s); waiting for the controller",
         took.as_secs_f64(),
@@ -1183,7 +1294,7 @@ async fn run() -> Result<()> {
         bytes: 0,
     })
     .collect();
-    time_pages(&a, &mut pages, page_reqs).await?;
+    time_pages(a, &mut pages, page_reqs).await?;
     for p in &mut pages {
         p.ms.sort_by(f64::total_cmp);
     }
@@ -1192,6 +1303,19 @@ async fn run() -> Result<()> {
         .map(Vec::len)
         .unwrap_or(0);
 
+    Ok(PagesResult {
+        pages,
+        created,
+        took,
+        settle,
+        stopped,
+        rss_pages,
+        vm_count,
+    })
+}
+
+/// BENCH_KEEP_LOGS: a directory to copy serve's and websockify's logs into.
+fn keep_logs(a: &Appliance) -> Result<()> {
     if let Some(dir) = std::env::var_os("BENCH_KEEP_LOGS") {
         let dir = PathBuf::from(dir);
         std::fs::create_dir_all(&dir)?;
@@ -1200,7 +1324,25 @@ async fn run() -> Result<()> {
         }
     }
 
-    // ---- results
+    Ok(())
+}
+
+/// What was measured how, and the VNC figures of both servers.
+fn print_setup(exe: &Path, optimized: bool, set: &Settings, vnc: &VncResult) {
+    let Settings {
+        rounds,
+        tput,
+        lat_iters,
+        spin,
+        ..
+    } = *set;
+    let VncResult {
+        qemu_set,
+        synth_set,
+        load_before,
+        load_after,
+    } = vnc;
+    let screen = qemu_set.screen;
     let frame = screen.w as u64 * screen.h as u64 * 4;
     let qemu = Command::new("qemu-system-x86_64")
         .arg("--version")
@@ -1336,6 +1478,11 @@ async fn run() -> Result<()> {
             set.serve_cpu_pct
         );
     }
+}
+
+/// The ratios against the targets (DESIGN.md "Targets").
+fn print_ratios(qemu_set: &SetResult, synth_set: &SetResult) {
+    let p50 = |s: &PathStats| percentile(&s.lat_us, 50.0);
     println!();
     println!("Ratios, measured in this run                  A. QEMU   B. synthetic   target");
     let ratio_row = |label: &str,
@@ -1343,7 +1490,7 @@ async fn run() -> Result<()> {
                      unit: &str,
                      target: &str,
                      ok: &dyn Fn(f64) -> bool| {
-        let (a, b) = (f(&qemu_set), f(&synth_set));
+        let (a, b) = (f(qemu_set), f(synth_set));
         let show = |v: Option<f64>| match v {
             Some(v) => format!("{v:.2}{unit}"),
             None => "n/a".to_string(),
@@ -1426,6 +1573,17 @@ async fn run() -> Result<()> {
         "",
         &|_| true,
     );
+}
+
+fn print_memory(m: &MemoryResult) {
+    let MemoryResult {
+        rss_trace,
+        rss_closed,
+        per_conn_slope,
+        per_conn_all,
+        n_first,
+        n_last,
+    } = m;
     println!();
     println!(
         "Memory per idle console connection: edgevirt serve VmRSS with consoles open through edgevirt"
@@ -1440,6 +1598,19 @@ async fn run() -> Result<()> {
     println!(
         "  per connection {per_conn_slope:>8.1} KiB  (slope from {n_first} to {n_last} open; from 0: {per_conn_all:.1} KiB)   (no target)"
     );
+}
+
+fn print_pages(p: &PagesResult, page_reqs: usize) {
+    let PagesResult {
+        pages,
+        created,
+        took,
+        settle,
+        stopped,
+        rss_pages,
+        vm_count,
+    } = p;
+    let (created, took, settle, stopped) = (*created, *took, *settle, *stopped);
     println!();
     println!(
         "Dashboard pages, {vm_count} VMs in the store ({created} Halted created in {:.1} s = {:.0}/s, all Stopped after {:.1} s more; serve VmRSS {rss_pages} KiB)",
@@ -1453,7 +1624,7 @@ async fn run() -> Result<()> {
     println!(
         "  page                                          p50 ms    max ms       bytes   target < 50 ms"
     );
-    for p in &pages {
+    for p in pages {
         let (m50, max) = (percentile(&p.ms, 50.0), *p.ms.last().unwrap());
         println!(
             "  {:<44} {:>7.2}   {:>7.2}  {:>10}   {}",
@@ -1475,9 +1646,6 @@ async fn run() -> Result<()> {
             "  (WARNING: only {stopped} of {created} VMs had reached Stopped when the pages were timed)"
         );
     }
-    println!();
-    drop(a);
-    Ok(())
 }
 
 /// One busy thread per CPU at the SCHED_IDLE policy, which runs only when nothing else wants

@@ -6,7 +6,7 @@
 //!
 //! For each binary (the baseline first, if given) it starts `edgevirt serve --role
 //! controller --tls` on a fresh data dir (no libvirt needed), makes what the cases refer to
-//! (`tests/hostile/cases.rs`: image, namespace, VM, join token, a dashboard session), and:
+//! (`testkit/src/hostile.rs`: image, namespace, VM, join token, a dashboard session), and:
 //!
 //! 1. Sends a representative subset of the hostile cases of `tests/hostile.rs` as the
 //!    administrator, one at a time, and reports per case: the worst `/healthz` latency while
@@ -35,19 +35,14 @@
 //!
 //! `cargo test --all-targets` also runs this binary, without `--bench`: it then does nothing.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-#[path = "../tests/hostile/cases.rs"]
-mod hostile_cases;
-
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::Appliance;
-use hostile_cases::*;
+use testkit::Appliance;
+use testkit::hostile::*;
 
 /// The cases measured unless BENCH_CASES says otherwise.
 const SUBSET: &[&str] = &[
@@ -135,7 +130,7 @@ struct Column {
 async fn run() {
     let after = std::env::var_os("EDGEVIRT_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(common::exe()));
+        .unwrap_or_else(|| PathBuf::from(testkit::exe()));
     let before = std::env::var_os("EDGEVIRT_BASELINE_BIN").map(PathBuf::from);
     let mut bins = Vec::new();
     if let Some(b) = before {
@@ -193,7 +188,7 @@ async fn restart(r: &mut Runner<'_>) {
 async fn measure(label: &str, exe: PathBuf) -> Column {
     let mut a = Appliance::start_with_exe(exe.clone(), &["--role", "controller", "--tls"]).await;
     let clients = Clients::new(&a, REQUEST_TIMEOUT);
-    let (setup, setup_problems) = hostile_cases::setup(&a, &clients).await;
+    let (setup, setup_problems) = testkit::hostile::setup(&a, &clients).await;
     for p in &setup_problems {
         eprintln!("[bench] {label}: {p}");
     }

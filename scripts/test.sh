@@ -13,8 +13,56 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 
+# What this run starts, it ends, whether it passes or fails: the libvirtd and virtlogd that
+# host setup starts when none runs, and the libvirt networks the suites' servers create
+# (evtest: testkit/src/appliance.rs; edgevirt: the default of a serve without --nat-network; evmh: the
+# multihost hosts, whose own libvirtds go with their namespaces). Anything that was there
+# before the run is left alone.
+daemon_pid() { # name pidfile: the pid of a daemon running in this namespace, if any
+    local pid
+    [ -s "$2" ] && pid=$(cat "$2" 2>/dev/null) && [ -d "/proc/$pid" ] \
+        && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$1" ] \
+        && [ "$(readlink "/proc/$pid/ns/net")" = "$(readlink /proc/self/ns/net)" ] \
+        && echo "$pid"
+}
+TEST_NETWORKS=(evtest edgevirt evmh)
+had_libvirtd=$(daemon_pid libvirtd /run/libvirtd.pid || true)
+had_virtlogd=$(daemon_pid virtlogd /run/virtlogd.pid || true)
+had_networks=()
+cleanup() {
+    local rc=$? net pid
+    set +e
+    for h in a b x; do tests/multihost/host.sh down "$h" >/dev/null 2>&1; done
+    tests/multihost/host.sh bridge-down >/dev/null 2>&1
+    if virsh -q -c qemu:///system version >/dev/null 2>&1; then
+        for net in "${TEST_NETWORKS[@]}"; do
+            [[ " ${had_networks[*]} " == *" $net "* ]] && continue
+            if virsh -q -c qemu:///system net-info "$net" >/dev/null 2>&1; then
+                log "removing the libvirt network $net this run created"
+                virsh -q -c qemu:///system net-destroy "$net" >/dev/null 2>&1
+                virsh -q -c qemu:///system net-undefine "$net" >/dev/null
+            fi
+        done
+    fi
+    for d in libvirtd virtlogd; do
+        local had="had_$d"
+        [ -z "${!had}" ] || continue
+        pid=$(daemon_pid "$d" "/run/$d.pid") || continue
+        log "ending the $d this run started (pid $pid)"
+        kill -TERM "$pid"
+        for _ in $(seq 1 100); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
+    done
+    exit "$rc"
+}
+trap cleanup EXIT
+
 log "host setup"
 EDGEVIRT_TEST_PACKAGES=1 scripts/setup-host.sh
+for net in "${TEST_NETWORKS[@]}"; do
+    if virsh -q -c qemu:///system net-info "$net" >/dev/null 2>&1; then
+        had_networks+=("$net")
+    fi
+done
 
 export EDGEVIRT_TEST_GUEST="${EDGEVIRT_TEST_GUEST:-$PWD/target/test-guest}"
 log "test guest in $EDGEVIRT_TEST_GUEST"
@@ -43,14 +91,11 @@ cargo fmt --check
 log "clippy"
 cargo clippy --all-targets --locked -- -D warnings
 
-log "the previous release for the upgrade test (this tree, --features wire-previous)"
-# Until a second release tag exists, the "previous release" is this tree with its protocol
-# versions lowered. Built first and copied away: the default build below then recompiles only
-# the edgevirt crate, and both stay cached in target/. Built through a test target (not
-# `cargo build --bin`) so dependencies get the same features as the test build and are shared.
-cargo test --locked --features wire-previous --test upgrade --no-run
-cp target/debug/edgevirt target/edgevirt-previous
-export EDGEVIRT_PREVIOUS_BIN="$PWD/target/edgevirt-previous"
+log "the previous release for the upgrade test (the commit in tests/previous-release)"
+# Built first, into this target dir: the dependencies it shares with this tree are compiled
+# here once and reused by the build below, which then compiles only the edgevirt crate.
+EDGEVIRT_PREVIOUS_BIN=$(tests/previous-release.sh)
+export EDGEVIRT_PREVIOUS_BIN
 
 log "unit and integration tests"
 cargo test --locked --all-targets
@@ -65,5 +110,4 @@ export EDGEVIRT_ARTIFACTS="${EDGEVIRT_ARTIFACTS:-$PWD/target/test-artifacts}"
 for h in a b x; do tests/multihost/host.sh down "$h" >/dev/null 2>&1 || true; done
 cargo test --locked --test e2e --test console --test browser --test kubectl --test upgrade \
     --test cpu_e2e --test multihost --no-fail-fast -- --include-ignored --test-threads=1
-tests/multihost/host.sh bridge-down
 log "browser screenshots in $EDGEVIRT_ARTIFACTS"

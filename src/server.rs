@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{self, AppState, auth};
+use crate::http::{self, AppState, auth};
 use crate::store::Store;
 use crate::tls;
 
@@ -193,7 +193,7 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
         .setting_init("installId", &uuid::Uuid::new_v4().to_string())
         .await?;
     first_start(&store, &s.data_dir).await?;
-    api::ensure_namespaces(&store).await?;
+    store.ensure_namespaces().await?;
     let strategy = crate::controller::strategy::ensure(&store, role_settings(&s)).await?;
     tracing::info!(version = %strategy.version, id = %strategy.identifier(), "install strategy");
 
@@ -220,14 +220,14 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
         let pem = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
         state.cert_pin = Some(tls::pem_sha256(&pem)?);
     }
-    state.consoles = std::sync::Arc::new(crate::vnc::Consoles::new(s.console_ticket_ttl));
+    state.console_ticket_ttl = Some(s.console_ticket_ttl);
     if s.role == Role::All {
-        state.local_node = Some(api::LocalNode {
+        state.local_node = Some(http::LocalNode {
             name: s.node_name.clone(),
             data_dir: s.data_dir.clone(),
         });
     }
-    let app = api::router(state).layer(tower_http::trace::TraceLayer::new_for_http());
+    let app = crate::shell::router(state).layer(tower_http::trace::TraceLayer::new_for_http());
 
     let listener = std::net::TcpListener::bind(s.listen)
         .with_context(|| format!("listening on {}", s.listen))?;

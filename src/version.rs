@@ -1,23 +1,13 @@
 //! This build's release string and the agent ⇄ controller protocol version, with the skew
 //! window both sides enforce (`docs/compatibility.md`). The launcher protocol's versions
 //! live in [`crate::launcher::protocol::VERSIONS`].
-//!
-//! The test-only cargo feature `wire-previous` builds the current tree as a stand-in for the
-//! previous release (lower protocol versions, a `-previous` release string), for the upgrade
-//! test. It must never be used for a shipped build.
 
 /// The release this binary reports (nodes, launchers, the install strategy).
-#[cfg(not(feature = "wire-previous"))]
 pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
-#[cfg(feature = "wire-previous")]
-pub const RELEASE: &str = concat!(env!("CARGO_PKG_VERSION"), "-previous");
 
 /// The agent ⇄ controller protocol: `major.minor`. Release 1 agents sent no version and
 /// count as `1.0`.
-#[cfg(not(feature = "wire-previous"))]
 pub const AGENT_PROTOCOL: Protocol = Protocol { major: 1, minor: 1 };
-#[cfg(feature = "wire-previous")]
-pub const AGENT_PROTOCOL: Protocol = Protocol { major: 1, minor: 0 };
 
 /// The header an agent sends its protocol in, and the controller answers with its own.
 pub const AGENT_PROTOCOL_HEADER: &str = "x-edgevirt-agent-protocol";
@@ -128,7 +118,7 @@ mod golden {
             assert!(!st.version.is_empty());
             let raw = read(&format!("{v}/vmi-status.json"));
             let vmi: VirtualMachineInstanceStatus = serde_json::from_value(raw.clone()).unwrap();
-            assert_eq!(vmi.phase.as_deref(), Some("Running"));
+            assert_eq!(vmi.phase, Some(crate::types::kubevirt::Phase::Running));
             // Re-encoded by this build, a release-1 reader still gets what it knew.
             let again = serde_json::to_value(&vmi).unwrap();
             let old: Release1VmiStatus = serde_json::from_value(again.clone()).unwrap();

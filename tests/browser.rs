@@ -5,15 +5,13 @@
 //! delete it. Screenshots go to `target/test-artifacts/` (or $EDGEVIRT_ARTIFACTS).
 //! Needs root, libvirtd, the test guest, chromium and chromedriver (`#[ignore]`).
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::*;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::json;
+use testkit::*;
 
 const BOOT: Duration = Duration::from_secs(120);
 

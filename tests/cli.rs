@@ -2,9 +2,11 @@
 //! image import with its progress output, apply (create, then unchanged), list, get,
 //! start/stop, delete; settings from the environment.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
+
+use serde_json::json;
+use testkit::Vm;
 
 fn edgevirt(url: &str, token: &str, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_edgevirt"))
@@ -34,43 +36,18 @@ fn client_commands_work_against_a_real_server() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_edgevirt"))
-        .args(["serve", "--config"])
+    let mut cmd = Command::new(testkit::exe());
+    cmd.args(["serve", "--config"])
         .arg(&cfg)
-        .env("EDGEVIRT_ROLE", "controller")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    // Ends the server even when an assertion below fails (one was left running).
-    struct KillOnDrop(std::process::Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut child = KillOnDrop(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(u) = line.split("serving the API on ").nth(1) {
-                let _ = tx.send(u.trim().to_string());
-            }
-        }
-    });
-    let url = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        .env("EDGEVIRT_ROLE", "controller");
+    // Ended when dropped, also when an assertion below fails (one was left running).
+    let server = testkit::serve::start(cmd, dir.path());
+    let url = server.url.clone();
     assert!(
         dir.path().join("edgevirt.db").exists(),
         "data_dir from the file was not used"
     );
-    let creds = std::fs::read_to_string(dir.path().join("initial-admin")).unwrap();
-    let token = creds
-        .lines()
-        .find_map(|l| l.strip_prefix("token="))
-        .unwrap()
-        .to_string();
+    let token = server.initial("token");
 
     let kernel = dir.path().join("kernel.bin");
     std::fs::write(&kernel, vec![7u8; 300_000]).unwrap();
@@ -90,9 +67,16 @@ fn client_commands_work_against_a_real_server() {
     let vm = dir.path().join("vm.yaml");
     std::fs::write(
         &vm,
-        "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata:\n  name: cli-vm\n  labels: {app: cli}\n\
-         spec:\n  running: false\n  template:\n    spec:\n      domain:\n        memory: {guest: 64Mi}\n        devices: {}\n        \
-         firmware:\n          kernelBoot:\n            container: {image: x, kernelPath: k1}\n",
+        // The older `running` field instead of runStrategy.
+        Vm::halted("cli-vm", "k1")
+            .label("app", "cli")
+            .with(|v| {
+                v["spec"].as_object_mut().unwrap().remove("runStrategy");
+                v["spec"]["running"] = json!(false);
+                Vm::domain_of(v)["devices"] = json!({});
+                Vm::domain_of(v)["firmware"]["kernelBoot"]["container"]["image"] = json!("x");
+            })
+            .yaml(),
     )
     .unwrap();
     let (ok, out, err) = edgevirt(&url, &token, &["vm", "apply", "-f", vm.to_str().unwrap()]);
@@ -238,6 +222,5 @@ fn client_commands_work_against_a_real_server() {
     assert!(!ok && err.contains("newest"), "{err}");
     let (_, out, _) = edgevirt(&url, &token, &["strategy", "show"]);
     assert!(out.contains("desired version 0.0.1"), "{out}");
-    child.0.kill().unwrap();
-    child.0.wait().unwrap();
+    drop(server);
 }

@@ -2,13 +2,11 @@
 //! serial console, and every way a console request must be refused before it reaches QEMU.
 //! Needs root, libvirtd and the test guest (`#[ignore]`; scripts/test.sh runs them).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
+use testkit::*;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
@@ -166,7 +164,7 @@ fn vnc_clients(dom: &str) -> usize {
 async fn rfb_and_serial_through_the_websocket_and_every_refusal() {
     let a = Appliance::start(&["--console-ticket-ttl", "3"]).await;
     a.import_guest().await;
-    let (code, v) = a.post_yaml(VMS, &vm_yaml("con", "Always", false)).await;
+    let (code, v) = a.post_yaml(VMS, &Vm::guest("con").yaml()).await;
     assert_eq!(code, 201, "{v}");
     let vmi = a.wait_running("con", None, BOOT).await;
     let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();

@@ -3,12 +3,10 @@
 //! read through the guest agent) is the one the policy chose. Needs root, libvirtd and the
 //! test guest (`#[ignore]`; `scripts/test.sh` runs it with `--include-ignored`).
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use serde_json::{Value, json};
+use testkit::*;
 
 const BOOT: Duration = Duration::from_secs(120);
 
@@ -43,18 +41,6 @@ fn guest_run(dom: &str, path: &str, args: &[&str]) -> Option<String> {
 fn cpuinfo_of(text: &str) -> (String, String, String) {
     let f = edgevirt::cpu::parse_cpuinfo(text);
     (f.vendor, f.model, f.family.to_string())
-}
-
-/// A test-guest VM with `cpu` (YAML flow mapping) and template annotations.
-fn cpu_vm(name: &str, cpu: &str, annotations: &str) -> String {
-    vm_yaml(name, "Always", false)
-        .replace("        cpu: {cores: 1}", &format!("        cpu: {cpu}"))
-        .replace(
-            &format!("    metadata:\n      labels: {{app: {name}}}\n    spec:"),
-            &format!(
-                "    metadata:\n      labels: {{app: {name}}}\n      annotations: {annotations}\n    spec:"
-            ),
-        )
 }
 
 struct Seen {
@@ -180,7 +166,7 @@ async fn each_cpu_mode_shows_in_the_guest() {
     assert!(!ok && err.contains("not found"), "{err}");
 
     // host-model (the cluster default): libvirt's TCG host-model, its vendor in the guest.
-    let s = run_vm(&a, "cpu-hm", &cpu_vm("cpu-hm", "{cores: 1}", "{}")).await;
+    let s = run_vm(&a, "cpu-hm", &Vm::guest("cpu-hm").yaml()).await;
     assert_eq!(s.guest_cpu["mode"], "host-model");
     assert!(
         s.domain_xml.contains(&format!(">{}</model>", hm.model)),
@@ -199,7 +185,9 @@ async fn each_cpu_mode_shows_in_the_guest() {
     let s = run_vm(
         &a,
         "cpu-hp",
-        &cpu_vm("cpu-hp", "{cores: 1, model: host-passthrough}", "{}"),
+        &Vm::guest("cpu-hp")
+            .cpu(json!({"cores": 1, "model": "host-passthrough"}))
+            .yaml(),
     )
     .await;
     assert_eq!(s.guest_cpu["mode"], "maximum");
@@ -213,11 +201,9 @@ async fn each_cpu_mode_shows_in_the_guest() {
     let s = run_vm(
         &a,
         "cpu-named",
-        &cpu_vm(
-            "cpu-named",
-            &format!("{{cores: 1, model: {named}, features: [{{name: aes, policy: require}}]}}"),
-            "{}",
-        ),
+        &Vm::guest("cpu-named")
+            .cpu(json!({"cores": 1, "model": named, "features": [{"name": "aes", "policy": "require"}]}))
+            .yaml(),
     )
     .await;
     assert_eq!(s.guest_cpu["model"], named);
@@ -243,7 +229,9 @@ async fn each_cpu_mode_shows_in_the_guest() {
     let s = run_vm(
         &a,
         "cpu-win",
-        &cpu_vm("cpu-win", "{cores: 1}", "{vm.kubevirt.io/os: windows2k22}"),
+        &Vm::guest("cpu-win")
+            .template_annotation("vm.kubevirt.io/os", "windows2k22")
+            .yaml(),
     )
     .await;
     assert_eq!(s.guest_cpu["vendorId"], "AuthenticAMD", "{}", s.guest_cpu);
@@ -264,7 +252,7 @@ async fn each_cpu_mode_shows_in_the_guest() {
     assert_eq!(s.family, "24");
     assert!(s.model_name.contains("Dhyana"), "{}", s.model_name);
     // A Linux guest on the same Hygon node keeps host-model and gets no Hyper-V.
-    let s = run_vm(&a, "cpu-lin", &cpu_vm("cpu-lin", "{cores: 1}", "{}")).await;
+    let s = run_vm(&a, "cpu-lin", &Vm::guest("cpu-lin").yaml()).await;
     assert_eq!(s.guest_cpu["mode"], "host-model");
     assert!(!s.domain_xml.contains("<hyperv"), "{}", s.domain_xml);
     assert_eq!(s.vendor, cpuid_vendor(&hm.vendor));
@@ -276,7 +264,7 @@ async fn each_cpu_mode_shows_in_the_guest() {
 #[tokio::test]
 #[ignore = "needs root and libvirtd: run scripts/test.sh"]
 async fn libvirt_cpu_comparison_and_baseline() {
-    use edgevirt::virt::Hypervisor;
+    use edgevirt::hypervisor::Hypervisor;
     let hv = tokio::task::spawn_blocking(|| {
         edgevirt::virt::libvirt::Libvirt::open("qemu:///system").unwrap()
     })

@@ -2,12 +2,10 @@
 //! root, libvirtd and the test guest, so plain `cargo test` skips them (`#[ignore]`);
 //! `scripts/test.sh` runs them with `--include-ignored --test-threads=1`.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use serde_json::json;
+use testkit::*;
 
 const BOOT: Duration = Duration::from_secs(120);
 
@@ -28,10 +26,10 @@ async fn vm_lifecycle_on_a_real_guest() {
     );
     a.import("test-disk", &disk).await;
     // A cloud-init NoCloud volume too (no disk entry: it is attached as the next virtio disk).
-    let yaml = format!(
-        "{}        - name: cloudinit\n          cloudInitNoCloud:\n            userData: |\n              #cloud-config\n              hostname: life-ci\n",
-        vm_yaml("life", "Always", true)
-    );
+    let yaml = Vm::guest("life")
+        .container_disk("test-disk")
+        .cloud_init("#cloud-config\nhostname: life-ci\n")
+        .yaml();
     let (code, v) = a.post_yaml(VMS, &yaml).await;
     assert_eq!(code, 201, "{v}");
 
@@ -257,21 +255,16 @@ async fn vms_survive_kill9_of_agent_and_launcher() {
             .spawn()
             .unwrap()
     };
-    struct Killer(std::process::Child, String);
+    struct Killer(std::process::Child, std::path::PathBuf);
     impl Drop for Killer {
         fn drop(&mut self) {
             let _ = self.0.kill();
             let _ = self.0.wait();
-            let _ = std::process::Command::new("pkill")
-                .args(["-9", "-f", &self.1])
-                .status();
+            kill_launchers(&self.1);
         }
     }
-    let launcher_pattern = format!("launcher --socket {}", agent_dir.path().display());
-    let mut agent = Killer(spawn_agent(), launcher_pattern.clone());
-    let (code, v) = ctl
-        .post_yaml(VMS, &vm_yaml("sturdy", "Always", false))
-        .await;
+    let mut agent = Killer(spawn_agent(), agent_dir.path().to_path_buf());
+    let (code, v) = ctl.post_yaml(VMS, &Vm::guest("sturdy").yaml()).await;
     assert_eq!(code, 201, "{v}");
     let vmi = ctl.wait_running("sturdy", None, BOOT).await;
     let uid = vmi["metadata"]["uid"].as_str().unwrap().to_string();
@@ -279,11 +272,11 @@ async fn vms_survive_kill9_of_agent_and_launcher() {
     let up1 = wait_for("guest uptime", BOOT, || async { guest_uptime(&dom) }).await;
     let id = domid(&dom).unwrap();
     let launcher_pid = || {
-        let out = std::process::Command::new("pgrep")
-            .args(["-f", &launcher_pattern])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        let pids: Vec<String> = launcher_pids(agent_dir.path())
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        pids.join("\n")
     };
     let lpid = launcher_pid();
     assert!(!lpid.is_empty(), "no launcher process");
@@ -367,12 +360,10 @@ async fn kill9_during_concurrent_creates_loses_nothing_and_leaks_nothing() {
         let mut tasks = Vec::new();
         for i in range {
             let (url, token, acked) = (a.url.clone(), a.token.clone(), acked.clone());
-            let yaml = vm_yaml(&format!("burst-{i}"), "Always", false)
-                .replace("memory: {guest: 192Mi}", "memory: {guest: 128Mi}")
-                .replace(
-                    "terminationGracePeriodSeconds: 10",
-                    "terminationGracePeriodSeconds: 0",
-                );
+            let yaml = Vm::guest(&format!("burst-{i}"))
+                .memory("128Mi")
+                .grace_period(0)
+                .yaml();
             tasks.push(tokio::spawn(async move {
                 let r = reqwest::Client::new()
                     .post(format!("{url}{VMS}"))
@@ -483,7 +474,9 @@ async fn kill9_during_concurrent_creates_loses_nothing_and_leaks_nothing() {
 async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
     let a = Appliance::start(&["--role", "controller"]).await;
     a.import_guest().await;
-    let (code, _) = a.post_yaml(VMS, &vm_yaml("good", "Halted", false)).await;
+    let (code, _) = a
+        .post_yaml(VMS, &Vm::guest("good").run_strategy("Halted").yaml())
+        .await;
     assert_eq!(code, 201);
     // Let the controller settle the VM's status first: that write is not under test.
     wait_for("VM status", Duration::from_secs(30), || async {
@@ -502,70 +495,78 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         ),
         (
             "unknown field",
-            vm_yaml("x1", "Always", false)
-                .replace("      domain:", "      domain:\n        bogusField: 1"),
+            Vm::guest("x1")
+                .with(|v| Vm::domain_of(v)["bogusField"] = json!(1))
+                .yaml(),
             422,
             "unknown field",
         ),
         (
             "unsupported KubeVirt field",
-            vm_yaml("x2", "Always", false)
-                .replace("      domain:", "      dnsPolicy: None\n      domain:"),
+            Vm::guest("x2")
+                .with(|v| v["spec"]["template"]["spec"]["dnsPolicy"] = json!("None"))
+                .yaml(),
             422,
             "does not support yet",
         ),
         (
             "name not DNS-1123",
-            vm_yaml("Bad_Name", "Always", false),
+            Vm::guest("Bad_Name").yaml(),
             422,
             "RFC 1123",
         ),
         (
             "disk path typed by the user",
-            vm_yaml("x3", "Always", true).replace("image: test-disk", "image: /etc/shadow"),
+            Vm::guest("x3").container_disk("/etc/shadow").yaml(),
             422,
             "never to paths",
         ),
         (
             "kernel path typed by the user",
-            vm_yaml("x4", "Always", false)
-                .replace("kernelPath: test-kernel", "kernelPath: /boot/vmlinuz"),
+            Vm::guest("x4").kernel_path("/boot/vmlinuz").yaml(),
             422,
             "not paths",
         ),
         (
             "claim naming a path",
-            vm_yaml("x6", "Always", true).replace(
-                "containerDisk: {image: test-disk}",
-                "persistentVolumeClaim: {claimName: ../../etc/shadow}",
-            ),
+            Vm::guest("x6")
+                .disk(
+                    "data",
+                    json!({"persistentVolumeClaim": {"claimName": "../../etc/shadow"}}),
+                )
+                .yaml(),
             422,
             "never a path",
         ),
         (
             "hostDisk",
-            vm_yaml("x5", "Always", true).replace(
-                "containerDisk: {image: test-disk}",
-                "hostDisk: {path: /etc/shadow, type: Disk}",
-            ),
+            Vm::guest("x5")
+                .disk(
+                    "data",
+                    json!({"hostDisk": {"path": "/etc/shadow", "type": "Disk"}}),
+                )
+                .yaml(),
             422,
             "does not support yet",
         ),
         (
             "same name twice",
-            vm_yaml("good", "Halted", false),
+            Vm::guest("good").run_strategy("Halted").yaml(),
             409,
             "already exists",
         ),
         (
             "missing image",
-            vm_yaml("x6", "Always", true),
+            Vm::guest("x6").container_disk("test-disk").yaml(),
             422,
             "does not exist",
         ),
         (
             "no memory",
-            vm_yaml("x7", "Always", false).replace("memory: {guest: 192Mi}", "cpu: {cores: 1}"),
+            // JSON is YAML: memory replaced by a second `cpu` key, the last of which wins.
+            Vm::guest("x7")
+                .body()
+                .replace(r#""memory":{"guest":"192Mi"}"#, r#""cpu":{"cores":1}"#),
             422,
             "memory",
         ),

@@ -1,5 +1,5 @@
 //! Hostile or careless clients cannot exhaust the appliance. One real `edgevirt serve
-//! --role controller --tls` (no libvirt needed) gets every case of `hostile/cases.rs`:
+//! --role controller --tls` (no libvirt needed) gets every case of `testkit/src/hostile.rs`:
 //!
 //! 1. as the administrator: the expected 4xx with a Kubernetes `Status` and a message (the
 //!    field or "YAML" named where the case says so); bombs and deep nesting refused within
@@ -21,16 +21,12 @@
 //! passed 2 GiB (killed, to protect the host) or stopped answering is restarted so the
 //! later cases still run.
 
-mod common;
-#[path = "hostile/cases.rs"]
-mod hostile_cases;
-
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use common::Appliance;
-use hostile_cases::*;
 use serde_json::Value;
+use testkit::Appliance;
+use testkit::hostile::*;
 
 const SETTLE: Duration = Duration::from_millis(100);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -46,7 +42,7 @@ async fn hostile_clients_cannot_exhaust_the_appliance() {
     let mut a = Appliance::start(&["--role", "controller", "--tls"]).await;
     assert!(a.url.starts_with("https://"), "{}", a.url);
     let clients = Clients::new(&a, REQUEST_TIMEOUT);
-    let (setup, problems) = hostile_cases::setup(&a, &clients).await;
+    let (setup, problems) = testkit::hostile::setup(&a, &clients).await;
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     let viewer_token = a.add_token("v", "viewer").await;
     // Warm up the paths the cases take, then take serve's idle RSS.

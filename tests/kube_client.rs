@@ -4,11 +4,8 @@
 //! a resourceVersion, and 410 Gone once that version is compacted away) and delete through
 //! `Api<VirtualMachine>`.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use edgevirt::types::kubevirt::VirtualMachine;
 use futures::StreamExt;
 use kube::api::{
@@ -16,6 +13,7 @@ use kube::api::{
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::json;
+use testkit::*;
 
 async fn client_for(a: &Appliance, token: &str) -> kube::Client {
     let out = std::process::Command::new(exe())
@@ -42,20 +40,9 @@ async fn client_for(a: &Appliance, token: &str) -> kube::Client {
     kube::Client::try_from(cfg).unwrap()
 }
 
+/// A VM kube-rs sends as its typed object (Halted: nothing boots).
 fn vm(name: &str) -> VirtualMachine {
-    serde_json::from_value(json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachine",
-        "metadata": {"name": name, "labels": {"suite": "kube-rs"}},
-        "spec": {
-            "runStrategy": "Halted",
-            "template": {"spec": {"domain": {
-                "memory": {"guest": "64Mi"},
-                "firmware": {"kernelBoot": {"container": {"image": "k", "kernelPath": "k"}}},
-            }}},
-        },
-    }))
-    .unwrap()
+    serde_json::from_value(Vm::halted(name, "k").label("suite", "kube-rs").json()).unwrap()
 }
 
 #[tokio::test]

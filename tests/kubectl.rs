@@ -6,14 +6,12 @@
 //! codes. Needs root, libvirtd, the test guest and the two kubectl binaries
 //! (`EDGEVIRT_KUBECTL_NEW`, `EDGEVIRT_KUBECTL_OLD`; scripts/test.sh installs them).
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::*;
 
 const BOOT: Duration = Duration::from_secs(120);
 
@@ -80,10 +78,6 @@ fn words(table: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn vm_manifest(name: &str, strategy: &str) -> String {
-    vm_yaml(name, strategy, false)
-}
-
 async fn suite(which: &str, bin: PathBuf) {
     let a = Appliance::start(&["--tls"]).await;
     a.import_guest().await;
@@ -111,7 +105,7 @@ async fn suite(which: &str, bin: PathBuf) {
 
     // apply twice: created, then unchanged.
     let file = home.join("kv.yaml");
-    std::fs::write(&file, vm_manifest("kv", "Always")).unwrap();
+    std::fs::write(&file, Vm::guest("kv").yaml()).unwrap();
     let f = file.to_str().unwrap();
     assert_eq!(
         k.ok(&["apply", "-f", f]).trim(),
@@ -243,7 +237,11 @@ async fn suite(which: &str, bin: PathBuf) {
     assert!(e.contains("runStrategy") && e.contains("<string>"), "{e}");
 
     // server-side dry run creates nothing; a namespace comes and goes
-    std::fs::write(home.join("dry.yaml"), vm_manifest("dry", "Halted")).unwrap();
+    std::fs::write(
+        home.join("dry.yaml"),
+        Vm::guest("dry").run_strategy("Halted").yaml(),
+    )
+    .unwrap();
     let d = k.ok(&[
         "apply",
         "--dry-run=server",
@@ -267,7 +265,7 @@ async fn suite(which: &str, bin: PathBuf) {
     kubeconfig(&a, "not-a-valid-token", &bad.config);
     std::fs::write(
         home.join("intruder.yaml"),
-        vm_manifest("intruder", "Halted"),
+        Vm::guest("intruder").run_strategy("Halted").yaml(),
     )
     .unwrap();
     let intruder = home.join("intruder.yaml");

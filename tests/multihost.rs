@@ -3,14 +3,12 @@
 //! with a libvirtd of its own), each running `edgevirt serve --role agent`. They need root and
 //! the test guest, so plain `cargo test` skips them (`#[ignore]`); `scripts/test.sh` runs them.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::*;
 use serde_json::{Value, json};
+use testkit::*;
 
 const BOOT: Duration = Duration::from_secs(180);
 /// The controller's address on the test bridge.
@@ -72,7 +70,9 @@ impl Host {
             env!("CARGO_MANIFEST_DIR"),
             "/tests/multihost/host.sh"
         ));
-        cmd.args(["exec", &self.name, exe(), "serve", "--role", "agent"])
+        cmd.args(["exec", &self.name])
+            .arg(exe())
+            .args(["serve", "--role", "agent"])
             .args(["--controller", controller])
             .arg("--data-dir")
             .arg(&self.data)
@@ -173,11 +173,7 @@ impl Host {
 impl Drop for Host {
     fn drop(&mut self) {
         self.kill_agent();
-        let _ = Command::new("pkill")
-            .arg("-9")
-            .arg("-f")
-            .arg(format!("launcher --socket {}", self.data.display()))
-            .status();
+        kill_launchers(&self.data);
         let _ = host_sh(&["down", &self.name]);
         if std::thread::panicking()
             && let Some(t) = self._tmp.take()
@@ -262,10 +258,6 @@ async fn vnc_greeting_through_controller(c: &Appliance, vm: &str) -> Vec<u8> {
         }
     }
     got
-}
-
-fn small_vm(name: &str, memory: &str) -> String {
-    vm_yaml(name, "Always", false).replace("guest: 192Mi", &format!("guest: {memory}"))
 }
 
 #[tokio::test]
@@ -392,11 +384,16 @@ async fn hosts_join_vms_spread_and_a_lost_host_comes_back() {
     // --- Ten VMs spread over the two nodes; one that fits nowhere stays Pending, saying why.
     for i in 0..10 {
         let (code, v) = c
-            .post_yaml(VMS, &small_vm(&format!("spread-{i}"), "128Mi"))
+            .post_yaml(
+                VMS,
+                &Vm::guest(&format!("spread-{i}")).memory("128Mi").yaml(),
+            )
             .await;
         assert_eq!(code, 201, "{v}");
     }
-    let (code, v) = c.post_yaml(VMS, &small_vm("huge", "4096Gi")).await;
+    let (code, v) = c
+        .post_yaml(VMS, &Vm::guest("huge").memory("4096Gi").yaml())
+        .await;
     assert_eq!(code, 201, "{v}");
     let mut per_node = std::collections::BTreeMap::new();
     for i in 0..10 {
@@ -450,7 +447,9 @@ async fn hosts_join_vms_spread_and_a_lost_host_comes_back() {
     .arg("--ca-cert")
     .arg(c.dir.join("tls/server.crt"));
     assert!(ccmd.status().unwrap().success(), "cordon a");
-    let (code, v) = c.post_yaml(VMS, &small_vm("survivor", "128Mi")).await;
+    let (code, v) = c
+        .post_yaml(VMS, &Vm::guest("survivor").memory("128Mi").yaml())
+        .await;
     assert_eq!(code, 201, "{v}");
     let vmi = c.wait_running("survivor", None, BOOT).await;
     assert_eq!(vmi["status"]["nodeName"], "b", "cordoned a takes no VMs");
@@ -718,17 +717,21 @@ async fn vms_live_migrate_cancel_and_drain() {
 
     // Three VMs on a: diskless, with a local disk, and with a disk on the shared pool.
     assert!(cli(&c, &["node", "cordon", "b"]).0);
-    let shared_yaml = vm_yaml("shared", "Always", true)
-        .replace("guest: 192Mi", "guest: 128Mi")
-        .replace(
-            "containerDisk: {image: test-disk}",
-            "persistentVolumeClaim: {claimName: shared-data}",
-        );
+    let shared_yaml = Vm::guest("shared")
+        .memory("128Mi")
+        .disk(
+            "data",
+            json!({"persistentVolumeClaim": {"claimName": "shared-data"}}),
+        )
+        .yaml();
     for (name, yaml) in [
-        ("mig", small_vm("mig", "128Mi")),
+        ("mig", Vm::guest("mig").memory("128Mi").yaml()),
         (
             "disky",
-            vm_yaml("disky", "Always", true).replace("guest: 192Mi", "guest: 128Mi"),
+            Vm::guest("disky")
+                .memory("128Mi")
+                .container_disk("test-disk")
+                .yaml(),
         ),
         ("shared", shared_yaml),
     ] {
@@ -1014,10 +1017,10 @@ async fn migration_refused_when_the_target_cpu_lacks_a_feature() {
         "b reports no aes: {nb}"
     );
     // A guest CPU that requires aes: it lands on a (b cannot run it), and cannot move to b.
-    let yaml = small_vm("aesvm", "128Mi").replace(
-        "cpu: {cores: 1}",
-        "cpu: {cores: 1, model: Westmere, features: [{name: aes, policy: require}]}",
-    );
+    let yaml = Vm::guest("aesvm")
+        .memory("128Mi")
+        .cpu(json!({"cores": 1, "model": "Westmere", "features": [{"name": "aes", "policy": "require"}]}))
+        .yaml();
     let (code, v) = c.post_yaml(VMS, &yaml).await;
     assert_eq!(code, 201, "{v}");
     let vmi = c.wait_running("aesvm", None, BOOT).await;

@@ -6,43 +6,28 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-fn start(dir: &std::path::Path, listen: &str) -> (std::process::Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_edgevirt"))
-        .args([
-            "serve",
-            "--role",
-            "controller",
-            "--listen",
-            listen,
-            "--node-name",
-            "t",
-        ])
-        .arg("--data-dir")
-        .arg(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(u) = line.split("serving the API on ").nth(1) {
-                let _ = tx.send(u.trim().to_string());
-            }
-        }
-    });
-    let url = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("serve did not start");
-    (child, url)
+use testkit::serve;
+
+/// serve, controller role, on `dir`, through the test kit (ready once `/healthz` answers).
+fn start(dir: &std::path::Path, listen: &str) -> serve::Server {
+    let mut cmd = serve::command(testkit::exe(), dir);
+    cmd.args([
+        "--role",
+        "controller",
+        "--listen",
+        listen,
+        "--node-name",
+        "t",
+    ]);
+    serve::start(cmd, dir)
 }
 
 #[tokio::test]
 async fn beyond_loopback_serves_tls_with_a_generated_certificate() {
     edgevirt::tls::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, url) = start(dir.path(), "0.0.0.0:0");
+    let mut server = start(dir.path(), "0.0.0.0:0");
+    let url = server.url.clone();
     assert!(url.starts_with("https://"), "{url}");
     let port = url.rsplit(':').next().unwrap();
     let cert = dir.path().join("tls/server.crt");
@@ -89,17 +74,15 @@ async fn beyond_loopback_serves_tls_with_a_generated_certificate() {
             & 0o777,
         0o600
     );
-    child.kill().unwrap();
-    child.wait().unwrap();
+    server.kill9();
 }
 
 #[test]
 fn refuses_a_database_from_a_newer_edgevirt() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, url) = start(dir.path(), "127.0.0.1:0");
-    assert!(url.starts_with("http://"));
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let mut server = start(dir.path(), "127.0.0.1:0");
+    assert!(server.url.starts_with("http://"));
+    server.kill9();
     let db = dir.path().join("edgevirt.db");
     let ok = Command::new("python3")
         .arg("-c")

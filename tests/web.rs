@@ -2,25 +2,16 @@
 //! libvirt needed): login and sessions, CSRF on forms and on cookie-authenticated API calls,
 //! escaping, Content-Security-Policy, roles, and the embedded assets.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, SET_COOKIE};
+use testkit::serve;
 
+/// serve (controller role) on a fresh data dir; killed when dropped.
 struct Server {
-    child: Child,
     url: String,
-    dir: tempfile::TempDir,
     http: reqwest::Client,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    _serve: serve::Server,
+    dir: tempfile::TempDir,
 }
 
 fn start() -> Server {
@@ -28,59 +19,34 @@ fn start() -> Server {
 }
 
 fn start_on(listen: &str) -> Server {
-    edgevirt::tls::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_edgevirt"))
-        .args([
-            "serve",
-            "--role",
-            "controller",
-            "--listen",
-            listen,
-            "--node-name",
-            "t",
-        ])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(u) = line.split("serving the API on ").nth(1) {
-                let _ = tx.send(u.trim().to_string());
-            }
-        }
-    });
-    let url = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("serve did not start");
+    let mut cmd = serve::command(testkit::exe(), dir.path());
+    cmd.args([
+        "--role",
+        "controller",
+        "--listen",
+        listen,
+        "--node-name",
+        "t",
+    ]);
+    let s = serve::start(cmd, dir.path());
+    // The dashboard's answers are checked as they are: no redirects followed.
     let mut http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
-    if url.starts_with("https://") {
-        // wait for the certificate, then trust it
-        let cert = dir.path().join("tls/server.crt");
-        let pem = std::fs::read(&cert).expect("the generated certificate");
+    if s.url.starts_with("https://") {
+        let pem = std::fs::read(dir.path().join("tls/server.crt")).unwrap();
         http = http.add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap());
     }
-    let http = http.build().unwrap();
     Server {
-        child,
-        url,
+        url: s.url.clone(),
+        http: http.build().unwrap(),
+        _serve: s,
         dir,
-        http,
     }
 }
 
 impl Server {
     fn initial(&self, key: &str) -> String {
-        std::fs::read_to_string(self.dir.path().join("initial-admin"))
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{key}=")).map(str::to_string))
-            .unwrap()
+        serve::initial_admin(self.dir.path(), key)
     }
 }
 

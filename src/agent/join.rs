@@ -10,8 +10,8 @@ use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::api::join::parse_join_token;
 use crate::client::Client;
+use crate::rules::join::parse_join_token;
 
 pub const CREDENTIAL_FILE: &str = "agent-credential.json";
 

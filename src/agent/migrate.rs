@@ -17,20 +17,19 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::tungstenite::Message;
 
 use super::Agent;
+use super::ports::Stored;
 use super::prepare::{domain_name, prepare};
 use super::relay::{Ws, pipe};
-use crate::launcher::client::LauncherClient;
 use crate::launcher::protocol::Request;
-use crate::types::kubevirt::migration_phase as mp;
-use crate::types::now;
+use crate::types::kubevirt::{MigrationMethod, MigrationPhase as Mp, MigrationState};
+use crate::types::{Meta, VirtualMachineInstance, VirtualMachineInstanceMigration, now};
 
 /// The local libvirtd's socket, which paired tunnels reach on the target.
 pub fn libvirt_socket() -> String {
@@ -47,9 +46,10 @@ pub fn migration_socket_dir() -> std::path::PathBuf {
         .unwrap_or_else(|| "/run/libvirt/edgevirt-migration".into())
 }
 
-/// The socket of one of a block migration's QEMU streams (`memory` or `disks`).
-fn stream_socket(migration_uid: &str, stream: &str) -> std::path::PathBuf {
-    migration_socket_dir().join(format!("{migration_uid}-{stream}.sock"))
+/// The socket of one of a block migration's QEMU streams (`memory` or `disks`), in `dir`
+/// ([`migration_socket_dir`] outside tests).
+fn stream_socket(dir: &std::path::Path, migration_uid: &str, stream: &str) -> std::path::PathBuf {
+    dir.join(format!("{migration_uid}-{stream}.sock"))
 }
 
 /// A migration this agent takes part in.
@@ -60,47 +60,74 @@ pub struct Task {
     vmi_uid: String,
 }
 
-const MIGRATIONS: &str = "/apis/kubevirt.io/v1/virtualmachineinstancemigrations";
-
-fn vmim_path(ns: &str, name: &str) -> String {
-    format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstancemigrations/{name}")
-}
-
-fn vmi_path(ns: &str, name: &str) -> String {
-    format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances/{name}")
-}
-
-/// Move a migration to `phase`, adding to KubeVirt's transition list, plus `extra` status.
+/// Move a migration to `phase`, adding to KubeVirt's transition list, with `change` made
+/// to its `migrationState` (and `target_domain` when given). The whole status is sent as a
+/// merge patch, as it always was; fields this release does not know are kept.
 async fn set_phase(
     agent: &Agent,
     ns: &str,
     name: &str,
-    phase: &str,
-    extra: Value,
+    phase: Mp,
+    target_domain: Option<String>,
+    change: impl FnOnce(&mut MigrationState),
 ) -> anyhow::Result<()> {
-    let cur = agent.api.get(&vmim_path(ns, name)).await?;
-    let mut o = json!({"status": cur["status"].clone()});
-    crate::controller::set_migration_phase(&mut o, phase);
-    json_patch::merge(&mut o["status"], &extra);
+    let cur = agent.cp.get_migration(ns, name).await?;
+    let before = cur.obj.status.clone();
+    let mut st = before.clone().unwrap_or_default();
+    crate::rules::migration::set_phase(&mut st, phase);
+    if target_domain.is_some() {
+        st.target_domain = target_domain;
+    }
+    let mut ms = st.migration_state.clone().unwrap_or_default();
+    change(&mut ms);
+    if ms != MigrationState::default() || st.migration_state.is_some() {
+        st.migration_state = Some(ms);
+    }
+    let status = cur.status_change(&before, &Some(st));
     agent
-        .api
-        .merge_patch(&format!("{}/status", vmim_path(ns, name)), &o)
-        .await?;
-    Ok(())
+        .cp
+        .patch_migration_status(ns, name, json!({ "status": status }))
+        .await
+}
+
+/// A failed migration's state.
+fn failed(reason: String) -> impl FnOnce(&mut MigrationState) {
+    move |ms| {
+        ms.failed = true;
+        ms.end_timestamp = Some(now());
+        ms.failure_reason = Some(reason);
+    }
+}
+
+/// The phase of a migration (Pending when it has none yet).
+fn phase_of(m: &VirtualMachineInstanceMigration) -> Mp {
+    m.status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default()
+}
+
+fn state_of(m: &VirtualMachineInstanceMigration) -> MigrationState {
+    m.status
+        .as_ref()
+        .and_then(|s| s.migration_state.clone())
+        .unwrap_or_default()
 }
 
 /// One pass over the migrations that involve this node.
 pub async fn sync(agent: &Arc<Agent>) -> anyhow::Result<()> {
-    let list = agent.api.get(MIGRATIONS).await?;
+    let list = agent.cp.migrations().await?;
     let me = agent.cfg.node_name.as_str();
-    let mut seen = Vec::new();
-    for m in list["items"].as_array().into_iter().flatten() {
-        let st = &m["status"]["migrationState"];
-        let uid = m["metadata"]["uid"].as_str().unwrap_or("").to_string();
-        let phase = m["status"]["phase"].as_str().unwrap_or("");
+    // A migration that does not decode is not followed, but its task is not stopped either.
+    let mut seen = list.undecodable.clone();
+    for stored in &list.items {
+        let m = &stored.obj;
+        let st = state_of(m);
+        let uid = m.uid().to_string();
+        let phase = phase_of(m);
         let (source, target) = (
-            st["sourceNode"].as_str() == Some(me),
-            st["targetNode"].as_str() == Some(me),
+            st.source_node.as_deref() == Some(me),
+            st.target_node.as_deref() == Some(me),
         );
         if !source && !target {
             continue;
@@ -108,29 +135,26 @@ pub async fn sync(agent: &Arc<Agent>) -> anyhow::Result<()> {
         seen.push(uid.clone());
         let mut tasks = agent.migrations.lock().await;
         let running = tasks.get(&uid).is_some_and(|t| !t.handle.is_finished());
-        let starts = (target && phase == mp::SCHEDULED) || (source && phase == mp::TARGET_READY);
+        let starts = (target && phase == Mp::Scheduled) || (source && phase == Mp::TargetReady);
         if starts && !tasks.contains_key(&uid) {
-            let (ns, _, vmi_name) = names(m);
-            let vmi = agent.api.get(&vmi_path(&ns, &vmi_name)).await?;
+            let vmi = agent
+                .cp
+                .get_vmi(m.namespace(), &m.spec.vmi_name)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("VMI {} not found", m.spec.vmi_name))?;
             let t = if target {
                 spawn_target(agent.clone(), m.clone(), vmi)
             } else {
-                spawn_source(agent.clone(), m.clone(), vmi)
+                spawn_source(agent.clone(), m.clone(), vmi.obj)
             };
             tasks.insert(uid.clone(), t);
-        } else if source && phase == mp::RUNNING {
+        } else if source && phase == Mp::Running {
             match tasks.get_mut(&uid) {
-                Some(t) if running && st["abortRequested"] == true && !t.abort_sent => {
+                Some(t) if running && st.abort_requested && !t.abort_sent => {
                     t.abort_sent = true;
-                    let sock = crate::launcher::socket_path(&agent.launchers_dir(), &t.vmi_uid);
                     tracing::info!(migration = %uid, "aborting the migration");
-                    match LauncherClient::connect(&sock).await {
-                        Ok(mut c) => {
-                            if let Err(e) = c.call(Request::AbortMigration).await {
-                                tracing::warn!(error = %e, "aborting the migration failed");
-                            }
-                        }
-                        Err(e) => tracing::warn!(error = %e, "no launcher to abort"),
+                    if let Err(e) = agent.launchers.abort_migration(&t.vmi_uid).await {
+                        tracing::warn!(error = %e, code = e.code(), "aborting the migration failed");
                     }
                 }
                 Some(_) => {}
@@ -138,21 +162,19 @@ pub async fn sync(agent: &Arc<Agent>) -> anyhow::Result<()> {
                     // This agent restarted while its launcher migrated: it cannot follow
                     // the outcome, so it fails the migration (the controller's checks and
                     // the next sync show where the guest really runs).
-                    let ns = m["metadata"]["namespace"].as_str().unwrap_or("");
-                    let name = m["metadata"]["name"].as_str().unwrap_or("");
                     let _ = set_phase(
                         agent,
-                        ns,
-                        name,
-                        mp::FAILED,
-                        json!({"migrationState": {"failed": true, "endTimestamp": now(),
-                            "failureReason": "the source agent restarted during the migration"}}),
+                        m.namespace(),
+                        m.name(),
+                        Mp::Failed,
+                        None,
+                        failed("the source agent restarted during the migration".into()),
                     )
                     .await;
                 }
             }
         }
-        if mp::is_final(phase)
+        if phase.is_final()
             && let Some(t) = tasks.get(&uid)
             && !t.source
         {
@@ -162,10 +184,10 @@ pub async fn sync(agent: &Arc<Agent>) -> anyhow::Result<()> {
             let vmi_uid = t.vmi_uid.clone();
             tasks.remove(&uid);
             drop(tasks);
-            finish_target(agent, m, &vmi_uid, phase == mp::SUCCEEDED).await;
+            finish_target(agent, m, &vmi_uid, phase == Mp::Succeeded).await;
             continue;
         }
-        if mp::is_final(phase) && tasks.get(&uid).is_some_and(|t| t.handle.is_finished()) {
+        if phase.is_final() && tasks.get(&uid).is_some_and(|t| t.handle.is_finished()) {
             tasks.remove(&uid);
         }
     }
@@ -187,32 +209,24 @@ pub async fn sync(agent: &Arc<Agent>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn names(m: &Value) -> (String, String, String) {
-    (
-        m["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("")
-            .to_string(),
-        m["metadata"]["name"].as_str().unwrap_or("").to_string(),
-        m["spec"]["vmiName"].as_str().unwrap_or("").to_string(),
-    )
-}
-
-fn spawn_target(agent: Arc<Agent>, m: Value, vmi: Value) -> Task {
-    let (ns, name, _) = names(&m);
-    let vmi_uid = vmi["metadata"]["uid"].as_str().unwrap_or("").to_string();
-    let mig_uid = m["metadata"]["uid"].as_str().unwrap_or("").to_string();
+fn spawn_target(
+    agent: Arc<Agent>,
+    m: VirtualMachineInstanceMigration,
+    vmi: Stored<VirtualMachineInstance>,
+) -> Task {
+    let vmi_uid = vmi.obj.uid().to_string();
     let a2 = agent.clone();
     let handle = tokio::spawn(async move {
-        if let Err(e) = run_target(&a2, &ns, &name, &mig_uid, &vmi).await {
+        let (ns, name) = (m.namespace(), m.name());
+        if let Err(e) = run_target(&a2, ns, name, m.uid(), &vmi).await {
             tracing::warn!(migration = %name, error = %format!("{e:#}"), "preparing the migration target failed");
             let _ = set_phase(
                 &a2,
-                &ns,
-                &name,
-                mp::FAILED,
-                json!({"migrationState": {"failed": true, "endTimestamp": now(),
-                    "failureReason": format!("preparing the target failed: {e:#}")}}),
+                ns,
+                name,
+                Mp::Failed,
+                None,
+                failed(format!("preparing the target failed: {e:#}")),
             )
             .await;
         }
@@ -230,34 +244,27 @@ async fn run_target(
     ns: &str,
     name: &str,
     mig_uid: &str,
-    vmi: &Value,
+    vmi: &Stored<VirtualMachineInstance>,
 ) -> anyhow::Result<()> {
-    let uid = vmi["metadata"]["uid"].as_str().unwrap_or("").to_string();
-    let vmi_name = vmi["metadata"]["name"].as_str().unwrap_or("");
+    let uid = vmi.obj.uid().to_string();
+    let vmi_name = vmi.obj.name();
     // The incoming domain must survive the sync loop's sweep of domains no VMI here owns.
     agent.incoming.lock().await.insert(uid.clone());
-    set_phase(agent, ns, name, mp::PREPARING_TARGET, json!({})).await?;
+    set_phase(agent, ns, name, Mp::PreparingTarget, None, |_| {}).await?;
     let xml_path = prepare(agent, vmi).await?;
     let xml = tokio::fs::read_to_string(&xml_path).await?;
     // For a block migration, QEMU listens here under the paths the source names.
-    tokio::fs::create_dir_all(migration_socket_dir()).await?;
-    set_phase(
-        agent,
-        ns,
-        name,
-        mp::TARGET_READY,
-        json!({"targetDomain": xml}),
-    )
-    .await?;
+    tokio::fs::create_dir_all(&agent.migration_dir).await?;
+    set_phase(agent, ns, name, Mp::TargetReady, Some(xml), |_| {}).await?;
     tracing::info!(migration = %name, vmi = %vmi_name, "migration target ready");
     // Keep one tunnel side waiting; each paired one goes to the local libvirtd.
     for n in 0u32.. {
         let path = format!("/migration-tunnel/{ns}/{name}/{n}?side=target");
-        let mut ws = agent.api.websocket(&path).await?;
+        let mut ws = agent.cp.tunnel(&path).await?;
         let stream = wait_paired(&mut ws).await?;
         let local: std::path::PathBuf = match stream.as_str() {
             "libvirt" => libvirt_socket().into(),
-            "memory" | "disks" => stream_socket(mig_uid, &stream),
+            "memory" | "disks" => stream_socket(&agent.migration_dir, mig_uid, &stream),
             other => anyhow::bail!("the tunnel names an unknown stream {other:?}"),
         };
         tokio::spawn(async move {
@@ -276,9 +283,14 @@ async fn run_target(
     Ok(())
 }
 
-async fn finish_target(agent: &Arc<Agent>, m: &Value, vmi_uid: &str, ok: bool) {
-    let (ns, name, vmi_name) = names(m);
-    let dom = domain_name(&ns, &vmi_name, vmi_uid);
+async fn finish_target(
+    agent: &Arc<Agent>,
+    m: &VirtualMachineInstanceMigration,
+    vmi_uid: &str,
+    ok: bool,
+) {
+    let (ns, name, vmi_name) = (m.namespace(), m.name(), m.spec.vmi_name.as_str());
+    let dom = domain_name(ns, vmi_name, vmi_uid);
     if ok {
         let hv = agent.hv.clone();
         let d2 = dom.clone();
@@ -287,13 +299,10 @@ async fn finish_target(agent: &Arc<Agent>, m: &Value, vmi_uid: &str, ok: bool) {
         {
             let patch = json!({"status": {"migrationState": {"downtimeMs": ms}}});
             let _ = agent
-                .api
-                .merge_patch(&format!("{}/status", vmim_path(&ns, &name)), &patch)
+                .cp
+                .patch_migration_status(ns, name, patch.clone())
                 .await;
-            let _ = agent
-                .api
-                .merge_patch(&format!("{}/status", vmi_path(&ns, &vmi_name)), &patch)
-                .await;
+            let _ = agent.cp.patch_vmi_status(ns, vmi_name, patch).await;
             tracing::info!(migration = %name, downtime_ms = ms, "incoming migration completed");
         }
     } else {
@@ -309,13 +318,14 @@ async fn finish_target(agent: &Arc<Agent>, m: &Value, vmi_uid: &str, ok: bool) {
         })
         .await;
         match state {
-            Ok(Ok(Some(crate::virt::DomainState::Running))) => {
+            Ok(Ok(Some(crate::hypervisor::DomainState::Running))) => {
                 tracing::warn!(domain = %dom, "the migration was reported failed but the guest runs here; taking the instance");
                 let _ = agent
-                    .api
-                    .merge_patch(
-                        &format!("{}/status", vmi_path(&ns, &vmi_name)),
-                        &json!({"status": {"nodeName": agent.cfg.node_name,
+                    .cp
+                    .patch_vmi_status(
+                        ns,
+                        vmi_name,
+                        json!({"status": {"nodeName": agent.cfg.node_name,
                             "migrationState": {"completed": true, "failed": false}}}),
                     )
                     .await;
@@ -332,52 +342,61 @@ async fn finish_target(agent: &Arc<Agent>, m: &Value, vmi_uid: &str, ok: bool) {
     agent.migrating.lock().await.remove(vmi_uid);
 }
 
-fn spawn_source(agent: Arc<Agent>, m: Value, vmi: Value) -> Task {
-    let (ns, name, vmi_name) = names(&m);
+fn spawn_source(
+    agent: Arc<Agent>,
+    m: VirtualMachineInstanceMigration,
+    vmi: VirtualMachineInstance,
+) -> Task {
     let a2 = agent.clone();
-    let target = m["status"]["migrationState"]["targetNode"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
-    let xml = m["status"]["targetDomain"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
-    let uid = vmi["metadata"]["uid"].as_str().unwrap_or("").to_string();
-    let vmi_uid = uid.clone();
-    let mig_uid = m["metadata"]["uid"].as_str().unwrap_or("").to_string();
-    let block = crate::controller::migration_method(&vmi, &m) == Ok("BlockMigration");
+    let vmi_uid = vmi.uid().to_string();
+    let block =
+        crate::rules::migration::migration_method(&vmi, &m) == Ok(MigrationMethod::BlockMigration);
     let handle = tokio::spawn(async move {
-        let r = run_source(&a2, &ns, &name, &mig_uid, block, &vmi, &target, &xml).await;
+        let (ns, name, vmi_name) = (m.namespace(), m.name(), m.spec.vmi_name.as_str());
+        let st = m.status.clone().unwrap_or_default();
+        let target = state_of(&m).target_node.unwrap_or_default();
+        let xml = st.target_domain.unwrap_or_default();
+        let mig_uid = m.uid();
+        let uid = vmi.uid();
+        let r = run_source(&a2, &m, block, &vmi, &target, &xml).await;
         if block {
             for stream in ["memory", "disks"] {
-                let _ = std::fs::remove_file(stream_socket(&mig_uid, stream));
+                let _ = std::fs::remove_file(stream_socket(&a2.migration_dir, mig_uid, stream));
             }
         }
-        match r {
-            Ok(()) => {}
-            Err(e) => {
-                let msg = format!("{e:#}");
-                let cur = a2.api.get(&vmim_path(&ns, &name)).await.unwrap_or_default();
-                let aborted = cur["status"]["migrationState"]["abortRequested"] == true;
-                tracing::warn!(migration = %name, aborted, error = %msg, "migration failed; the VM stays here");
-                let ms = if aborted {
-                    json!({"failed": true, "endTimestamp": now(), "abortStatus": "Succeeded",
-                        "failureReason": format!("aborted: {msg}")})
-                } else {
-                    json!({"failed": true, "endTimestamp": now(), "failureReason": msg})
-                };
-                // The VMI first: once the migration is final, the controller may remove it.
-                let _ = a2
-                    .api
-                    .merge_patch(
-                        &format!("{}/status", vmi_path(&ns, &vmi_name)),
-                        &json!({"status": {"migrationState": ms.clone()}}),
-                    )
-                    .await;
-                a2.migrating.lock().await.remove(&uid);
-                let _ = set_phase(&a2, &ns, &name, mp::FAILED, json!({"migrationState": ms})).await;
+        if let Err(e) = r {
+            let msg = format!("{e:#}");
+            let aborted = a2
+                .cp
+                .get_migration(ns, name)
+                .await
+                .is_ok_and(|cur| state_of(&cur.obj).abort_requested);
+            tracing::warn!(migration = %name, aborted, error = %msg, "migration failed; the VM stays here");
+            let end = now();
+            let reason = if aborted {
+                format!("aborted: {msg}")
+            } else {
+                msg
+            };
+            let mut patch = json!({"failed": true, "endTimestamp": end, "failureReason": reason});
+            if aborted {
+                patch["abortStatus"] = json!("Succeeded");
             }
+            // The VMI first: once the migration is final, the controller may remove it.
+            let _ = a2
+                .cp
+                .patch_vmi_status(ns, vmi_name, json!({"status": {"migrationState": patch}}))
+                .await;
+            a2.migrating.lock().await.remove(uid);
+            let _ = set_phase(&a2, ns, name, Mp::Failed, None, |ms| {
+                ms.failed = true;
+                ms.end_timestamp = Some(end);
+                ms.failure_reason = Some(reason);
+                if aborted {
+                    ms.abort_status = Some("Succeeded".into());
+                }
+            })
+            .await;
         }
     });
     Task {
@@ -388,36 +407,31 @@ fn spawn_source(agent: Arc<Agent>, m: Value, vmi: Value) -> Task {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn run_source(
     agent: &Arc<Agent>,
-    ns: &str,
-    name: &str,
-    mig_uid: &str,
+    m: &VirtualMachineInstanceMigration,
     block: bool,
-    vmi: &Value,
+    vmi: &VirtualMachineInstance,
     target: &str,
     xml: &str,
 ) -> anyhow::Result<()> {
+    let (ns, name, mig_uid) = (m.namespace(), m.name(), m.uid());
     anyhow::ensure!(!xml.is_empty(), "the target published no domain XML");
-    let uid = vmi["metadata"]["uid"].as_str().unwrap_or("").to_string();
-    let vmi_name = vmi["metadata"]["name"].as_str().unwrap_or("");
+    let uid = vmi.uid().to_string();
+    let vmi_name = vmi.name();
     // From here on the sync loop leaves this instance alone: its status is ours to write.
     agent.migrating.lock().await.insert(uid.clone());
     let started = now();
-    set_phase(
-        agent,
-        ns,
-        name,
-        mp::RUNNING,
-        json!({"migrationState": {"startTimestamp": started}}),
-    )
+    set_phase(agent, ns, name, Mp::Running, None, |ms| {
+        ms.start_timestamp = Some(started.clone())
+    })
     .await?;
     agent
-        .api
-        .merge_patch(
-            &format!("{}/status", vmi_path(ns, vmi_name)),
-            &json!({"status": {"migrationState": {"startTimestamp": started}}}),
+        .cp
+        .patch_vmi_status(
+            ns,
+            vmi_name,
+            json!({"status": {"migrationState": {"startTimestamp": started}}}),
         )
         .await?;
     // Every connection to these listeners becomes a tunnel to the target: libvirtd's own
@@ -437,9 +451,9 @@ async fn run_source(
         })
     }];
     let copy = if block {
-        tokio::fs::create_dir_all(migration_socket_dir()).await?;
+        tokio::fs::create_dir_all(&agent.migration_dir).await?;
         for stream in ["memory", "disks"] {
-            let path = stream_socket(mig_uid, stream);
+            let path = stream_socket(&agent.migration_dir, mig_uid, stream);
             let _ = std::fs::remove_file(&path);
             let listener = tokio::net::UnixListener::bind(&path)
                 .map_err(|e| anyhow::anyhow!("listening on {}: {e}", path.display()))?;
@@ -451,7 +465,12 @@ async fn run_source(
                 }
             }));
         }
-        let uri = |s| format!("unix://{}", stream_socket(mig_uid, s).display());
+        let uri = |s| {
+            format!(
+                "unix://{}",
+                stream_socket(&agent.migration_dir, mig_uid, s).display()
+            )
+        };
         Some((uri("memory"), uri("disks")))
     } else {
         None
@@ -488,15 +507,15 @@ async fn run_source(
     // files. (A block migration of such an instance is refused before it gets here: the copy
     // would write each shared disk onto itself.)
     let shared_storage = agent.cfg.shared_pool.as_ref().is_some_and(|(_, pool)| {
-        crate::virt::domain_disks(&live)
+        crate::hypervisor::domain_disks(&live)
             .iter()
             .any(|d| !d.readonly && std::path::Path::new(&d.file).starts_with(pool))
     });
-    let sock = crate::launcher::socket_path(&agent.launchers_dir(), &uid);
-    let mut launcher = LauncherClient::connect(&sock).await?;
     tracing::info!(migration = %name, vmi = %vmi_name, %target, block, shared_storage, "migrating");
-    let r = launcher
-        .call_within(
+    let r = agent
+        .launchers
+        .migrate(
+            &uid,
             Request::Migrate {
                 dest_uri: format!("qemu+tcp://127.0.0.1:{port}/system"),
                 dest_xml: xml,
@@ -505,7 +524,6 @@ async fn run_source(
                 disks_uri: copy.as_ref().map(|c| c.1.clone()),
                 shared_storage,
             },
-            Duration::from_secs(24 * 3600),
         )
         .await;
     for t in tunnels {
@@ -515,20 +533,18 @@ async fn run_source(
     // libvirt says the guest runs on the target: the instance is the target's now.
     let done = now();
     agent
-        .api
-        .merge_patch(
-            &format!("{}/status", vmi_path(ns, vmi_name)),
-            &json!({"status": {"nodeName": target, "migrationState": {"completed": true, "endTimestamp": done}}}),
+        .cp
+        .patch_vmi_status(
+            ns,
+            vmi_name,
+            json!({"status": {"nodeName": target, "migrationState": {"completed": true, "endTimestamp": done}}}),
         )
         .await?;
-    agent.launchers.lock().await.remove(&uid);
-    set_phase(
-        agent,
-        ns,
-        name,
-        mp::SUCCEEDED,
-        json!({"migrationState": {"completed": true, "endTimestamp": done}}),
-    )
+    agent.launchers.forget(&uid).await;
+    set_phase(agent, ns, name, Mp::Succeeded, None, |ms| {
+        ms.completed = true;
+        ms.end_timestamp = Some(done);
+    })
     .await?;
     tracing::info!(migration = %name, vmi = %vmi_name, %target, "migration succeeded");
     Ok(())
@@ -550,7 +566,7 @@ fn tunnel_out<S>(
     let agent = agent.clone();
     tokio::spawn(async move {
         let r = async {
-            let mut ws = agent.api.websocket(&path).await?;
+            let mut ws = agent.cp.tunnel(&path).await?;
             wait_paired(&mut ws).await?;
             pipe(ws, conn).await
         }

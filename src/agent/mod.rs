@@ -5,11 +5,17 @@
 //! VMI owns any more. It talks to the controller only over the API, with its own token.
 
 mod console;
+#[cfg(test)]
+mod fake;
 pub mod join;
+mod launchers;
 mod migrate;
+pub mod ports;
 mod prepare;
 mod relay;
 mod sync;
+#[cfg(test)]
+mod transitions;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -21,10 +27,12 @@ use serde_json::json;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use self::ports::{ControlPlane, Launchers, Stored};
 use crate::client::Client;
-use crate::launcher::client::LauncherClient;
-use crate::types::now;
-use crate::virt::Hypervisor;
+use crate::hypervisor::Hypervisor;
+use crate::types::edgevirt::{NodeSpec, NodeStatus, SharedPool};
+use crate::types::kubevirt::{Condition, ConditionType, condition_true};
+use crate::types::{Node, Typed, now};
 
 /// The agent's settings.
 #[derive(Clone, Debug)]
@@ -51,21 +59,19 @@ pub struct Config {
 /// State the sync loop keeps between ticks (all of it can be rebuilt after a restart).
 pub struct Agent {
     pub cfg: Config,
+    /// The controller's API for what is not an object: the VMI watch, consoles, image data.
     pub api: Client,
+    /// The controller's objects, typed.
+    pub cp: Arc<dyn ControlPlane>,
     pub hv: Arc<dyn Hypervisor>,
     pub accel: String,
     pub install_id: String,
-    /// Open launcher connections by VMI uid.
-    pub launchers: Mutex<HashMap<String, LauncherClient>>,
+    /// This node's launchers.
+    pub launchers: Arc<dyn Launchers>,
     /// Launchers started recently and not connected yet: uid → start time.
     pub starting: Mutex<HashMap<String, Instant>>,
-    /// Launchers that exited with an error before their domain ran: uid → message.
-    pub failed_starts: Arc<Mutex<HashMap<String, String>>>,
     /// VMIs whose deletion shutdown was asked: uid → when.
     pub stopping: Mutex<HashMap<String, Instant>>,
-    /// Launchers that share no protocol version with this agent: uid → why. Their VMs are
-    /// left alone (no new launcher, no stop) until one side is upgraded.
-    pub incompatible: Mutex<HashMap<String, String>>,
     /// Wakes the sync loop early: a VMI of this node changed, or a launcher came up.
     pub wake: Arc<tokio::sync::Notify>,
     /// Instances (VMI uids) migrating away: the migration task writes their status, the
@@ -75,6 +81,8 @@ pub struct Agent {
     pub incoming: Mutex<std::collections::HashSet<String>>,
     /// Migrations this node takes part in, by migration uid.
     pub migrations: Mutex<migrate::Tasks>,
+    /// Where a block migration's unix sockets live ([`migrate::migration_socket_dir`]).
+    pub migration_dir: PathBuf,
 }
 
 impl Agent {
@@ -95,11 +103,7 @@ impl Agent {
     }
 }
 
-/// Where a VMI's runtime files live: its domain XML, NoCloud ISOs, and the VNC and serial
-/// sockets the console proxy connects to.
-pub fn vmi_run_dir(data_dir: &std::path::Path, vmi_uid: &str) -> PathBuf {
-    data_dir.join("run/vmi").join(vmi_uid)
-}
+pub use crate::rules::paths::vmi_run_dir;
 
 /// Pick the accelerator: `kvm` when asked or when `/dev/kvm` is usable and libvirt offers it.
 pub fn resolve_accel(wanted: &str, domain_types: &[String]) -> anyhow::Result<String> {
@@ -177,25 +181,26 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             path.display()
         );
     }
+    let wake = Arc::new(tokio::sync::Notify::new());
     let agent = Arc::new(Agent {
         cfg: cfg.clone(),
+        cp: Arc::new(ports::Http(api.clone())),
         api,
         hv,
         accel: accel.clone(),
         install_id,
-        launchers: Mutex::new(HashMap::new()),
+        launchers: Arc::new(launchers::Sockets::new(cfg.clone(), wake.clone())),
         starting: Mutex::new(HashMap::new()),
-        failed_starts: Arc::new(Mutex::new(HashMap::new())),
         stopping: Mutex::new(HashMap::new()),
-        incompatible: Mutex::new(HashMap::new()),
-        wake: Arc::new(tokio::sync::Notify::new()),
+        wake,
         migrating: Mutex::new(Default::default()),
         incoming: Mutex::new(Default::default()),
         migrations: Mutex::new(Default::default()),
+        migration_dir: migrate::migration_socket_dir(),
     });
     prepare::ensure_network(&agent).await?;
     register(&agent, &facts).await?;
-    sync::adopt_launchers(&agent).await;
+    agent.launchers.adopt_all().await;
     tokio::spawn(watch_vmis(agent.clone(), cancel.clone()));
     tokio::spawn(console::run(agent.clone(), cancel.clone()));
     tracing::info!(node = %cfg.node_name, %accel, "agent started");
@@ -284,52 +289,81 @@ pub fn check_controller(info: &serde_json::Value) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{e} (this agent is {})", crate::version::RELEASE))
 }
 
-async fn register(agent: &Agent, facts: &crate::virt::HostFacts) -> anyhow::Result<()> {
+fn agent_ready() -> Condition {
+    Condition::new(ConditionType::Ready, true, "AgentReady", "")
+}
+
+async fn register(agent: &Agent, facts: &crate::hypervisor::HostFacts) -> anyhow::Result<()> {
     let cfg = &agent.cfg;
-    let path = format!("/apis/edgevirt.io/v1/nodes/{}", cfg.node_name);
-    let existing = agent.api.get_opt(&path).await?;
-    let mut node =
-        existing.unwrap_or_else(|| json!({"metadata": {"name": cfg.node_name}, "spec": {}}));
-    node["apiVersion"] = json!("edgevirt.io/v1");
-    node["kind"] = json!("Node");
-    if let Some(m) = node["metadata"].as_object_mut() {
-        m.remove("resourceVersion");
-    }
+    let stored = match agent.cp.get_node(&cfg.node_name).await? {
+        Some(v) => match Stored::<Node>::decode(v.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                // Registration rewrites the status anyway: keep the metadata as stored.
+                tracing::warn!(error = %e, "the stored node does not decode; registering anew");
+                let mut raw = v;
+                if let Some(m) = raw.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+                    m.remove("resourceVersion");
+                }
+                if let Some(o) = raw.as_object_mut() {
+                    o.remove("status");
+                }
+                Stored {
+                    raw,
+                    obj: Node::new(&cfg.node_name, NodeSpec::default()),
+                }
+            }
+        },
+        None => {
+            let obj = Node::new(&cfg.node_name, NodeSpec::default());
+            Stored {
+                raw: obj.to_value(),
+                obj,
+            }
+        }
+    };
+    let mut node = stored.obj.clone();
+    node.metadata.resource_version = None;
     let (hv, accel) = (agent.hv.clone(), agent.accel.clone());
     let cpu = tokio::task::spawn_blocking(move || crate::cpu::node_facts(&*hv, &accel)).await?;
-    node["status"] = json!({
-        "cpu": cpu,
-        "memoryBytes": facts.memory_bytes,
-        "accelerator": agent.accel,
-        "version": crate::version::RELEASE,
-        "libvirtVersion": facts.libvirt_version,
-        "sharedPool": cfg.shared_pool.as_ref().map(|(name, path)| json!({"name": name, "path": path})),
-        "lastHeartbeatTime": now(),
-        "conditions": [{"type": "Ready", "status": "True", "reason": "AgentReady", "lastTransitionTime": now()}],
+    node.status = Some(NodeStatus {
+        cpu,
+        memory_bytes: facts.memory_bytes,
+        accelerator: agent.accel.clone(),
+        version: crate::version::RELEASE.into(),
+        libvirt_version: Some(facts.libvirt_version.clone()),
+        shared_pool: cfg.shared_pool.as_ref().map(|(name, path)| SharedPool {
+            name: name.clone(),
+            path: path.to_string_lossy().into_owned(),
+        }),
+        last_heartbeat_time: Some(now()),
+        conditions: vec![agent_ready()],
     });
-    agent.api.put(&path, &node).await?;
-    Ok(())
+    let body = stored.changed(&node);
+    agent.cp.put_node(&cfg.node_name, body).await
 }
 
 async fn heartbeat(agent: &Agent) -> anyhow::Result<()> {
-    let path = format!("/apis/edgevirt.io/v1/nodes/{}/status", agent.cfg.node_name);
+    let name = &agent.cfg.node_name;
     let cur = agent
-        .api
-        .get(&format!(
-            "/apis/edgevirt.io/v1/nodes/{}",
-            agent.cfg.node_name
-        ))
-        .await?;
-    let ready = cur["status"]["conditions"].as_array().is_some_and(|cs| {
-        cs.iter()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-    });
-    let mut patch = json!({"status": {"lastHeartbeatTime": now()}});
+        .cp
+        .get_node(name)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("node {name} is gone"))?;
+    let node = Node::from_value(cur)?;
+    let ready = node
+        .status
+        .as_ref()
+        .is_some_and(|st| condition_true(&st.conditions, &ConditionType::Ready));
+    let mut status = serde_json::Map::new();
+    status.insert("lastHeartbeatTime".into(), json!(now()));
     if !ready {
-        patch["status"]["conditions"] = json!([{"type": "Ready", "status": "True", "reason": "AgentReady", "lastTransitionTime": now()}]);
+        status.insert("conditions".into(), json!([agent_ready()]));
     }
-    agent.api.merge_patch(&path, &patch).await?;
-    Ok(())
+    agent
+        .cp
+        .patch_node_status(name, json!({ "status": status }))
+        .await
 }
 
 #[cfg(test)]

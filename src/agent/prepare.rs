@@ -8,11 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{Context as _, bail};
-use serde_json::{Value, json};
+use serde_json::json;
 
-use super::Agent;
+use super::ports::Stored;
+use super::{Agent, Config};
 use crate::types::annotations::VOLUMES_NODE_ANNOTATION;
-use crate::types::kubevirt::VirtualMachineInstanceSpec;
+use crate::types::{Meta, VirtualMachineInstance};
 use crate::virt::convert::{self, ResolvedDisk};
 
 /// The libvirt domain name of a VMI: readable, and unique through the uid.
@@ -43,33 +44,32 @@ pub async fn ensure_network(agent: &Agent) -> anyhow::Result<()> {
 }
 
 /// The uid of the VM owning a VMI, or the VMI's own uid for a standalone VMI.
-pub fn owner_uid(vmi: &Value) -> String {
-    vmi["metadata"]["ownerReferences"]
-        .as_array()
-        .and_then(|a| a.iter().find(|r| r["kind"] == "VirtualMachine"))
-        .and_then(|r| r["uid"].as_str())
-        .or(vmi["metadata"]["uid"].as_str())
-        .unwrap_or_default()
+pub fn owner_uid(vmi: &VirtualMachineInstance) -> String {
+    vmi.owner_uid("VirtualMachine")
+        .unwrap_or(vmi.uid())
         .to_string()
 }
 
 /// Make sure an imported image is present in this node's images folder; its local path.
 async fn local_image(agent: &Agent, name: &str) -> anyhow::Result<(PathBuf, String)> {
     let img = agent
-        .api
-        .get(&format!("/apis/edgevirt.io/v1/images/{name}"))
+        .cp
+        .get_image(name)
         .await
         .with_context(|| format!("looking up image {name:?}"))?;
-    let file = img["status"]["file"]
-        .as_str()
-        .context("image has no file")?;
+    let st = img.status.context("image has no file")?;
+    let file = st.file.as_str();
+    if file.is_empty() {
+        bail!("image has no file");
+    }
     if file.contains('/') || file.starts_with('.') {
         bail!("image {name:?} has an invalid file name");
     }
-    let format = img["status"]["format"]
-        .as_str()
-        .unwrap_or("raw")
-        .to_string();
+    let format = if st.format.is_empty() {
+        "raw".to_string()
+    } else {
+        st.format.clone()
+    };
     let path = agent.images_dir().join(file);
     if !path.exists() {
         let tmp = agent.images_dir().join(format!(".download-{file}"));
@@ -143,20 +143,21 @@ async fn run_tool(cmd: &str, args: &[&str]) -> anyhow::Result<()> {
 }
 
 /// Everything on disk a VMI needs; returns the path of its domain XML.
-pub async fn prepare(agent: &Agent, vmi: &Value) -> anyhow::Result<PathBuf> {
-    let uid = vmi["metadata"]["uid"]
-        .as_str()
-        .context("VMI without uid")?
-        .to_string();
-    let ns = vmi["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or("default")
-        .to_string();
-    let name = vmi["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let spec: VirtualMachineInstanceSpec = serde_json::from_value(vmi["spec"].clone())?;
+pub async fn prepare(
+    agent: &Agent,
+    stored: &Stored<VirtualMachineInstance>,
+) -> anyhow::Result<PathBuf> {
+    let vmi = &stored.obj;
+    let uid = vmi.uid().to_string();
+    if uid.is_empty() {
+        bail!("VMI without uid");
+    }
+    let ns = match vmi.namespace() {
+        "" => "default".to_string(),
+        ns => ns.to_string(),
+    };
+    let name = vmi.name().to_string();
+    let spec = &vmi.spec;
     let owner = owner_uid(vmi);
     let run_dir = agent.run_dir(&uid);
     tokio::fs::create_dir_all(&run_dir).await?;
@@ -229,14 +230,10 @@ pub async fn prepare(agent: &Agent, vmi: &Value) -> anyhow::Result<PathBuf> {
         }
     }
     if made_volume {
-        let path = format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines/{name}");
         let patch =
             json!({"metadata": {"annotations": {VOLUMES_NODE_ANNOTATION: agent.cfg.node_name}}});
-        if let Err(e) = agent.api.merge_patch(&path, &patch).await
-            && !crate::client::is_status(&e, reqwest::StatusCode::NOT_FOUND)
-        {
-            return Err(e);
-        }
+        // A standalone VMI has no VM to note it on.
+        agent.cp.patch_vm(&ns, &name, patch).await?;
     }
     let kb = spec
         .domain
@@ -270,7 +267,8 @@ pub async fn prepare(agent: &Agent, vmi: &Value) -> anyhow::Result<PathBuf> {
     // node's own facts.
     let (hv, accel) = (agent.hv.clone(), agent.accel.clone());
     let facts = tokio::task::spawn_blocking(move || crate::cpu::node_facts(&*hv, &accel)).await?;
-    let cpu = crate::cpu::policy::for_vmi(vmi, &facts, &agent.accel)?;
+    // The policy reads the scheduler's annotation and the spec.
+    let cpu = crate::cpu::policy::for_vmi(&stored.obj, &facts, &agent.accel)?;
     tracing::info!(vmi = %name, mode = cpu.mode.as_str(), model = ?cpu.model, reason = %cpu.reason, "guest CPU");
     let ctx = convert::Context {
         domain_name: domain_name(&ns, &name, &uid),
@@ -290,7 +288,7 @@ pub async fn prepare(agent: &Agent, vmi: &Value) -> anyhow::Result<PathBuf> {
         initrd,
         cpu,
     };
-    let xml = convert::domain_xml(&spec, &ctx)?;
+    let xml = convert::domain_xml(spec, &ctx)?;
     let path = run_dir.join("domain.xml");
     tokio::fs::write(&path, xml).await?;
     Ok(path)
@@ -375,22 +373,22 @@ pub fn systemd_is_pid1() -> bool {
 }
 
 pub fn spawn_launcher(
-    agent: &Agent,
+    cfg: &Config,
     uid: &str,
     domain: &str,
     xml: &Path,
 ) -> anyhow::Result<tokio::process::Child> {
-    let socket = crate::launcher::socket_path(&agent.launchers_dir(), uid);
+    let socket = crate::launcher::socket_path(&cfg.data_dir.join("run/launchers"), uid);
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(agent.log_dir().join(format!("launcher-{uid}.log")))?;
-    let mut cmd = launcher_command(&agent.cfg.exe, uid, systemd_is_pid1());
+        .open(cfg.data_dir.join("log").join(format!("launcher-{uid}.log")))?;
+    let mut cmd = launcher_command(&cfg.exe, uid, systemd_is_pid1());
     cmd.arg("launcher")
         .arg("--socket")
         .arg(&socket)
         .arg("--libvirt-uri")
-        .arg(&agent.cfg.libvirt_uri)
+        .arg(&cfg.libvirt_uri)
         .arg("--domain-name")
         .arg(domain)
         .arg("--vmi-uid")

@@ -4,130 +4,38 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::Agent;
-use super::prepare::{domain_name, prepare, spawn_launcher};
-use crate::launcher::client::{Incompatible, LauncherClient};
+use super::launchers::START_TIMEOUT;
+use super::ports::{LauncherStatus, Stored};
+use super::prepare::{domain_name, prepare};
+use crate::hypervisor::DomainState;
+use crate::launcher::client::LauncherError;
 use crate::launcher::protocol::{Request, Status};
 use crate::types::annotations::{
     LAUNCHER_FINALIZER, PAUSED_ANNOTATION, SOFTREBOOT_ANNOTATION, SOFTREBOOT_DONE_ANNOTATION,
     VOLUMES_FINALIZER, VOLUMES_NODE_ANNOTATION,
 };
-use crate::types::kubevirt::phase;
-use crate::types::now;
-use crate::virt::DomainState;
-
-/// How long a started launcher may take to open its socket.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn vmi_path(ns: &str, name: &str) -> String {
-    format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances/{name}")
-}
-
-/// Connect to every launcher socket found on disk (after an agent restart).
-pub async fn adopt_launchers(agent: &Agent) {
-    let Ok(mut dir) = tokio::fs::read_dir(agent.launchers_dir()).await else {
-        return;
-    };
-    while let Ok(Some(e)) = dir.next_entry().await {
-        let path = e.path();
-        if path.extension().is_none_or(|x| x != "sock") {
-            continue;
-        }
-        match LauncherClient::connect(&path).await {
-            Ok(c) => {
-                tracing::info!(vmi = %c.info.vmi_uid, domain = %c.info.domain_name, pid = c.info.pid, version = c.version, "adopted launcher");
-                agent
-                    .launchers
-                    .lock()
-                    .await
-                    .insert(c.info.vmi_uid.clone(), c);
-            }
-            Err(err) => match err.downcast::<Incompatible>() {
-                // Its launcher still runs: keep the socket, leave the VM alone.
-                Ok(inc) => note_incompatible(agent, &inc).await,
-                Err(err) => {
-                    tracing::info!(socket = %path.display(), error = %err, "removing stale launcher socket");
-                    let _ = tokio::fs::remove_file(&path).await;
-                }
-            },
-        }
-    }
-}
-
-/// Remember (and say once) that a launcher shares no protocol version with this agent.
-async fn note_incompatible(agent: &Agent, e: &Incompatible) {
-    let mut map = agent.incompatible.lock().await;
-    if map.insert(e.vmi_uid.clone(), e.to_string()).is_none() {
-        tracing::error!(vmi = %e.vmi_uid, error = %e, "refusing an incompatible launcher");
-    }
-}
-
-/// Ask a VMI's launcher for its status, (re)connecting if needed. `Ok(None)`: no launcher;
-/// `Err`: a launcher runs but shares no protocol version with this agent.
-async fn launcher_status(agent: &Agent, uid: &str) -> Result<Option<Status>, Incompatible> {
-    let mut map = agent.launchers.lock().await;
-    if let Some(c) = map.get_mut(uid) {
-        match c.status().await {
-            Ok(s) => return Ok(Some(s)),
-            Err(_) => {
-                map.remove(uid);
-            }
-        }
-    }
-    let sock = crate::launcher::socket_path(&agent.launchers_dir(), uid);
-    if !sock.exists() {
-        agent.incompatible.lock().await.remove(uid);
-        return Ok(None);
-    }
-    match LauncherClient::connect(&sock).await {
-        Ok(mut c) => {
-            let s = c.status().await.ok();
-            map.insert(uid.to_string(), c);
-            agent.starting.lock().await.remove(uid);
-            agent.incompatible.lock().await.remove(uid);
-            Ok(s)
-        }
-        Err(e) => match e.downcast::<Incompatible>() {
-            Ok(inc) => {
-                note_incompatible(agent, &inc).await;
-                Err(inc)
-            }
-            Err(_) => Ok(None),
-        },
-    }
-}
-
-async fn launcher_call(agent: &Agent, uid: &str, req: Request) -> anyhow::Result<()> {
-    let mut map = agent.launchers.lock().await;
-    let c = map
-        .get_mut(uid)
-        .ok_or_else(|| anyhow::anyhow!("no launcher connected for {uid}"))?;
-    c.call(req).await.map(|_| ())
-}
+use crate::types::kubevirt::{
+    Condition, ConditionType, CpuTopologyStatus, InterfaceStatus, Phase,
+    VirtualMachineInstanceStatus, set_condition,
+};
+use crate::types::{Meta, VirtualMachineInstance, now};
 
 pub async fn sync_all(agent: &Agent, housekeeping: bool) -> anyhow::Result<()> {
-    let list = agent
-        .api
-        .get(&format!(
-            "/apis/kubevirt.io/v1/virtualmachineinstances?fieldSelector=status.nodeName%3D{}",
-            agent.cfg.node_name
-        ))
-        .await?;
-    let vmis = list["items"].as_array().cloned().unwrap_or_default();
+    let vmis = agent.cp.vmis_of(&agent.cfg.node_name).await?;
     let mut known: HashSet<String> = agent.incoming.lock().await.clone();
-    for vmi in &vmis {
-        let uid = vmi["metadata"]["uid"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+    // An instance that does not decode is not served, but its domain is not an orphan.
+    known.extend(vmis.undecodable.iter().cloned());
+    for vmi in &vmis.items {
+        let uid = vmi.obj.uid().to_string();
         known.insert(uid.clone());
         if agent.migrating.lock().await.contains(&uid) {
             continue;
         }
         if let Err(e) = sync_vmi(agent, vmi).await {
-            tracing::warn!(vmi = %vmi["metadata"]["name"].as_str().unwrap_or(""), error = %e, "syncing VMI failed");
+            tracing::warn!(vmi = %vmi.obj.name(), error = %e, "syncing VMI failed");
         }
     }
     // Domains of this installation that no VMI on this node owns are destroyed.
@@ -144,7 +52,7 @@ pub async fn sync_all(agent: &Agent, housekeeping: bool) -> anyhow::Result<()> {
         let hv = agent.hv.clone();
         let name = d.name.clone();
         let _ = tokio::task::spawn_blocking(move || hv.destroy(&name)).await;
-        agent.launchers.lock().await.remove(&d.vmi_uid);
+        agent.launchers.forget(&d.vmi_uid).await;
     }
     if housekeeping {
         cleanup_deleted_vms(agent).await?;
@@ -152,25 +60,48 @@ pub async fn sync_all(agent: &Agent, housekeeping: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn sync_vmi(agent: &Agent, vmi: &Value) -> anyhow::Result<()> {
-    let meta = &vmi["metadata"];
-    let uid = meta["uid"].as_str().unwrap_or_default().to_string();
-    let ns = meta["namespace"].as_str().unwrap_or_default().to_string();
-    let name = meta["name"].as_str().unwrap_or_default().to_string();
-    let dom = domain_name(&ns, &name, &uid);
-    let cur_phase = vmi["status"]["phase"]
-        .as_str()
-        .unwrap_or(phase::PENDING)
-        .to_string();
+/// Ask a VMI's launcher for its status. `Ok(None)`: no launcher; `Err`: a launcher runs but
+/// shares no protocol version with this agent.
+async fn launcher_status(
+    agent: &Agent,
+    uid: &str,
+) -> Result<Option<LauncherStatus>, LauncherError> {
+    match agent.launchers.status(uid).await {
+        Ok(Some(s)) => {
+            agent.starting.lock().await.remove(uid);
+            Ok(Some(s))
+        }
+        Ok(None) => Ok(None),
+        Err(e @ LauncherError::Incompatible(_)) => Err(e),
+        Err(e) => {
+            tracing::debug!(vmi = %uid, error = %e, "no launcher status");
+            Ok(None)
+        }
+    }
+}
+
+pub(super) async fn sync_vmi(
+    agent: &Agent,
+    stored: &Stored<VirtualMachineInstance>,
+) -> anyhow::Result<()> {
+    let vmi = &stored.obj;
+    let uid = vmi.uid().to_string();
+    let (ns, name) = (vmi.namespace(), vmi.name());
+    let dom = domain_name(ns, name, &uid);
+    let cur_phase = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default();
     let Ok(status) = launcher_status(agent, &uid).await else {
         // A launcher this agent cannot talk to: leave the VM, its launcher and the VMI alone.
         return Ok(());
     };
 
-    if meta.get("deletionTimestamp").is_some() {
-        return finish_deletion(agent, vmi, &uid, &dom, status).await;
+    if vmi.deleting() {
+        return finish_deletion(agent, vmi, &uid, &dom, status.is_some()).await;
     }
-    if phase::is_final(&cur_phase) {
+    if cur_phase.is_final() {
         return Ok(());
     }
     let Some(status) = status else {
@@ -179,37 +110,26 @@ async fn sync_vmi(agent: &Agent, vmi: &Value) -> anyhow::Result<()> {
         let d2 = dom.clone();
         let state = tokio::task::spawn_blocking(move || hv.state(&d2)).await??;
         let started = agent.starting.lock().await.get(&uid).copied();
-        if let Some(msg) = agent.failed_starts.lock().await.remove(&uid) {
-            return set_final(
-                agent,
-                &ns,
-                &name,
-                vmi,
-                phase::FAILED,
-                "LauncherFailed",
-                &msg,
-            )
-            .await;
+        if let Some(msg) = agent.launchers.take_failure(&uid).await {
+            return set_final(agent, stored, Phase::Failed, "LauncherFailed", &msg).await;
         }
         if started.is_some_and(|t| t.elapsed() < START_TIMEOUT) {
             return Ok(());
         }
-        match (state, cur_phase.as_str()) {
+        match (state, &cur_phase) {
             (Some(_), _) => {
                 tracing::info!(%dom, "domain runs without a launcher; starting one to adopt it");
                 start_launcher(agent, &uid, &dom, &agent.run_dir(&uid).join("domain.xml")).await;
             }
-            (None, phase::SCHEDULED) if started.is_none() => {
-                let xml = prepare(agent, vmi).await?;
+            (None, Phase::Scheduled) if started.is_none() => {
+                let xml = prepare(agent, stored).await?;
                 start_launcher(agent, &uid, &dom, &xml).await;
             }
-            (None, phase::SCHEDULED) => {
+            (None, Phase::Scheduled) => {
                 return set_final(
                     agent,
-                    &ns,
-                    &name,
-                    vmi,
-                    phase::FAILED,
+                    stored,
+                    Phase::Failed,
                     "LauncherFailed",
                     "the launcher did not start in time",
                 )
@@ -218,10 +138,8 @@ async fn sync_vmi(agent: &Agent, vmi: &Value) -> anyhow::Result<()> {
             (None, _) => {
                 return set_final(
                     agent,
-                    &ns,
-                    &name,
-                    vmi,
-                    phase::SUCCEEDED,
+                    stored,
+                    Phase::Succeeded,
                     "DomainGone",
                     "the domain has stopped",
                 )
@@ -230,13 +148,11 @@ async fn sync_vmi(agent: &Agent, vmi: &Value) -> anyhow::Result<()> {
         }
         return Ok(());
     };
-    let Some(state) = status.state else {
+    let Some(state) = status.status.state else {
         return set_final(
             agent,
-            &ns,
-            &name,
-            vmi,
-            phase::SUCCEEDED,
+            stored,
+            Phase::Succeeded,
             "GuestShutdown",
             "the guest powered off",
         )
@@ -244,256 +160,205 @@ async fn sync_vmi(agent: &Agent, vmi: &Value) -> anyhow::Result<()> {
     };
 
     // Desired pause state and soft-reboot requests.
-    let annotations = &meta["annotations"];
-    let want_paused = annotations[PAUSED_ANNOTATION] == "true";
+    let want_paused = vmi.annotation(PAUSED_ANNOTATION) == Some("true");
     if want_paused && state == DomainState::Running {
-        launcher_call(agent, &uid, Request::Pause).await?;
+        agent.launchers.call(&uid, Request::Pause).await?;
     } else if !want_paused && state == DomainState::Paused {
-        launcher_call(agent, &uid, Request::Unpause).await?;
+        agent.launchers.call(&uid, Request::Unpause).await?;
     }
-    let asked = annotations[SOFTREBOOT_ANNOTATION].as_str().unwrap_or("");
-    let done = annotations[SOFTREBOOT_DONE_ANNOTATION]
-        .as_str()
-        .unwrap_or("");
+    let asked = vmi.annotation(SOFTREBOOT_ANNOTATION).unwrap_or("");
+    let done = vmi.annotation(SOFTREBOOT_DONE_ANNOTATION).unwrap_or("");
     if !asked.is_empty() && asked != done && state == DomainState::Running {
-        launcher_call(agent, &uid, Request::SoftReboot).await?;
+        agent.launchers.call(&uid, Request::SoftReboot).await?;
         agent
-            .api
-            .merge_patch(
-                &vmi_path(&ns, &name),
-                &json!({"metadata": {"annotations": {SOFTREBOOT_DONE_ANNOTATION: asked}}}),
+            .cp
+            .patch_vmi(
+                ns,
+                name,
+                json!({"metadata": {"annotations": {SOFTREBOOT_DONE_ANNOTATION: asked}}}),
             )
             .await?;
         tracing::info!(%dom, "soft reboot");
     }
 
-    let status_now = launcher_status(agent, &uid)
+    let now_status = launcher_status(agent, &uid)
         .await
         .ok()
         .flatten()
         .unwrap_or(status);
-    let launcher_version = agent
-        .launchers
-        .lock()
-        .await
-        .get(&uid)
-        .map(|c| c.info.launcher_version.clone());
-    let mut new = running_status(agent, vmi, &status_now);
-    if let Some(v) = launcher_version.filter(|v| !v.is_empty()) {
-        new["launcherVersion"] = json!(v);
-    }
-    if let Some(t) = status_now.cpu.as_ref().and_then(|c| c.topology.as_ref()) {
-        new["currentCPUTopology"] =
-            json!({"sockets": t.sockets, "cores": t.cores, "threads": t.threads});
-    }
     // migrationState is not the sync loop's: left out, the server keeps the stored one.
-    let mut old = vmi["status"].clone();
-    if let Some(o) = old.as_object_mut() {
-        o.remove("migrationState");
-    }
-    if new != old {
-        agent
-            .api
-            .put(
-                &format!("{}/status", vmi_path(&ns, &name)),
-                &json!({"status": new}),
-            )
-            .await?;
+    let mut before = vmi.status.clone().unwrap_or_default();
+    before.migration_state = None;
+    let after = running_status(agent, vmi, &before, &now_status);
+    if after != before {
+        let mut body = stored.status_change(&Some(before), &Some(after));
+        if let Some(o) = body.as_object_mut() {
+            o.remove("migrationState");
+        }
+        agent.cp.put_vmi_status(ns, name, body).await?;
     }
     Ok(())
 }
 
 async fn start_launcher(agent: &Agent, uid: &str, dom: &str, xml: &std::path::Path) {
-    match spawn_launcher(agent, uid, dom, xml) {
-        Ok(mut child) => {
+    match agent.launchers.start(uid, dom, xml.to_path_buf()).await {
+        Ok(()) => {
             agent
                 .starting
                 .lock()
                 .await
                 .insert(uid.to_string(), Instant::now());
-            // Wake the sync loop as soon as the launcher's socket appears (its domain runs).
-            let sock = crate::launcher::socket_path(&agent.launchers_dir(), uid);
-            let wake = agent.wake.clone();
-            tokio::spawn(async move {
-                let deadline = Instant::now() + START_TIMEOUT;
-                while Instant::now() < deadline {
-                    if sock.exists() {
-                        wake.notify_one();
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            });
-            let uid = uid.to_string();
-            let log = agent.log_dir().join(format!("launcher-{uid}.log"));
-            let fails = agent.failed_starts.clone();
-            tokio::spawn(async move {
-                // Reap the launcher; remember why it failed if it did.
-                if let Ok(st) = child.wait().await
-                    && !st.success()
-                {
-                    let tail = std::fs::read_to_string(&log)
-                        .ok()
-                        .and_then(|t| {
-                            t.lines()
-                                .rev()
-                                .find(|l| !l.trim().is_empty())
-                                .map(str::to_string)
-                        })
-                        .unwrap_or_else(|| format!("launcher exited with {st}"));
-                    fails.lock().await.insert(uid, tail);
-                }
-            });
         }
         Err(e) => tracing::error!(error = %e, "cannot start launcher"),
     }
 }
 
-fn running_status(agent: &Agent, vmi: &Value, s: &Status) -> Value {
-    let mut st = vmi["status"].clone();
-    if let Some(o) = st.as_object_mut() {
-        o.remove("migrationState");
-    }
+/// The status of a VMI whose launcher reports its domain.
+fn running_status(
+    agent: &Agent,
+    vmi: &VirtualMachineInstance,
+    old: &VirtualMachineInstanceStatus,
+    ls: &LauncherStatus,
+) -> VirtualMachineInstanceStatus {
+    let s: &Status = &ls.status;
+    let mut st = old.clone();
     let paused = s.state == Some(DomainState::Paused);
-    st["phase"] = json!(phase::RUNNING);
-    if st["phaseTransitionTimestampsMap"][phase::RUNNING].is_null() {
-        st["phaseTransitionTimestampsMap"][phase::RUNNING] = json!(now());
-    }
-    if let Some(o) = st.as_object_mut() {
-        o.remove("reason");
-    }
-    st["nodeName"] = json!(agent.cfg.node_name);
-    st["domainName"] = json!(domain_name(
-        vmi["metadata"]["namespace"].as_str().unwrap_or(""),
-        vmi["metadata"]["name"].as_str().unwrap_or(""),
-        vmi["metadata"]["uid"].as_str().unwrap_or("")
-    ));
-    let ifaces: Vec<Value> = {
-        let mut by_mac: Vec<(Option<String>, String, Vec<String>)> = Vec::new();
-        for a in &s.addresses {
-            match by_mac.iter_mut().find(|(m, _, _)| *m == a.mac) {
-                Some(e) => e.2.push(a.ip.clone()),
-                None => by_mac.push((a.mac.clone(), a.interface.clone(), vec![a.ip.clone()])),
-            }
+    st.phase = Some(Phase::Running);
+    st.phase_transition_timestamps_map
+        .entry(Phase::Running.to_string())
+        .or_insert_with(now);
+    st.reason = None;
+    st.node_name = Some(agent.cfg.node_name.clone());
+    st.domain_name = Some(domain_name(vmi.namespace(), vmi.name(), vmi.uid()));
+    let mut by_mac: Vec<(Option<String>, String, Vec<String>)> = Vec::new();
+    for a in &s.addresses {
+        match by_mac.iter_mut().find(|(m, _, _)| *m == a.mac) {
+            Some(e) => e.2.push(a.ip.clone()),
+            None => by_mac.push((a.mac.clone(), a.interface.clone(), vec![a.ip.clone()])),
         }
-        let spec_ifaces = vmi["spec"]["domain"]["devices"]["interfaces"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        by_mac
-            .into_iter()
-            .enumerate()
-            .map(|(i, (mac, iname, ips))| {
-                json!({
-                    "name": spec_ifaces.get(i).and_then(|x| x["name"].as_str()).unwrap_or("default"),
-                    "ipAddress": ips[0],
-                    "ipAddresses": ips,
-                    "mac": mac,
-                    "interfaceName": iname,
-                    "infoSource": s.address_source.clone().unwrap_or_default(),
-                })
-            })
-            .collect()
-    };
-    if !ifaces.is_empty() || st["interfaces"].is_null() {
-        st["interfaces"] = json!(ifaces);
+    }
+    let spec_ifaces = &vmi.spec.domain.devices.interfaces;
+    let ifaces: Vec<InterfaceStatus> = by_mac
+        .into_iter()
+        .enumerate()
+        .map(|(i, (mac, iname, ips))| InterfaceStatus {
+            name: Some(
+                spec_ifaces
+                    .get(i)
+                    .map_or("default", |x| x.name.as_str())
+                    .to_string(),
+            ),
+            ip_address: Some(ips[0].clone()),
+            ip_addresses: ips,
+            mac,
+            interface_name: Some(iname),
+            info_source: Some(s.address_source.clone().unwrap_or_default()),
+        })
+        .collect();
+    if !ifaces.is_empty() {
+        st.interfaces = ifaces;
     }
     if let Some(g) = &s.guest {
-        st["guestOSInfo"] = serde_json::to_value(&g.os).unwrap_or_default();
-        st["guestAgentInfo"] = serde_json::to_value(g).unwrap_or_default();
+        st.guest_os_info = Some(g.os.clone());
+        st.guest_agent_info = Some(g.clone());
     }
-    let mut conds: Vec<Value> = st["conditions"].as_array().cloned().unwrap_or_default();
-    set(
-        &mut conds,
-        "Ready",
-        !paused,
-        if paused { "Paused" } else { "" },
+    let conds = &mut st.conditions;
+    set_condition(
+        conds,
+        Condition::new(
+            ConditionType::Ready,
+            !paused,
+            if paused { "Paused" } else { "" },
+            "",
+        ),
     );
-    set(
-        &mut conds,
-        "AgentConnected",
-        s.agent_connected,
-        if s.agent_connected {
-            ""
-        } else {
-            "GuestAgentNotConnected"
-        },
+    set_condition(
+        conds,
+        Condition::new(
+            ConditionType::AgentConnected,
+            s.agent_connected,
+            if s.agent_connected {
+                ""
+            } else {
+                "GuestAgentNotConnected"
+            },
+            "",
+        ),
     );
-    set(
-        &mut conds,
-        "Paused",
-        paused,
-        if paused { "PausedByUser" } else { "" },
+    set_condition(
+        conds,
+        Condition::new(
+            ConditionType::Paused,
+            paused,
+            if paused { "PausedByUser" } else { "" },
+            "",
+        ),
     );
-    let m = crate::controller::live_migratable(vmi);
-    let new = json!({"type": "LiveMigratable", "status": if m.ok { "True" } else { "False" },
-        "reason": m.reason, "message": m.message, "lastTransitionTime": now()});
-    match conds.iter_mut().find(|c| c["type"] == "LiveMigratable") {
-        Some(c) if c["status"] == new["status"] && c["message"] == new["message"] => {}
-        Some(c) => *c = new,
-        None => conds.push(new),
+    let m = crate::rules::migration::live_migratable(vmi);
+    set_condition(
+        conds,
+        Condition::new(ConditionType::LiveMigratable, m.ok, &m.reason, &m.message),
+    );
+    st.migration_method = Some(m.method);
+    if !ls.launcher_version.is_empty() {
+        st.launcher_version = Some(ls.launcher_version.clone());
     }
-    st["conditions"] = json!(conds);
-    st["migrationMethod"] = json!(m.method);
+    if let Some(t) = s.cpu.as_ref().and_then(|c| c.topology.as_ref()) {
+        st.current_cpu_topology = Some(CpuTopologyStatus {
+            sockets: t.sockets,
+            cores: t.cores,
+            threads: t.threads,
+        });
+    }
     st
 }
 
-fn set(conds: &mut Vec<Value>, t: &str, ok: bool, reason: &str) {
-    let status = if ok { "True" } else { "False" };
-    match conds.iter_mut().find(|c| c["type"] == t) {
-        Some(c) if c["status"] == status => {}
-        Some(c) => {
-            *c = json!({"type": t, "status": status, "reason": reason, "lastTransitionTime": now()})
-        }
-        None => conds.push(
-            json!({"type": t, "status": status, "reason": reason, "lastTransitionTime": now()}),
-        ),
-    }
-}
-
+/// Move a VMI to a final phase.
 async fn set_final(
     agent: &Agent,
-    ns: &str,
-    name: &str,
-    vmi: &Value,
-    p: &str,
+    stored: &Stored<VirtualMachineInstance>,
+    p: Phase,
     reason: &str,
     msg: &str,
 ) -> anyhow::Result<()> {
-    let mut st = vmi["status"].clone();
-    st["phase"] = json!(p);
-    st["reason"] = json!(reason);
-    st["phaseTransitionTimestampsMap"][p] = json!(now());
-    let mut conds: Vec<Value> = st["conditions"].as_array().cloned().unwrap_or_default();
-    set(&mut conds, "Ready", false, reason);
-    set(
-        &mut conds,
-        "AgentConnected",
-        false,
-        "GuestAgentNotConnected",
+    let vmi = &stored.obj;
+    let before = vmi.status.clone();
+    let mut st = before.clone().unwrap_or_default();
+    st.phase = Some(p.clone());
+    st.reason = Some(reason.to_string());
+    st.phase_transition_timestamps_map
+        .insert(p.to_string(), now());
+    set_condition(
+        &mut st.conditions,
+        Condition::new(ConditionType::Ready, false, reason, ""),
     );
-    st["conditions"] = json!(conds);
+    set_condition(
+        &mut st.conditions,
+        Condition::new(
+            ConditionType::AgentConnected,
+            false,
+            "GuestAgentNotConnected",
+            "",
+        ),
+    );
+    let (ns, name) = (vmi.namespace(), vmi.name());
     tracing::info!(namespace = %ns, %name, phase = %p, %reason, %msg, "VMI finished");
-    agent
-        .api
-        .put(
-            &format!("{}/status", vmi_path(ns, name)),
-            &json!({"status": st}),
-        )
-        .await?;
-    Ok(())
+    let body = stored.status_change(&before, &Some(st));
+    agent.cp.put_vmi_status(ns, name, body).await
 }
 
 /// Stop a deleted VMI's domain gracefully, then let the VMI go.
 async fn finish_deletion(
     agent: &Agent,
-    vmi: &Value,
+    vmi: &VirtualMachineInstance,
     uid: &str,
     dom: &str,
-    status: Option<Status>,
+    has_launcher: bool,
 ) -> anyhow::Result<()> {
-    let grace = vmi["spec"]["terminationGracePeriodSeconds"]
-        .as_u64()
+    let grace = vmi
+        .spec
+        .termination_grace_period_seconds
+        .and_then(|g| u64::try_from(g).ok())
         .unwrap_or(30);
     let hv = agent.hv.clone();
     let d2 = dom.to_string();
@@ -506,8 +371,11 @@ async fn finish_deletion(
             None => {
                 stopping.insert(uid.to_string(), Instant::now());
                 drop(stopping);
-                if status.is_some() {
-                    launcher_call(agent, uid, Request::Shutdown { grace_secs: grace }).await?;
+                if has_launcher {
+                    agent
+                        .launchers
+                        .call(uid, Request::Shutdown { grace_secs: grace })
+                        .await?;
                 } else {
                     let hv = agent.hv.clone();
                     let d2 = dom.to_string();
@@ -525,67 +393,56 @@ async fn finish_deletion(
         return Ok(());
     }
     agent.stopping.lock().await.remove(uid);
-    agent.launchers.lock().await.remove(uid);
+    agent.launchers.forget(uid).await;
     agent.starting.lock().await.remove(uid);
     let _ = tokio::fs::remove_dir_all(agent.run_dir(uid)).await;
     let _ = tokio::fs::remove_file(crate::launcher::socket_path(&agent.launchers_dir(), uid)).await;
-    let finalizers: Vec<Value> = vmi["metadata"]["finalizers"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|f| f != LAUNCHER_FINALIZER)
-        .collect();
-    let ns = vmi["metadata"]["namespace"].as_str().unwrap_or_default();
-    let name = vmi["metadata"]["name"].as_str().unwrap_or_default();
     agent
-        .api
-        .merge_patch(
-            &vmi_path(ns, name),
-            &json!({"metadata": {"finalizers": finalizers}}),
+        .cp
+        .patch_vmi(
+            vmi.namespace(),
+            vmi.name(),
+            json!({"metadata": {"finalizers": without(vmi, LAUNCHER_FINALIZER)}}),
         )
         .await?;
     tracing::info!(domain = %dom, "VMI released");
     Ok(())
 }
 
+/// An object's finalizers without `f`.
+fn without<T: kube::Resource>(o: &T, f: &str) -> Vec<String> {
+    o.meta()
+        .finalizers
+        .iter()
+        .flatten()
+        .filter(|x| *x != f)
+        .cloned()
+        .collect()
+}
+
 /// Remove the volumes of deleted VMs whose disks live on this node.
 async fn cleanup_deleted_vms(agent: &Agent) -> anyhow::Result<()> {
-    let list = agent
-        .api
-        .get("/apis/kubevirt.io/v1/virtualmachines")
-        .await?;
-    for vm in list["items"].as_array().into_iter().flatten() {
-        let meta = &vm["metadata"];
-        if meta.get("deletionTimestamp").is_none()
-            || meta["annotations"][VOLUMES_NODE_ANNOTATION].as_str()
-                != Some(agent.cfg.node_name.as_str())
+    for vm in agent.cp.vms().await? {
+        let vm = &vm.obj;
+        if !vm.deleting()
+            || vm.annotation(VOLUMES_NODE_ANNOTATION) != Some(agent.cfg.node_name.as_str())
         {
             continue;
         }
-        let (ns, name) = (
-            meta["namespace"].as_str().unwrap_or(""),
-            meta["name"].as_str().unwrap_or(""),
-        );
-        if agent.api.get_opt(&vmi_path(ns, name)).await?.is_some() {
+        let (ns, name) = (vm.namespace(), vm.name());
+        if agent.cp.get_vmi(ns, name).await?.is_some() {
             continue;
         }
-        let uid = meta["uid"].as_str().unwrap_or_default();
+        let uid = vm.uid();
         if !uid.is_empty() {
             let _ = tokio::fs::remove_dir_all(agent.volumes_dir(uid)).await;
         }
-        let finalizers: Vec<Value> = meta["finalizers"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|f| f != VOLUMES_FINALIZER)
-            .collect();
         agent
-            .api
-            .merge_patch(
-                &format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines/{name}"),
-                &json!({"metadata": {"finalizers": finalizers}}),
+            .cp
+            .patch_vm(
+                ns,
+                name,
+                json!({"metadata": {"finalizers": without(vm, VOLUMES_FINALIZER)}}),
             )
             .await?;
         tracing::info!(namespace = %ns, %name, "removed the volumes of a deleted VM");

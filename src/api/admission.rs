@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use super::error::{ApiError, ApiResult};
+use crate::http::error::{ApiError, ApiResult};
 use crate::store::Store;
 use crate::types::kubevirt::{
     VirtualMachineInstanceMigrationSpec, VirtualMachineInstanceSpec, VirtualMachineSpec,

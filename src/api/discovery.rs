@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
-use super::error::{ApiError, ApiResult};
+use crate::http::error::{ApiError, ApiResult};
 use crate::types::{Kind, edgevirt, kubevirt};
 
 /// One served resource, as discovery describes it.

@@ -15,25 +15,14 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::auth::{self, Access, Principal};
-use super::error::{ApiError, ApiResult};
 use super::{AppState, S};
+use crate::http::auth::{self, Principal};
+use crate::http::error::{ApiError, ApiResult};
+use crate::rules::join::JOIN_TOKEN_PREFIX;
 use crate::store::JoinRefusal;
-use crate::types::Kind;
 
-/// The prefix of join tokens of this format.
-pub const JOIN_TOKEN_PREFIX: &str = "ev1";
 const DEFAULT_TTL_SECS: i64 = 3600;
 const MAX_TTL_SECS: i64 = 7 * 24 * 3600;
-
-/// The parts of a join token: (secret, certificate pin).
-pub fn parse_join_token(t: &str) -> Option<(&str, &str)> {
-    let mut it = t.trim().split('.');
-    let (p, secret, pin) = (it.next()?, it.next()?, it.next()?);
-    let hex64 = |s: &str| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit());
-    (p == JOIN_TOKEN_PREFIX && it.next().is_none() && secret.len() >= 32 && hex64(pin))
-        .then_some((secret, pin))
-}
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -50,11 +39,10 @@ pub async fn create_token(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    p.require(Access::Admin)?;
     let b: CreateBody = if body.is_empty() {
         CreateBody::default()
     } else {
-        serde_json::from_value(super::parse_body(&headers, &body).await?)
+        serde_json::from_value(crate::http::body::parse_body(&headers, &body).await?)
             .map_err(|e| ApiError::bad_request(format!("join token request: {e}")))?
     };
     let ttl = b.ttl_seconds.unwrap_or(DEFAULT_TTL_SECS);
@@ -90,8 +78,7 @@ pub async fn create_token(
         .into_response())
 }
 
-pub async fn list_tokens(State(st): S, Extension(p): Extension<Principal>) -> ApiResult<Response> {
-    p.require(Access::Admin)?;
+pub async fn list_tokens(State(st): S) -> ApiResult<Response> {
     let now = chrono::Utc::now().timestamp();
     let items: Vec<Value> = st
         .store
@@ -123,8 +110,8 @@ pub async fn delete_token(
     Extension(p): Extension<Principal>,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    p.require(Access::Admin)?;
     if st.store.delete_join_token(&id).await? {
+        tracing::info!(user = %p.user, %id, "join token deleted");
         Ok(Json(json!({"kind": "Status", "status": "Success", "message": format!("join token {id} deleted")})).into_response())
     } else {
         Err(ApiError::not_found(format!("join token {id} not found")))
@@ -145,21 +132,21 @@ struct JoinBody {
 /// rate-limited per client address, before the body is parsed.
 pub async fn join(
     State(st): State<Arc<AppState>>,
-    peer: super::Peer,
+    peer: crate::http::Peer,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let addr = super::peer_ip(&peer);
+    let addr = crate::http::peer_ip(&peer);
     if let Err(wait) = st.join_limit.take(addr) {
         st.bursts.record(
             "join refused",
             addr,
             "too many tries from this address".into(),
         );
-        return super::throttle::too_many(
+        return crate::http::throttle::too_many(
             format!(
                 "too many join requests from {addr}; retry in {} s",
-                super::throttle::retry_after_secs(wait)
+                crate::http::throttle::retry_after_secs(wait)
             ),
             wait,
         );
@@ -188,11 +175,14 @@ async fn join_inner(
             "this controller serves plain HTTP; agents join only over TLS",
         ));
     };
-    let b: JoinBody = serde_json::from_value(super::parse_body(headers, body).await?)
+    let b: JoinBody = serde_json::from_value(crate::http::body::parse_body(headers, body).await?)
         .map_err(|e| ApiError::bad_request(format!("join request: {e}")))?;
     crate::types::check_name("node name", &b.node_name).map_err(|e| ApiError::invalid(e.0))?;
-    if let Some(node) = st.store.get(Kind::Node, "", &b.node_name).await?
-        && crate::controller::node_ready(&node)
+    if let Some(node) = st
+        .store
+        .get_typed::<crate::types::Node>("", &b.node_name)
+        .await?
+        && crate::rules::node::node_ready(&node)
     {
         return Err(ApiError::conflict(format!(
             "node {:?} is already joined and Ready; pick another --node-name, or delete the \
@@ -249,13 +239,20 @@ mod tests {
     fn token_format() {
         let pin = "ab".repeat(32);
         let t = format!("ev1.{}.{pin}", "0".repeat(48));
-        assert_eq!(super::parse_join_token(&t), Some((&t[4..52], &t[53..])));
-        assert!(super::parse_join_token("ev2.x.y").is_none());
-        assert!(super::parse_join_token(&format!("ev1.short.{pin}")).is_none());
-        assert!(
-            super::parse_join_token(&format!("ev1.{}.{}", "0".repeat(48), "zz".repeat(32)))
-                .is_none()
+        assert_eq!(
+            crate::rules::join::parse_join_token(&t),
+            Some((&t[4..52], &t[53..]))
         );
-        assert!(super::parse_join_token(&format!("{t}.extra")).is_none());
+        assert!(crate::rules::join::parse_join_token("ev2.x.y").is_none());
+        assert!(crate::rules::join::parse_join_token(&format!("ev1.short.{pin}")).is_none());
+        assert!(
+            crate::rules::join::parse_join_token(&format!(
+                "ev1.{}.{}",
+                "0".repeat(48),
+                "zz".repeat(32)
+            ))
+            .is_none()
+        );
+        assert!(crate::rules::join::parse_join_token(&format!("{t}.extra")).is_none());
     }
 }

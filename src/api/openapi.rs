@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use kube::CustomResourceExt;
 use serde_json::{Map, Value, json};
 
-use super::error::{ApiError, ApiResult};
+use crate::http::error::{ApiError, ApiResult};
 use crate::types::{Kind, edgevirt, kubevirt};
 
 fn gvk(kind: Kind) -> Value {

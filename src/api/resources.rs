@@ -1,6 +1,7 @@
 //! Generic handlers for stored kinds: list (with selectors, paging, watch), get, create,
 //! replace, patch, delete. Kind-specific checks live in [`super::admission`].
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,17 +9,20 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use base64::Engine;
+use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::auth::{Access, Principal};
-use super::error::{ApiError, ApiResult};
 use super::table;
-use super::{AppState, S, admission, parse_body};
-use crate::store::{FieldSelector, LabelSelector, rv_of};
+use super::{AppState, S, admission};
+use crate::http::auth::{Access, Principal};
+use crate::http::body::parse_body;
+use crate::http::error::{ApiError, ApiResult};
+use crate::http::throttle;
+use crate::store::events::push_watch_line;
+use crate::store::{Continue, Event, FieldSelector, LabelSelector, ListQuery, rv_of};
 use crate::types::Kind;
 
 #[derive(Debug, Default, Deserialize)]
@@ -62,99 +66,167 @@ fn check_scope(kind: Kind, namespaced_path: bool) -> ApiResult<()> {
     Ok(())
 }
 
-pub async fn list_all(
-    State(st): S,
-    Extension(p): Extension<Principal>,
-    Path((group, version, plural)): Path<(String, String, String)>,
-    Query(q): Query<ListParams>,
-    headers: HeaderMap,
-) -> ApiResult<Response> {
-    let kind = kind_for(&group, &version, &plural)?;
-    list(st, p, kind, None, q, &headers).await
-}
-
-pub async fn list_ns(
-    State(st): S,
-    Extension(p): Extension<Principal>,
-    Path((group, version, ns, plural)): Path<(String, String, String, String)>,
-    Query(q): Query<ListParams>,
-    headers: HeaderMap,
-) -> ApiResult<Response> {
-    let kind = kind_for(&group, &version, &plural)?;
-    check_scope(kind, true)?;
-    list(st, p, kind, Some(ns), q, &headers).await
-}
-
 async fn list(
     st: Arc<AppState>,
-    p: Principal,
     kind: Kind,
     ns: Option<String>,
     q: ListParams,
     headers: &HeaderMap,
 ) -> ApiResult<Response> {
     let as_table = table::wanted(headers, q.include_object.as_deref());
-    p.require(Access::Read)?;
     let labels = LabelSelector::parse(q.label_selector.as_deref().unwrap_or(""))?;
     let fields = FieldSelector::parse(q.field_selector.as_deref().unwrap_or(""))?;
     if matches!(q.watch.as_deref(), Some("true") | Some("1")) {
         return watch(st, kind, ns, labels, fields, q, as_table).await;
     }
-    let (mut items, rv) = st.store.list(kind, ns.as_deref(), &labels, &fields).await?;
-    let mut cont = None;
-    if let Some(after) = q.continue_.as_deref().filter(|c| !c.is_empty()) {
-        let key = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(after)
-            .ok()
-            .and_then(|b| String::from_utf8(b).ok())
-            .ok_or_else(|| ApiError::bad_request("invalid continue token"))?;
-        items.retain(|o| obj_key(o) > key);
-    }
-    if let Some(limit) = q.limit.filter(|l| *l > 0)
-        && items.len() > limit
-    {
-        items.truncate(limit);
-        cont = items.last().map(|o| {
-            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(obj_key(o).as_bytes())
-        });
-    }
+    // Keyset paging: the token names the last key handed out and the listing's
+    // resourceVersion, which every page reports, as Kubernetes does (a watch from it then
+    // sees whatever changed while the pages were read).
+    let after = match q.continue_.as_deref().filter(|c| !c.is_empty()) {
+        Some(token) => Some(
+            Continue::decode(token)
+                .ok_or_else(|| ApiError::bad_request("invalid continue token"))?,
+        ),
+        None => None,
+    };
+    let limit = q.limit.filter(|l| *l > 0);
+    // A full listing holds its items' JSON until the answer is sent: a few at a time.
+    let permit = match limit {
+        Some(l) if l <= SMALL_PAGE => None,
+        _ => Some(
+            throttle::Gate::listings()
+                .enter()
+                .await
+                .map_err(|b| b.into_error("listing"))?,
+        ),
+    };
+    let raw = st
+        .store
+        .list_raw(
+            kind,
+            &ListQuery {
+                namespace: ns.as_deref(),
+                labels: Some(&labels),
+                fields: Some(&fields),
+                after: after
+                    .as_ref()
+                    .map(|c| (c.namespace.as_str(), c.name.as_str())),
+                limit,
+            },
+        )
+        .await?;
+    let rv = after.as_ref().map_or(0, |c| c.rv);
+    let rv = if rv == 0 { raw.rv } else { rv };
     let mut meta = json!({"resourceVersion": rv.to_string()});
-    if let Some(c) = cont {
-        meta["continue"] = json!(c);
+    if let Some((namespace, name)) = &raw.more {
+        let c = Continue {
+            rv,
+            namespace: namespace.clone(),
+            name: name.clone(),
+        };
+        meta["continue"] = json!(c.encode());
     }
     if let Some(include) = as_table {
+        let items = raw
+            .iter()
+            .map(serde_json::from_str)
+            .collect::<Result<Vec<Value>, _>>()
+            .map_err(ApiError::internal)?;
         return Ok(table_response(table::table(
             kind, &items, meta, include, true,
         )));
     }
-    // Serialized straight from the items: `json!` would deep-copy every object first.
+    // The stored JSON goes out as it is, between the list's head and tail: no parse, no
+    // serialization, no copy.
+    let head = list_head(kind, meta).map_err(ApiError::internal)?;
+    let items = Bytes::from(raw.into_items_json());
+    let tail = Bytes::from_static(b"]}");
+    let len = head.len() + items.len() + tail.len();
+    let chunks = [head, items, tail];
+    // The turn is held until the body is sent (or the client goes away), but not longer
+    // than GATE_HOLD: a client that stops reading must not keep others waiting.
+    let held = permit.is_some();
+    let turn = Turn(Arc::new(std::sync::Mutex::new(permit)));
+    if held {
+        let slot = turn.0.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(GATE_HOLD).await;
+            if let Ok(mut p) = slot.lock() {
+                p.take();
+            }
+        });
+    }
+    let stream = futures::stream::iter(chunks).map(move |c| {
+        let _ = &turn;
+        Ok::<_, Infallible>(c)
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/json".to_string()),
+            (header::CONTENT_LENGTH, len.to_string()),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// A turn at the listing gate, given back when the answer is dropped (sent or abandoned) or
+/// by the timer, whichever comes first.
+struct Turn(Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>);
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Ok(mut p) = self.0.lock() {
+            p.take();
+        }
+    }
+}
+
+/// The longest a LIST's answer holds its turn at the listing gate while it is sent.
+const GATE_HOLD: Duration = Duration::from_secs(30);
+
+/// Pages up to this size are cheap enough to need no turn at the listing gate.
+const SMALL_PAGE: usize = 1000;
+
+/// `{"apiVersion":..,"kind":"<Kind>List","metadata":<meta>,"items":[`: the list as
+/// serde_json writes it, up to its items.
+fn list_head(kind: Kind, metadata: Value) -> serde_json::Result<Bytes> {
     #[derive(serde::Serialize)]
-    struct List<'a> {
+    struct Head {
         #[serde(rename = "apiVersion")]
         api_version: String,
         kind: String,
         metadata: Value,
-        items: &'a [Value],
     }
-    let body = serde_json::to_vec(&List {
+    let mut b = serde_json::to_vec(&Head {
         api_version: kind.api_version(),
         kind: format!("{}List", kind.name()),
-        metadata: meta,
-        items: &items,
-    })
-    .map_err(ApiError::internal)?;
-    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+        metadata,
+    })?;
+    b.pop();
+    b.extend_from_slice(b",\"items\":[");
+    Ok(Bytes::from(b))
 }
 
-fn obj_key(o: &Value) -> String {
-    format!(
-        "{}/{}",
-        o["metadata"]["namespace"].as_str().unwrap_or(""),
-        o["metadata"]["name"].as_str().unwrap_or("")
-    )
+/// A watch ERROR event with a `Status` (410 Expired: the watcher fell behind and must list
+/// again, as client-go does on it).
+fn watch_error(code: u16, reason: &str, message: &str) -> Bytes {
+    let mut b = serde_json::to_vec(&json!({"type": "ERROR", "object": {
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code,
+    }}))
+    .unwrap_or_default();
+    b.push(b'\n');
+    Bytes::from(b)
 }
+
+/// Bytes of initial events sent to a watcher at a time.
+const WATCH_CHUNK: usize = 64 << 10;
 
 /// Stream changes as newline-delimited watch events; resumes from `resourceVersion`.
+/// Watchers starting from a full listing share one (read once, however many start at
+/// once); each change is encoded once for every JSON watcher; each watcher has a small
+/// bounded buffer, and one that falls too far behind gets a 410 ERROR event and is closed.
 async fn watch(
     st: Arc<AppState>,
     kind: Kind,
@@ -165,17 +237,15 @@ async fn watch(
     as_table: Option<table::Include>,
 ) -> ApiResult<Response> {
     let mut rx = st.store.subscribe();
+    let seen = st.store.published_rv();
     // As a Table, each event's object is a one-row table; only the first has the columns.
     let mut first = true;
-    let mut event = move |t: &str, o: Value| -> Value {
-        let object = match as_table {
-            Some(include) => {
-                let with_columns = std::mem::replace(&mut first, false);
-                table::table(kind, &[o], json!({}), include, with_columns)
-            }
-            None => o,
-        };
-        json!({"type": t, "object": object})
+    let mut table_line = move |t: &str, o: Value, include: table::Include| -> Bytes {
+        let with_columns = std::mem::replace(&mut first, false);
+        let object = table::table(kind, &[o], json!({}), include, with_columns);
+        let mut b = serde_json::to_vec(&json!({"type": t, "object": object})).unwrap_or_default();
+        b.push(b'\n');
+        Bytes::from(b)
     };
     let since: u64 = match q.resource_version.as_deref() {
         None | Some("") | Some("0") => 0,
@@ -183,6 +253,7 @@ async fn watch(
             .parse()
             .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {v:?}")))?,
     };
+    let selective = !labels.is_empty() || !fields.is_empty();
     let wanted = {
         let ns = ns.clone();
         move |k: Kind, o: &Value| {
@@ -194,51 +265,88 @@ async fn watch(
                 && fields.matches(o)
         }
     };
-    let mut initial = Vec::new();
     let mut last = since;
     // Watch-list (current kubectl's `wait`): the current objects, then a bookmark saying
     // they are all there, then changes.
     let watch_list = q.send_initial_events == Some(true);
+    let mut listing = None;
+    let mut replay = Vec::new();
     if since == 0 || watch_list {
-        let (items, rv) = st
-            .store
-            .list(
-                kind,
-                ns.as_deref(),
-                &LabelSelector::default(),
-                &FieldSelector::default(),
-            )
-            .await?;
-        for o in items.into_iter().filter(|o| wanted(kind, o)) {
-            initial.push(event("ADDED", o));
+        let permit = throttle::Gate::listings()
+            .enter()
+            .await
+            .map_err(|b| b.into_error("listing"))?;
+        let (cell, list) = st.store.shared_listing(kind, ns.as_deref(), seen).await?;
+        drop(permit);
+        last = list.rv;
+        if list.rv < seen {
+            // The shared listing was under way before this watcher subscribed: what
+            // happened in between comes from the log.
+            replay = st.store.events_since(list.rv).await?;
         }
-        last = rv;
-        if watch_list {
-            initial.push(json!({"type": "BOOKMARK", "object": {
-                "kind": kind.name(), "apiVersion": kind.api_version(),
-                "metadata": {"resourceVersion": rv.to_string(),
-                             "annotations": {"k8s.io/initial-events-end": "true"}},
-            }}));
-        }
+        listing = Some((cell, list));
     } else {
-        for ev in st.store.events_since(since).await? {
-            if wanted(ev.kind, &ev.object) {
-                initial.push(event(ev.event_type, ev.object));
-            }
-            last = ev.rv;
-        }
+        replay = st.store.events_since(since).await?;
     }
-    let (tx, out) = tokio::sync::mpsc::channel::<Bytes>(64);
+    let (tx, out) = tokio::sync::mpsc::channel::<Bytes>(8);
     let timeout = Duration::from_secs(q.timeout_seconds.unwrap_or(1800).min(3600));
     tokio::spawn(async move {
-        let line = |v: &Value| {
-            let mut b = serde_json::to_vec(v).unwrap_or_default();
-            b.push(b'\n');
-            Bytes::from(b)
-        };
-        for ev in &initial {
-            if tx.send(line(ev)).await.is_err() {
+        if let Some((cell, list)) = listing {
+            let mut buf = Vec::with_capacity(WATCH_CHUNK + (16 << 10));
+            for body in list.iter() {
+                if selective || as_table.is_some() {
+                    let Ok(o) = serde_json::from_str::<Value>(body) else {
+                        continue;
+                    };
+                    if !wanted(kind, &o) {
+                        continue;
+                    }
+                    if let Some(include) = as_table {
+                        buf.extend_from_slice(&table_line("ADDED", o, include));
+                    } else {
+                        push_watch_line(&mut buf, "ADDED", body);
+                    }
+                } else {
+                    push_watch_line(&mut buf, "ADDED", body);
+                }
+                if buf.len() >= WATCH_CHUNK
+                    && tx
+                        .send(Bytes::from(std::mem::replace(
+                            &mut buf,
+                            Vec::with_capacity(WATCH_CHUNK + (16 << 10)),
+                        )))
+                        .await
+                        .is_err()
+                {
+                    return;
+                }
+            }
+            let rv = list.rv;
+            drop((list, cell));
+            if watch_list {
+                let mut b = serde_json::to_vec(&json!({"type": "BOOKMARK", "object": {
+                    "kind": kind.name(), "apiVersion": kind.api_version(),
+                    "metadata": {"resourceVersion": rv.to_string(),
+                                 "annotations": {"k8s.io/initial-events-end": "true"}},
+                }}))
+                .unwrap_or_default();
+                b.push(b'\n');
+                buf.extend_from_slice(&b);
+            }
+            if !buf.is_empty() && tx.send(Bytes::from(buf)).await.is_err() {
                 return;
+            }
+        }
+        let mut line = |ev: &Event| match as_table {
+            Some(include) => table_line(ev.event_type, ev.object.clone(), include),
+            None => ev.watch_line(),
+        };
+        for ev in replay {
+            if ev.rv > last && wanted(ev.kind, &ev.object) {
+                last = ev.rv;
+                if tx.send(line(&ev)).await.is_err() {
+                    return;
+                }
             }
         }
         let deadline = tokio::time::sleep(timeout);
@@ -250,12 +358,21 @@ async fn watch(
                 ev = rx.recv() => match ev {
                     Ok(ev) if ev.rv > last && wanted(ev.kind, &ev.object) => {
                         last = ev.rv;
-                        if tx.send(line(&event(ev.event_type, ev.object.clone()))).await.is_err() {
+                        if tx.send(line(&ev)).await.is_err() {
                             return;
                         }
                     }
                     Ok(_) => {}
-                    // A watcher that fell behind is closed; the client re-lists and resumes.
+                    // A watcher that fell behind is told so and closed; the client lists
+                    // again and resumes, as after a compaction in Kubernetes.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        let _ = tx.try_send(watch_error(
+                            410,
+                            "Expired",
+                            &format!("too old resource version: {last}: the watcher fell behind"),
+                        ));
+                        return;
+                    }
                     Err(_) => return,
                 }
             }
@@ -271,28 +388,14 @@ async fn watch(
         .into_response())
 }
 
-pub async fn get_ns(
-    State(st): S,
-    Extension(p): Extension<Principal>,
-    Path((group, version, ns, plural, name)): Path<(String, String, String, String, String)>,
-    Query(q): Query<ListParams>,
-    headers: HeaderMap,
-) -> ApiResult<Response> {
-    let kind = kind_for(&group, &version, &plural)?;
-    check_scope(kind, true)?;
-    get(st, p, kind, &ns, &name, q, &headers).await
-}
-
 async fn get(
     st: Arc<AppState>,
-    p: Principal,
     kind: Kind,
     ns: &str,
     name: &str,
     q: ListParams,
     headers: &HeaderMap,
 ) -> ApiResult<Response> {
-    p.require(Access::Read)?;
     let obj = st.store.must_get(kind, ns, name).await?;
     match table::wanted(headers, q.include_object.as_deref()) {
         Some(include) => {
@@ -317,53 +420,119 @@ fn table_response(t: Value) -> Response {
         .into_response()
 }
 
-pub async fn get_cluster(
-    State(st): S,
-    Extension(p): Extension<Principal>,
-    Path((group, version, plural, name)): Path<(String, String, String, String)>,
-    Query(q): Query<ListParams>,
-    headers: HeaderMap,
-) -> ApiResult<Response> {
-    let kind = kind_for(&group, &version, &plural)?;
-    check_scope(kind, false)?;
-    get(st, p, kind, "", &name, q, &headers).await
+/// What a request on a resource path does: the method, and whether it names one object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verb {
+    List,
+    Get,
+    Create,
+    Replace,
+    Patch,
+    Delete,
 }
 
-fn write_access(kind: Kind) -> Access {
-    match kind {
-        Kind::Node => Access::AgentWrite,
-        _ => Access::Operate,
+impl Verb {
+    fn of(method: &Method, named: bool) -> ApiResult<Verb> {
+        Ok(match (method, named) {
+            (&Method::GET, false) => Verb::List,
+            (&Method::POST, false) => Verb::Create,
+            (&Method::GET, true) => Verb::Get,
+            (&Method::PUT, true) => Verb::Replace,
+            (&Method::PATCH, true) => Verb::Patch,
+            (&Method::DELETE, true) => Verb::Delete,
+            _ => {
+                return Err(ApiError::new(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "MethodNotAllowed",
+                    format!("{method} is not allowed on this path"),
+                ));
+            }
+        })
+    }
+
+    /// Who may do what, declared once for every kind: any of these accesses will do.
+    /// Agents register and update their Node (and, within `scope::check`, patch what their
+    /// node runs); only an administrator deletes a node.
+    fn access(self, kind: Kind) -> &'static [Access] {
+        match (self, kind) {
+            (Verb::List | Verb::Get, _) => &[Access::Read],
+            (Verb::Delete, Kind::Node) => &[Access::Admin],
+            (Verb::Create | Verb::Replace | Verb::Patch, Kind::Node) => &[Access::AgentWrite],
+            (Verb::Patch, _) => &[Access::Operate, Access::AgentWrite],
+            (Verb::Create | Verb::Replace | Verb::Delete, _) => &[Access::Operate],
+        }
+    }
+}
+
+/// Where a request on a resource path points: from the path's parameters, for all six
+/// shapes (`/api/{version}/...` for the core group, `/apis/{group}/{version}/...`, with or
+/// without `namespaces/{ns}`, with or without a name).
+struct Target {
+    kind: Kind,
+    /// The path's namespace, if it has one.
+    ns: Option<String>,
+    name: Option<String>,
+}
+
+impl Target {
+    fn parse(mut params: HashMap<String, String>) -> ApiResult<Target> {
+        let mut take = |k: &str| params.remove(k);
+        let group = take("group").unwrap_or_default();
+        let (version, plural) = (
+            take("version").unwrap_or_default(),
+            take("plural").unwrap_or_default(),
+        );
+        let kind = kind_for(&group, &version, &plural)?;
+        Ok(Target {
+            kind,
+            ns: take("ns"),
+            name: take("name"),
+        })
+    }
+}
+
+/// Every resource path, every verb: parse where it points and what it does, check who may
+/// do that, then run the verb. Listing every namespace's objects needs no namespace in the
+/// path; everything else must match the kind's scope.
+pub async fn resource(
+    State(st): S,
+    Extension(p): Extension<Principal>,
+    method: Method,
+    Path(params): Path<HashMap<String, String>>,
+    Query(q): Query<ListParams>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let t = Target::parse(params)?;
+    let verb = Verb::of(&method, t.name.is_some())?;
+    if !(verb == Verb::List && t.ns.is_none()) {
+        check_scope(t.kind, t.ns.is_some())?;
+    }
+    let allowed = verb.access(t.kind);
+    if !allowed.iter().any(|a| p.require(*a).is_ok()) {
+        p.require(allowed[0])?;
+    }
+    let kind = t.kind;
+    let ns = t.ns.unwrap_or_default();
+    let name = t.name.unwrap_or_default();
+    match verb {
+        Verb::List => list(st, kind, (!ns.is_empty()).then_some(ns), q, &headers).await,
+        Verb::Get => get(st, kind, &ns, &name, q, &headers).await,
+        Verb::Create => create(st, p, kind, ns, q, headers, body).await,
+        Verb::Replace => Ok(replace(st, p, kind, ns, name, q, headers, body)
+            .await?
+            .into_response()),
+        Verb::Patch => Ok(patch(st, p, kind, ns, name, q, headers, body)
+            .await?
+            .into_response()),
+        Verb::Delete => Ok(delete(st, p, kind, ns, name, q, body)
+            .await?
+            .into_response()),
     }
 }
 
 fn dry_run(q: &ListParams) -> bool {
     q.dry_run.as_deref() == Some("All")
-}
-
-pub async fn create_ns(
-    State(st): S,
-    Extension(p): Extension<Principal>,
-    Path((group, version, ns, plural)): Path<(String, String, String, String)>,
-    Query(q): Query<ListParams>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Response> {
-    let kind = kind_for(&group, &version, &plural)?;
-    check_scope(kind, true)?;
-    create(st, p, kind, ns, q, headers, body).await
-}
-
-pub async fn create_cluster(
-    State(st): S,
-    Extension(p): Extension<Principal>,
-    Path((group, version, plural)): Path<(String, String, String)>,
-    Query(q): Query<ListParams>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Response> {
-    let kind = kind_for(&group, &version, &plural)?;
-    check_scope(kind, false)?;
-    create(st, p, kind, String::new(), q, headers, body).await
 }
 
 async fn create(
@@ -375,7 +544,6 @@ async fn create(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    p.require(write_access(kind))?;
     let mut obj = parse_body(&headers, &body).await?;
     let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
     super::scope::check(&st.store, &p, kind, &ns, &name, None).await?;
@@ -394,32 +562,6 @@ async fn create(
     Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 
-pub async fn replace_ns(
-    State(st): S,
-    Extension(p): Extension<Principal>,
-    Path((group, version, ns, plural, name)): Path<(String, String, String, String, String)>,
-    Query(q): Query<ListParams>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Json<Value>> {
-    let kind = kind_for(&group, &version, &plural)?;
-    check_scope(kind, true)?;
-    replace(st, p, kind, ns, name, q, headers, body).await
-}
-
-pub async fn replace_cluster(
-    State(st): S,
-    Extension(p): Extension<Principal>,
-    Path((group, version, plural, name)): Path<(String, String, String, String)>,
-    Query(q): Query<ListParams>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Json<Value>> {
-    let kind = kind_for(&group, &version, &plural)?;
-    check_scope(kind, false)?;
-    replace(st, p, kind, String::new(), name, q, headers, body).await
-}
-
 #[allow(clippy::too_many_arguments)]
 async fn replace(
     st: Arc<AppState>,
@@ -431,7 +573,6 @@ async fn replace(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
-    p.require(write_access(kind))?;
     let obj = parse_body(&headers, &body).await?;
     if obj["metadata"]["name"].as_str() != Some(name.as_str()) {
         return Err(ApiError::bad_request(format!(
@@ -531,11 +672,11 @@ fn apply_json_patch(target: &mut Value, ops: &[json_patch::PatchOperation]) -> A
             && let Some(v) = target.pointer(c.from.as_str())
         {
             copied += serde_json::to_vec(v).map_or(0, |b| b.len());
-            if copied > super::body::OBJECT_LIMIT {
+            if copied > crate::http::body::OBJECT_LIMIT {
                 return Err(ApiError::invalid(format!(
                     "the JSON patch copies more than {} MiB (operation {i}); patches may not \
                      grow an object past what a request could send",
-                    super::body::OBJECT_LIMIT >> 20
+                    crate::http::body::OBJECT_LIMIT >> 20
                 )));
             }
         }
@@ -544,32 +685,6 @@ fn apply_json_patch(target: &mut Value, ops: &[json_patch::PatchOperation]) -> A
         })?;
     }
     Ok(())
-}
-
-pub async fn patch_ns(
-    State(st): S,
-    Extension(p): Extension<Principal>,
-    Path((group, version, ns, plural, name)): Path<(String, String, String, String, String)>,
-    Query(q): Query<ListParams>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Json<Value>> {
-    let kind = kind_for(&group, &version, &plural)?;
-    check_scope(kind, true)?;
-    patch(st, p, kind, ns, name, q, headers, body).await
-}
-
-pub async fn patch_cluster(
-    State(st): S,
-    Extension(p): Extension<Principal>,
-    Path((group, version, plural, name)): Path<(String, String, String, String)>,
-    Query(q): Query<ListParams>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Json<Value>> {
-    let kind = kind_for(&group, &version, &plural)?;
-    check_scope(kind, false)?;
-    patch(st, p, kind, String::new(), name, q, headers, body).await
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -583,9 +698,6 @@ async fn patch(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
-    if p.require(write_access(kind)).is_err() {
-        p.require(Access::AgentWrite)?;
-    }
     // Like Kubernetes, a patch is re-applied when the object changed underneath it (the
     // controller and agents write status often), unless the patch pins a resourceVersion.
     if headers
@@ -606,7 +718,7 @@ async fn patch(
         let mut obj = existing.clone();
         apply_patch(&headers, &body, &mut obj)?;
         check_patched_identity(&existing, &mut obj)?;
-        let obj = if p.role == super::auth::Role::Agent {
+        let obj = if p.role == crate::http::auth::Role::Agent {
             // Agents patch metadata (finalizers, annotations) of objects they manage.
             let mut o = existing.clone();
             o["metadata"] = obj["metadata"].clone();
@@ -669,30 +781,6 @@ struct Preconditions {
     uid: Option<String>,
 }
 
-pub async fn delete_ns(
-    State(st): S,
-    Extension(p): Extension<Principal>,
-    Path((group, version, ns, plural, name)): Path<(String, String, String, String, String)>,
-    Query(q): Query<ListParams>,
-    body: Bytes,
-) -> ApiResult<Json<Value>> {
-    let kind = kind_for(&group, &version, &plural)?;
-    check_scope(kind, true)?;
-    delete(st, p, kind, ns, name, q, body).await
-}
-
-pub async fn delete_cluster(
-    State(st): S,
-    Extension(p): Extension<Principal>,
-    Path((group, version, plural, name)): Path<(String, String, String, String)>,
-    Query(q): Query<ListParams>,
-    body: Bytes,
-) -> ApiResult<Json<Value>> {
-    let kind = kind_for(&group, &version, &plural)?;
-    check_scope(kind, false)?;
-    delete(st, p, kind, String::new(), name, q, body).await
-}
-
 async fn delete(
     st: Arc<AppState>,
     p: Principal,
@@ -702,11 +790,6 @@ async fn delete(
     q: ListParams,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
-    p.require(if kind == Kind::Node {
-        Access::Admin
-    } else {
-        Access::Operate
-    })?;
     let opts: DeleteOptions = if body.is_empty() {
         DeleteOptions::default()
     } else {
@@ -721,7 +804,12 @@ async fn delete(
         check_namespace_empty(&st, &name).await?;
     }
     if kind == Kind::Node {
-        release_node(&st, &name, q.force == Some(true), dry_run(&q)).await?;
+        crate::controller::release_node(&st.store, &name, q.force == Some(true), dry_run(&q))
+            .await
+            .map_err(|e| match e {
+                crate::controller::Release::Busy(m) => ApiError::conflict(m),
+                crate::controller::Release::Store(e) => e.into(),
+            })?;
     }
     if dry_run(&q) {
         return Ok(Json(existing));
@@ -739,77 +827,6 @@ async fn delete(
     }
     tracing::info!(kind = kind.name(), namespace = %ns, %name, user = %p.user, "deleted");
     Ok(Json(out))
-}
-
-/// Before a node is deleted: refuse while instances are placed on it, unless `force` (the
-/// administrator confirms the host is down), which fails them so that their VMs start again
-/// elsewhere. This is the only way an instance leaves a node that stopped reporting.
-async fn release_node(st: &AppState, node: &str, force: bool, dry_run: bool) -> ApiResult<()> {
-    let (vmis, _) = st
-        .store
-        .list(
-            Kind::VirtualMachineInstance,
-            None,
-            &LabelSelector::default(),
-            &FieldSelector::node(node),
-        )
-        .await?;
-    if vmis.is_empty() {
-        return Ok(());
-    }
-    let names: Vec<String> = vmis
-        .iter()
-        .map(|v| {
-            format!(
-                "{}/{}",
-                v["metadata"]["namespace"].as_str().unwrap_or(""),
-                v["metadata"]["name"].as_str().unwrap_or("")
-            )
-        })
-        .collect();
-    if !force {
-        return Err(ApiError::conflict(format!(
-            "node {node:?} still holds {} instance(s): {}; drain it first (edgevirt node drain \
-             {node}), or, if the host is down for good, delete it with --force so they start \
-             elsewhere",
-            names.len(),
-            names.join(", ")
-        )));
-    }
-    if dry_run {
-        return Ok(());
-    }
-    for v in &vmis {
-        let ns = v["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
-        let name = v["metadata"]["name"].as_str().unwrap_or("").to_string();
-        let node2 = node.to_string();
-        st.store
-            .update(Kind::VirtualMachineInstance, &ns, &name, move |o| {
-                o["status"]["phase"] = json!(crate::types::kubevirt::phase::FAILED);
-                o["status"]["reason"] = json!("NodeDeleted");
-                o["status"]["message"] = json!(format!(
-                    "node {node2} was deleted as down by an administrator"
-                ));
-                if let Some(f) = o["metadata"]["finalizers"].as_array_mut() {
-                    f.retain(|f| f != crate::types::annotations::LAUNCHER_FINALIZER);
-                }
-                Ok(())
-            })
-            .await?;
-        match st
-            .store
-            .delete(Kind::VirtualMachineInstance, &ns, &name, None)
-            .await
-        {
-            Ok(_) | Err(crate::store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
-        tracing::warn!(%node, namespace = %ns, %name, "instance of a node deleted as down: failed and removed");
-    }
-    Ok(())
 }
 
 /// A namespace goes only when nothing is left in it (Kubernetes would delete its contents; for
@@ -836,136 +853,6 @@ async fn check_namespace_empty(st: &AppState, name: &str) -> ApiResult<()> {
                 kind.name(),
                 o["metadata"]["name"].as_str().unwrap_or("")
             )));
-        }
-    }
-    Ok(())
-}
-
-// The core group (`/api/v1/...`, namespaces): the same handlers with group "".
-
-type CoreName = Path<(String, String, String)>;
-
-pub async fn core_list(
-    st: S,
-    p: Extension<Principal>,
-    Path((version, plural)): Path<(String, String)>,
-    q: Query<ListParams>,
-    headers: HeaderMap,
-) -> ApiResult<Response> {
-    list_all(st, p, Path((String::new(), version, plural)), q, headers).await
-}
-
-pub async fn core_create(
-    st: S,
-    p: Extension<Principal>,
-    Path((version, plural)): Path<(String, String)>,
-    q: Query<ListParams>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Response> {
-    create_cluster(
-        st,
-        p,
-        Path((String::new(), version, plural)),
-        q,
-        headers,
-        body,
-    )
-    .await
-}
-
-pub async fn core_get(
-    st: S,
-    p: Extension<Principal>,
-    Path((version, plural, name)): CoreName,
-    q: Query<ListParams>,
-    headers: HeaderMap,
-) -> ApiResult<Response> {
-    get_cluster(
-        st,
-        p,
-        Path((String::new(), version, plural, name)),
-        q,
-        headers,
-    )
-    .await
-}
-
-pub async fn core_replace(
-    st: S,
-    p: Extension<Principal>,
-    Path((version, plural, name)): CoreName,
-    q: Query<ListParams>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Json<Value>> {
-    replace_cluster(
-        st,
-        p,
-        Path((String::new(), version, plural, name)),
-        q,
-        headers,
-        body,
-    )
-    .await
-}
-
-pub async fn core_patch(
-    st: S,
-    p: Extension<Principal>,
-    Path((version, plural, name)): CoreName,
-    q: Query<ListParams>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Json<Value>> {
-    patch_cluster(
-        st,
-        p,
-        Path((String::new(), version, plural, name)),
-        q,
-        headers,
-        body,
-    )
-    .await
-}
-
-pub async fn core_delete(
-    st: S,
-    p: Extension<Principal>,
-    Path((version, plural, name)): CoreName,
-    q: Query<ListParams>,
-    body: Bytes,
-) -> ApiResult<Json<Value>> {
-    delete_cluster(st, p, Path((String::new(), version, plural, name)), q, body).await
-}
-
-/// `default` and every namespace an object is in exist as Namespace objects (databases from
-/// before namespaces were stored get theirs here).
-pub async fn ensure_namespaces(store: &crate::store::Store) -> crate::store::Result<()> {
-    let mut names = std::collections::BTreeSet::from(["default".to_string()]);
-    for kind in Kind::ALL.into_iter().filter(|k| k.namespaced()) {
-        let (items, _) = store
-            .list(
-                kind,
-                None,
-                &LabelSelector::default(),
-                &FieldSelector::default(),
-            )
-            .await?;
-        for o in items {
-            if let Some(ns) = o["metadata"]["namespace"].as_str() {
-                names.insert(ns.to_string());
-            }
-        }
-    }
-    for ns in names {
-        if store.get(Kind::Namespace, "", &ns).await?.is_none() {
-            let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
-                             "status": {"phase": "Active"}});
-            match store.create(Kind::Namespace, obj, false).await {
-                Ok(_) | Err(crate::store::Error::AlreadyExists { .. }) => {}
-                Err(e) => return Err(e),
-            }
         }
     }
     Ok(())

@@ -5,8 +5,8 @@
 
 use serde_json::Value;
 
-use super::auth::{Principal, Role};
-use super::error::{ApiError, ApiResult};
+use crate::http::auth::{Principal, Role};
+use crate::http::error::{ApiError, ApiResult};
 use crate::store::Store;
 use crate::types::Kind;
 use crate::types::annotations::VOLUMES_NODE_ANNOTATION;

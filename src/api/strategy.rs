@@ -12,9 +12,9 @@ use axum::response::{IntoResponse, Json};
 use serde_json::json;
 
 use super::AppState;
-use super::auth::{Access, Principal};
-use super::error::{ApiError, ApiResult};
 use crate::controller::strategy::{self, Error as StrategyError};
+use crate::http::auth::Principal;
+use crate::http::error::{ApiError, ApiResult};
 
 impl From<StrategyError> for ApiError {
     fn from(e: StrategyError) -> Self {
@@ -25,11 +25,7 @@ impl From<StrategyError> for ApiError {
     }
 }
 
-pub async fn get_strategy(
-    State(st): State<Arc<AppState>>,
-    Extension(p): Extension<Principal>,
-) -> ApiResult<impl IntoResponse> {
-    p.require(Access::Read)?;
+pub async fn get_strategy(State(st): State<Arc<AppState>>) -> ApiResult<impl IntoResponse> {
     let Some((cm, manifest)) = strategy::load(&st.store).await? else {
         return Err(ApiError::not_found(
             "no install strategy stored yet (the controller writes one when it starts)",
@@ -43,11 +39,7 @@ pub async fn get_strategy(
     })))
 }
 
-pub async fn get_rollout(
-    State(st): State<Arc<AppState>>,
-    Extension(p): Extension<Principal>,
-) -> ApiResult<impl IntoResponse> {
-    p.require(Access::Read)?;
+pub async fn get_rollout(State(st): State<Arc<AppState>>) -> ApiResult<impl IntoResponse> {
     Ok(Json(strategy::current_rollout(&st.store).await?))
 }
 
@@ -58,8 +50,7 @@ pub async fn put_version(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    p.require(Access::Admin)?;
-    let v = super::parse_body(&headers, &body).await?;
+    let v = crate::http::body::parse_body(&headers, &body).await?;
     let version = v["version"]
         .as_str()
         .ok_or_else(|| ApiError::bad_request("the body needs {\"version\": \"X.Y.Z\"}"))?;

@@ -1,303 +1,374 @@
 //! Subresources: KubeVirt's actions under `subresources.kubevirt.io` (start, stop, restart,
-//! pause, unpause, softreboot, rename, guestosinfo), and the `status` subresource agents
-//! write through. Actions record intent in the store; the controller and the agent carry it
-//! out, so an action survives a restart of either.
+//! pause, unpause, softreboot, rename, migrate, guestosinfo), the `status` subresource
+//! agents write through, and image upload and download. A request is parsed into a
+//! [`Request`] first (path, method and body); [`Request::access`] declares who may make it,
+//! in one place; [`execute`] carries it out. Actions record intent in the store; the
+//! controller and the agent carry it out, so an action survives a restart of either.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::auth::{Access, Principal};
-use super::error::{ApiError, ApiResult};
 use super::resources::{apply_patch, kind_for};
 use super::{AppState, S, images};
-use crate::types::kubevirt::{Condition, RunStrategy, VirtualMachineSpec, condition_true, phase};
-use crate::types::{Kind, check_name};
+use crate::http::auth::{Access, Principal};
+use crate::http::error::{ApiError, ApiResult};
+use crate::store::Error as StoreError;
+use crate::types::annotations::{
+    BLOCK_MIGRATION_ANNOTATION, PAUSED_ANNOTATION, SOFTREBOOT_ANNOTATION,
+};
+use crate::types::kubevirt::{
+    ConditionType, Phase, RunStrategy, StateChangeRequest, condition_true,
+};
+use crate::types::{Kind, Meta, Typed, VirtualMachine, VirtualMachineInstance, check_name};
 
-use crate::types::annotations::{PAUSED_ANNOTATION, SOFTREBOOT_ANNOTATION};
+/// What a subresource request asks for, parsed from its path, method and body.
+#[derive(Debug, PartialEq)]
+enum Request {
+    Start,
+    Stop,
+    Restart,
+    Rename { new_name: String },
+    Migrate { options: MigrateOptions },
+    Pause,
+    Unpause,
+    SoftReboot,
+    GuestOsInfo,
+    StatusRead(Kind),
+    StatusWrite { kind: Kind, patch: bool },
+    ImageUpload,
+    ImageDownload,
+}
+
+/// KubeVirt's `MigrateOptions`, with edgevirt's `blockMigration`.
+#[derive(Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MigrateOptions {
+    #[serde(default)]
+    added_node_selector: Option<Value>,
+    #[serde(default)]
+    block_migration: Option<Value>,
+}
+
+/// Where a subresource request points.
+struct Target {
+    group: String,
+    version: String,
+    ns: String,
+    plural: String,
+    name: String,
+    sub: String,
+}
+
+impl Target {
+    /// `PUT .../images/{name}/upload`: the one request whose body streams (not read first).
+    fn is_upload(&self, method: &Method) -> bool {
+        method == Method::PUT
+            && self.group == "edgevirt.io"
+            && self.plural == "images"
+            && self.ns.is_empty()
+            && self.sub == "upload"
+    }
+}
+
+impl Request {
+    /// Who may make this request: declared here once for every subresource.
+    fn access(&self) -> Access {
+        match self {
+            Request::GuestOsInfo | Request::StatusRead(_) | Request::ImageDownload => Access::Read,
+            Request::StatusWrite { .. } => Access::AgentWrite,
+            Request::Start
+            | Request::Stop
+            | Request::Restart
+            | Request::Rename { .. }
+            | Request::Migrate { .. }
+            | Request::Pause
+            | Request::Unpause
+            | Request::SoftReboot
+            | Request::ImageUpload => Access::Operate,
+        }
+    }
+
+    /// Parse a request; the body only where the request has one (an image upload streams
+    /// and is not read here).
+    fn parse(method: &Method, at: &Target, body: &[u8]) -> ApiResult<Request> {
+        let missing = || {
+            ApiError::not_found(format!(
+                "subresource {:?} of {} does not exist",
+                at.sub, at.plural
+            ))
+        };
+        if at.group == "subresources.kubevirt.io" {
+            if at.version != "v1" && at.version != "v1alpha3" {
+                return Err(ApiError::not_found(format!(
+                    "version {} is not served",
+                    at.version
+                )));
+            }
+            let vm_or_vmi = matches!(
+                at.plural.as_str(),
+                "virtualmachines" | "virtualmachineinstances"
+            );
+            return match (method, at.plural.as_str(), at.sub.as_str()) {
+                (&Method::GET, "virtualmachineinstances", "guestosinfo") => {
+                    Ok(Request::GuestOsInfo)
+                }
+                (&Method::PUT, "virtualmachines", "start") => Ok(Request::Start),
+                (&Method::PUT, "virtualmachines", "stop") => Ok(Request::Stop),
+                (&Method::PUT, "virtualmachines", "restart") => Ok(Request::Restart),
+                (&Method::PUT, "virtualmachines", "rename") => Ok(Request::Rename {
+                    new_name: parse_rename(body)?,
+                }),
+                (&Method::PUT, _, "migrate") if vm_or_vmi => Ok(Request::Migrate {
+                    options: parse_migrate(body)?,
+                }),
+                (&Method::PUT, _, "pause") if vm_or_vmi => Ok(Request::Pause),
+                (&Method::PUT, _, "unpause") if vm_or_vmi => Ok(Request::Unpause),
+                (&Method::PUT, _, "softreboot") if vm_or_vmi => Ok(Request::SoftReboot),
+                (&Method::GET, ..) => Err(ApiError::not_found(format!(
+                    "subresource {:?} does not exist or is not readable",
+                    at.sub
+                ))),
+                _ => Err(missing()),
+            };
+        }
+        if at.is_upload(method) {
+            return Ok(Request::ImageUpload);
+        }
+        if at.group == "edgevirt.io"
+            && at.plural == "images"
+            && at.ns.is_empty()
+            && method == Method::GET
+            && at.sub == "data"
+        {
+            return Ok(Request::ImageDownload);
+        }
+        if at.sub != "status" {
+            return Err(match *method {
+                Method::GET => ApiError::not_found(format!(
+                    "subresource {:?} does not exist or is not readable",
+                    at.sub
+                )),
+                _ => ApiError::not_found(format!("subresource {:?} does not exist", at.sub)),
+            });
+        }
+        let kind = kind_for(&at.group, &at.version, &at.plural)?;
+        match *method {
+            Method::GET => Ok(Request::StatusRead(kind)),
+            Method::PUT => Ok(Request::StatusWrite { kind, patch: false }),
+            Method::PATCH => Ok(Request::StatusWrite { kind, patch: true }),
+            _ => Err(missing()),
+        }
+    }
+}
+
+fn parse_rename(body: &[u8]) -> ApiResult<String> {
+    let new_name = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("newName").and_then(Value::as_str).map(str::to_string))
+        .ok_or_else(|| ApiError::bad_request(r#"rename needs a body {"newName": "..."}"#))?;
+    check_name("newName", &new_name)?;
+    Ok(new_name)
+}
+
+fn parse_migrate(body: &[u8]) -> ApiResult<MigrateOptions> {
+    if body.is_empty() {
+        return Ok(MigrateOptions::default());
+    }
+    let o: MigrateOptions = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid MigrateOptions: {e}")))?;
+    match &o.block_migration {
+        None | Some(Value::Bool(_)) => Ok(o),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "invalid MigrateOptions: blockMigration must be true or false, not {other}"
+        ))),
+    }
+}
 
 type NsPath = Path<(String, String, String, String, String, String)>;
 type ClusterPath = Path<(String, String, String, String, String)>;
 
-pub async fn put_ns(
+/// `.../namespaces/{ns}/{plural}/{name}/{sub}`, every method.
+pub async fn namespaced(
     State(st): S,
     Extension(p): Extension<Principal>,
+    method: Method,
     Path((group, version, ns, plural, name, sub)): NsPath,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> ApiResult<Response> {
-    if group == "subresources.kubevirt.io" {
-        if version != "v1" && version != "v1alpha3" {
-            return Err(ApiError::not_found(format!(
-                "version {version} is not served"
-            )));
-        }
-        return action(st, p, &ns, &plural, &name, &sub, body).await;
-    }
-    status_write(
-        st, p, &group, &version, &ns, &plural, &name, &sub, headers, body, false,
-    )
-    .await
+    let at = Target {
+        group,
+        version,
+        ns,
+        plural,
+        name,
+        sub,
+    };
+    handle(st, p, method, at, headers, body).await
 }
 
-pub async fn patch_ns(
+/// `.../{plural}/{name}/{sub}` of cluster-scoped kinds, every method.
+pub async fn cluster(
     State(st): S,
     Extension(p): Extension<Principal>,
-    Path((group, version, ns, plural, name, sub)): NsPath,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<Response> {
-    status_write(
-        st, p, &group, &version, &ns, &plural, &name, &sub, headers, body, true,
-    )
-    .await
-}
-
-pub async fn get_ns(
-    State(st): S,
-    Extension(p): Extension<Principal>,
-    Path((group, version, ns, plural, name, sub)): NsPath,
-) -> ApiResult<Response> {
-    p.require(Access::Read)?;
-    if group == "subresources.kubevirt.io"
-        && plural == "virtualmachineinstances"
-        && sub == "guestosinfo"
-    {
-        let _ = version;
-        let vmi = st
-            .store
-            .must_get(Kind::VirtualMachineInstance, &ns, &name)
-            .await?;
-        let conditions: Vec<Condition> =
-            serde_json::from_value(vmi["status"]["conditions"].clone()).unwrap_or_default();
-        if !condition_true(&conditions, "AgentConnected") {
-            return Err(ApiError::conflict(format!(
-                "VirtualMachineInstance {name:?} has no guest agent connected"
-            )));
-        }
-        return Ok(Json(vmi["status"]["guestAgentInfo"].clone()).into_response());
-    }
-    if sub == "status" {
-        let kind = kind_for(&group, &version, &plural)?;
-        return Ok(Json(st.store.must_get(kind, &ns, &name).await?).into_response());
-    }
-    Err(ApiError::not_found(format!(
-        "subresource {sub:?} does not exist or is not readable"
-    )))
-}
-
-pub async fn put_cluster(
-    State(st): S,
-    Extension(p): Extension<Principal>,
+    method: Method,
     Path((group, version, plural, name, sub)): ClusterPath,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    if group == "edgevirt.io" && plural == "images" && sub == "upload" {
-        return images::upload(st, p, &name, body).await;
+    let at = Target {
+        group,
+        version,
+        ns: String::new(),
+        plural,
+        name,
+        sub,
+    };
+    handle(st, p, method, at, headers, body).await
+}
+
+/// Parse, check access, execute.
+async fn handle(
+    st: Arc<AppState>,
+    p: Principal,
+    method: Method,
+    at: Target,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    // An upload streams its body; every other request's body is read within the limit.
+    if at.is_upload(&method) {
+        p.require(Request::ImageUpload.access())?;
+        return images::upload(st, p, &at.name, body).await;
     }
-    let body = axum::body::to_bytes(body, super::body::OBJECT_LIMIT)
+    let bytes = axum::body::to_bytes(body, crate::http::body::OBJECT_LIMIT)
         .await
         .map_err(|_| {
             ApiError::new(
-                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                StatusCode::PAYLOAD_TOO_LARGE,
                 "RequestEntityTooLarge",
                 format!(
                     "the request body is over {} MiB",
-                    super::body::OBJECT_LIMIT >> 20
+                    crate::http::body::OBJECT_LIMIT >> 20
                 ),
             )
         })?;
-    status_write(
-        st, p, &group, &version, "", &plural, &name, &sub, headers, body, false,
-    )
-    .await
+    let req = Request::parse(&method, &at, &bytes)?;
+    p.require(req.access())?;
+    execute(&st, &p, &at, req, &headers, bytes).await
 }
 
-pub async fn patch_cluster(
-    State(st): S,
-    Extension(p): Extension<Principal>,
-    Path((group, version, plural, name, sub)): ClusterPath,
-    headers: HeaderMap,
+/// The one place a parsed subresource request is carried out.
+async fn execute(
+    st: &Arc<AppState>,
+    p: &Principal,
+    at: &Target,
+    req: Request,
+    headers: &HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    status_write(
-        st, p, &group, &version, "", &plural, &name, &sub, headers, body, true,
-    )
-    .await
-}
-
-pub async fn get_cluster(
-    State(st): S,
-    Extension(p): Extension<Principal>,
-    Path((group, _version, plural, name, sub)): ClusterPath,
-) -> ApiResult<Response> {
-    p.require(Access::Read)?;
-    if group == "edgevirt.io" && plural == "images" && sub == "data" {
-        return images::download(st, &name).await;
-    }
-    Err(ApiError::not_found(format!(
-        "subresource {sub:?} does not exist or is not readable"
-    )))
-}
-
-/// PUT or PATCH of `.../status`: only the status of the stored object changes.
-#[allow(clippy::too_many_arguments)]
-async fn status_write(
-    st: Arc<AppState>,
-    p: Principal,
-    group: &str,
-    version: &str,
-    ns: &str,
-    plural: &str,
-    name: &str,
-    sub: &str,
-    headers: HeaderMap,
-    body: Bytes,
-    patch: bool,
-) -> ApiResult<Response> {
-    if sub != "status" {
-        return Err(ApiError::not_found(format!(
-            "subresource {sub:?} does not exist"
-        )));
-    }
-    let kind = kind_for(group, version, plural)?;
-    p.require(Access::AgentWrite)?;
-    let stored = st.store.get(kind, ns, name).await?;
-    super::scope::check(&st.store, &p, kind, ns, name, stored.as_ref()).await?;
-    let new_status = if patch {
-        let mut cur = st.store.must_get(kind, ns, name).await?;
-        apply_patch(&headers, &body, &mut cur)?;
-        cur["status"].clone()
-    } else {
-        let mut v = super::parse_body(&headers, &body).await?;
-        // migrationState belongs to the migration machinery: a status PUT that does not
-        // mention it (an agent's periodic status) keeps the stored one.
-        if kind == Kind::VirtualMachineInstance
-            && v["status"].is_object()
-            && v["status"].get("migrationState").is_none()
-            && let Some(ms) = stored
-                .as_ref()
-                .and_then(|o| o["status"].get("migrationState"))
-        {
-            v["status"]["migrationState"] = ms.clone();
-        }
-        v["status"].clone()
-    };
-    let out = st
-        .store
-        .update(kind, ns, name, move |o| {
-            o["status"] = new_status;
-            Ok(())
-        })
-        .await?;
-    Ok(Json(out).into_response())
-}
-
-/// KubeVirt's VM and VMI actions.
-async fn action(
-    st: Arc<AppState>,
-    p: Principal,
-    ns: &str,
-    plural: &str,
-    name: &str,
-    sub: &str,
-    body: Bytes,
-) -> ApiResult<Response> {
-    p.require(Access::Operate)?;
+    let (ns, name) = (at.ns.as_str(), at.name.as_str());
     let store = &st.store;
-    match (plural, sub) {
-        ("virtualmachines", "start") => {
-            let vm = store.must_get(Kind::VirtualMachine, ns, name).await?;
-            let vmi = store.get(Kind::VirtualMachineInstance, ns, name).await?;
-            if vmi
-                .as_ref()
-                .is_some_and(|v| v["metadata"].get("deletionTimestamp").is_none())
-            {
+    match req {
+        Request::GuestOsInfo => {
+            let raw = store
+                .must_get(Kind::VirtualMachineInstance, ns, name)
+                .await?;
+            let vmi = VirtualMachineInstance::from_value(raw.clone())?;
+            if !condition_true(vmi.conditions(), &ConditionType::AgentConnected) {
+                return Err(ApiError::conflict(format!(
+                    "VirtualMachineInstance {name:?} has no guest agent connected"
+                )));
+            }
+            // As stored: what a newer agent reported beyond this release's type stays.
+            let info = raw
+                .get("status")
+                .and_then(|s| s.get("guestAgentInfo"))
+                .cloned()
+                .unwrap_or(Value::Null);
+            Ok(Json(info).into_response())
+        }
+        Request::StatusRead(kind) => {
+            Ok(Json(store.must_get(kind, ns, name).await?).into_response())
+        }
+        Request::StatusWrite { kind, patch } => {
+            status_write(st, p, at, kind, headers, body, patch).await
+        }
+        Request::ImageDownload => images::download(st.clone(), name).await,
+        Request::ImageUpload => unreachable!("uploads stream: handled before parsing"),
+        Request::Start => {
+            let vm = must::<VirtualMachine>(st, ns, name).await?;
+            let vmi = store.get_typed::<VirtualMachineInstance>(ns, name).await?;
+            if vmi.as_ref().is_some_and(|v| !v.deleting()) {
                 return Err(ApiError::conflict(format!(
                     "VM {name:?} is already running"
                 )));
             }
-            let spec: VirtualMachineSpec =
-                serde_json::from_value(vm["spec"].clone()).map_err(ApiError::internal)?;
+            let spec = vm.spec;
             store
-                .update(Kind::VirtualMachine, ns, name, move |o| {
+                .update_typed(ns, name, |o: &mut VirtualMachine| {
                     match spec.strategy() {
                         RunStrategy::Always | RunStrategy::Halted if spec.running.is_some() => {
-                            o["spec"]["running"] = json!(true);
+                            o.spec.running = Some(true);
                         }
                         RunStrategy::Always | RunStrategy::Halted => {
-                            o["spec"]["runStrategy"] = json!("Always");
+                            o.spec.run_strategy = Some(RunStrategy::Always);
                         }
-                        _ => push_request(o, json!({"action": "Start"})),
+                        _ => push_request(o, "Start", None),
                     }
                     Ok(())
                 })
                 .await?;
             accepted()
         }
-        ("virtualmachines", "stop") => {
-            let vm = store.must_get(Kind::VirtualMachine, ns, name).await?;
-            let vmi = store.get(Kind::VirtualMachineInstance, ns, name).await?;
-            let spec: VirtualMachineSpec =
-                serde_json::from_value(vm["spec"].clone()).map_err(ApiError::internal)?;
+        Request::Stop => {
+            let vm = must::<VirtualMachine>(st, ns, name).await?;
+            let vmi = store.get_typed::<VirtualMachineInstance>(ns, name).await?;
+            let spec = vm.spec;
             if vmi.is_none() && spec.strategy() == RunStrategy::Halted {
                 return Err(ApiError::conflict(format!("VM {name:?} is not running")));
             }
-            let uid = vmi
-                .as_ref()
-                .and_then(|v| v["metadata"]["uid"].as_str().map(str::to_string));
+            let uid = vmi.as_ref().map(|v| v.uid().to_string());
             store
-                .update(Kind::VirtualMachine, ns, name, move |o| {
+                .update_typed(ns, name, |o: &mut VirtualMachine| {
                     if spec.running.is_some() {
-                        o["spec"]["running"] = json!(false);
+                        o.spec.running = Some(false);
                     } else if spec.strategy() == RunStrategy::Manual {
-                        push_request(o, json!({"action": "Stop", "uid": uid}));
+                        push_request(o, "Stop", uid);
                     } else {
-                        o["spec"]["runStrategy"] = json!("Halted");
+                        o.spec.run_strategy = Some(RunStrategy::Halted);
                     }
                     Ok(())
                 })
                 .await?;
             accepted()
         }
-        ("virtualmachines", "restart") => {
-            store.must_get(Kind::VirtualMachine, ns, name).await?;
-            let vmi = store.get(Kind::VirtualMachineInstance, ns, name).await?;
-            let Some(vmi) = vmi else {
+        Request::Restart => {
+            must::<VirtualMachine>(st, ns, name).await?;
+            let Some(vmi) = store.get_typed::<VirtualMachineInstance>(ns, name).await? else {
                 return Err(ApiError::conflict(format!(
                     "VM {name:?} is not running; start it instead"
                 )));
             };
-            let uid = vmi["metadata"]["uid"].clone();
+            let uid = vmi.uid().to_string();
             store
-                .update(Kind::VirtualMachine, ns, name, move |o| {
-                    push_request(o, json!({"action": "Stop", "uid": uid}));
-                    push_request(o, json!({"action": "Start"}));
+                .update_typed(ns, name, |o: &mut VirtualMachine| {
+                    push_request(o, "Stop", Some(uid));
+                    push_request(o, "Start", None);
                     Ok(())
                 })
                 .await?;
             accepted()
         }
-        ("virtualmachines", "rename") => {
-            let new_name = if body.is_empty() {
-                None
-            } else {
-                serde_json::from_slice::<Value>(&body)
-                    .ok()
-                    .and_then(|v| v["newName"].as_str().map(str::to_string))
-            };
-            let Some(new_name) = new_name else {
-                return Err(ApiError::bad_request(
-                    r#"rename needs a body {"newName": "..."}"#,
-                ));
-            };
-            check_name("newName", &new_name)?;
+        Request::Rename { new_name } => {
             if new_name == name {
                 return Err(ApiError::bad_request("newName is the current name"));
             }
@@ -316,32 +387,17 @@ async fn action(
             tracing::info!(namespace = %ns, from = %name, to = %new_name, "renamed VM");
             Ok(Json(out).into_response())
         }
-        ("virtualmachines" | "virtualmachineinstances", "migrate") => {
+        Request::Migrate { options } => {
             // KubeVirt's `migrate` subresource: a VirtualMachineInstanceMigration for it.
-            let opts: Value = if body.is_empty() {
-                json!({})
-            } else {
-                serde_json::from_slice(&body)
-                    .map_err(|e| ApiError::bad_request(format!("invalid MigrateOptions: {e}")))?
-            };
             let mut spec = json!({"vmiName": name});
-            if let Some(sel) = opts.get("addedNodeSelector") {
-                spec["addedNodeSelector"] = sel.clone();
+            if let Some(sel) = options.added_node_selector {
+                spec["addedNodeSelector"] = sel;
             }
             let mut metadata =
                 json!({"generateName": format!("{name}-migration-"), "namespace": ns});
             // edgevirt's addition to KubeVirt's MigrateOptions: copy local disks.
-            match opts.get("blockMigration") {
-                None | Some(Value::Bool(false)) => {}
-                Some(Value::Bool(true)) => {
-                    metadata["annotations"] =
-                        json!({crate::types::annotations::BLOCK_MIGRATION_ANNOTATION: "true"});
-                }
-                Some(other) => {
-                    return Err(ApiError::bad_request(format!(
-                        "invalid MigrateOptions: blockMigration must be true or false, not {other}"
-                    )));
-                }
+            if options.block_migration == Some(Value::Bool(true)) {
+                metadata["annotations"] = json!({BLOCK_MIGRATION_ANNOTATION: "true"});
             }
             let obj = json!({
                 "apiVersion": "kubevirt.io/v1",
@@ -360,60 +416,58 @@ async fn action(
             let created = store
                 .create(Kind::VirtualMachineInstanceMigration, obj, false)
                 .await?;
-            tracing::info!(namespace = %ns, vmi = %name, migration = %created["metadata"]["name"].as_str().unwrap_or(""), user = %p.user, "migration requested");
+            let migration =
+                crate::types::VirtualMachineInstanceMigration::from_value(created.clone())?;
+            tracing::info!(namespace = %ns, vmi = %name, migration = %migration.name(), user = %p.user, "migration requested");
             Ok((StatusCode::CREATED, Json(created)).into_response())
         }
-        ("virtualmachines" | "virtualmachineinstances", "pause" | "unpause" | "softreboot") => {
-            let vmi = store.get(Kind::VirtualMachineInstance, ns, name).await?;
-            let Some(vmi) = vmi else {
+        Request::Pause | Request::Unpause | Request::SoftReboot => {
+            let Some(vmi) = store.get_typed::<VirtualMachineInstance>(ns, name).await? else {
                 return Err(ApiError::conflict(format!("VM {name:?} is not running")));
             };
-            if vmi["status"]["phase"].as_str() != Some(phase::RUNNING) {
+            if vmi.phase() != Phase::Running {
+                let shown = vmi
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase.as_ref())
+                    .map_or("unknown", |p| p.as_str());
                 return Err(ApiError::conflict(format!(
-                    "VirtualMachineInstance {name:?} is not running (phase {})",
-                    vmi["status"]["phase"].as_str().unwrap_or("unknown")
+                    "VirtualMachineInstance {name:?} is not running (phase {shown})"
                 )));
             }
-            let paused = vmi["metadata"]["annotations"][PAUSED_ANNOTATION] == "true";
-            match sub {
-                "pause" if paused => {
+            let paused = vmi.annotation(PAUSED_ANNOTATION) == Some("true");
+            match req {
+                Request::Pause if paused => {
                     return Err(ApiError::conflict(format!(
                         "VMI {name:?} is already paused"
                     )));
                 }
-                "unpause" if !paused => {
+                Request::Unpause if !paused => {
                     return Err(ApiError::conflict(format!("VMI {name:?} is not paused")));
                 }
-                "softreboot" if paused => {
+                Request::SoftReboot if paused => {
                     return Err(ApiError::conflict(format!(
                         "VMI {name:?} is paused; unpause it first"
                     )));
                 }
                 _ => {}
             }
-            let sub = sub.to_string();
             store
-                .update(Kind::VirtualMachineInstance, ns, name, move |o| {
-                    if !o["metadata"]["annotations"].is_object() {
-                        o["metadata"]["annotations"] = json!({});
-                    }
-                    let a = o["metadata"]["annotations"]
-                        .as_object_mut()
-                        .expect("object");
-                    match sub.as_str() {
-                        "pause" => {
-                            a.insert(PAUSED_ANNOTATION.into(), json!("true"));
+                .update_typed(ns, name, |o: &mut VirtualMachineInstance| {
+                    let a = o.metadata.annotations.get_or_insert_with(BTreeMap::new);
+                    match req {
+                        Request::Pause => {
+                            a.insert(PAUSED_ANNOTATION.into(), "true".into());
                         }
-                        "unpause" => {
+                        Request::Unpause => {
                             a.remove(PAUSED_ANNOTATION);
                         }
                         _ => {
                             let n = a
                                 .get(SOFTREBOOT_ANNOTATION)
-                                .and_then(|v| v.as_str())
                                 .and_then(|s| s.parse::<u64>().ok())
                                 .unwrap_or(0);
-                            a.insert(SOFTREBOOT_ANNOTATION.into(), json!((n + 1).to_string()));
+                            a.insert(SOFTREBOOT_ANNOTATION.into(), (n + 1).to_string());
                         }
                     }
                     Ok(())
@@ -421,20 +475,184 @@ async fn action(
                 .await?;
             accepted()
         }
-        _ => Err(ApiError::not_found(format!(
-            "subresource {sub:?} of {plural} does not exist"
-        ))),
     }
 }
 
-fn push_request(o: &mut Value, req: Value) {
-    let list = &mut o["status"]["stateChangeRequests"];
-    if !list.is_array() {
-        *list = json!([]);
-    }
-    list.as_array_mut().expect("array").push(req);
+/// A typed object that must exist (404 otherwise).
+async fn must<T: Typed>(st: &AppState, ns: &str, name: &str) -> ApiResult<T> {
+    st.store.get_typed::<T>(ns, name).await?.ok_or_else(|| {
+        StoreError::NotFound {
+            kind: T::KIND.name(),
+            name: name.to_string(),
+        }
+        .into()
+    })
+}
+
+/// PUT or PATCH of `.../status`: only the status of the stored object changes.
+async fn status_write(
+    st: &AppState,
+    p: &Principal,
+    at: &Target,
+    kind: Kind,
+    headers: &HeaderMap,
+    body: Bytes,
+    patch: bool,
+) -> ApiResult<Response> {
+    let (ns, name) = (at.ns.as_str(), at.name.as_str());
+    let stored = st.store.get(kind, ns, name).await?;
+    super::scope::check(&st.store, p, kind, ns, name, stored.as_ref()).await?;
+    let new_status = if patch {
+        let mut cur = st.store.must_get(kind, ns, name).await?;
+        apply_patch(headers, &body, &mut cur)?;
+        cur["status"].clone()
+    } else {
+        let mut v = crate::http::body::parse_body(headers, &body).await?;
+        // migrationState belongs to the migration machinery: a status PUT that does not
+        // mention it (an agent's periodic status) keeps the stored one.
+        if kind == Kind::VirtualMachineInstance
+            && v["status"].is_object()
+            && v["status"].get("migrationState").is_none()
+            && let Some(ms) = stored
+                .as_ref()
+                .and_then(|o| o["status"].get("migrationState"))
+        {
+            v["status"]["migrationState"] = ms.clone();
+        }
+        v["status"].clone()
+    };
+    crate::types::object::check_status(kind, &new_status)?;
+    let out = st
+        .store
+        .update(kind, ns, name, move |o| {
+            o["status"] = new_status;
+            Ok(())
+        })
+        .await?;
+    Ok(Json(out).into_response())
+}
+
+fn push_request(o: &mut VirtualMachine, action: &str, uid: Option<String>) {
+    o.status
+        .get_or_insert_default()
+        .state_change_requests
+        .push(StateChangeRequest {
+            action: action.to_string(),
+            uid,
+        });
 }
 
 fn accepted() -> ApiResult<Response> {
     Ok((StatusCode::ACCEPTED, Json(json!({}))).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(group: &str, ns: &str, plural: &str, sub: &str) -> Target {
+        Target {
+            group: group.into(),
+            version: "v1".into(),
+            ns: ns.into(),
+            plural: plural.into(),
+            name: "a".into(),
+            sub: sub.into(),
+        }
+    }
+
+    #[test]
+    fn requests_are_parsed_before_anything_runs_and_each_declares_its_access() {
+        let sub = "subresources.kubevirt.io";
+        let parse = |m: Method, a: Target, body: &str| Request::parse(&m, &a, body.as_bytes());
+        let r = parse(
+            Method::PUT,
+            at(sub, "default", "virtualmachines", "start"),
+            "",
+        )
+        .unwrap();
+        assert_eq!((r.access(), &r), (Access::Operate, &Request::Start));
+        let r = parse(
+            Method::PUT,
+            at(sub, "default", "virtualmachines", "rename"),
+            r#"{"newName": "b"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r,
+            Request::Rename {
+                new_name: "b".into()
+            }
+        );
+        let e = parse(
+            Method::PUT,
+            at(sub, "default", "virtualmachines", "rename"),
+            "{}",
+        )
+        .unwrap_err();
+        assert_eq!(e.code, StatusCode::BAD_REQUEST);
+        let e = parse(
+            Method::PUT,
+            at(sub, "default", "virtualmachines", "rename"),
+            r#"{"newName": "Bad_Name"}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, StatusCode::UNPROCESSABLE_ENTITY);
+        let e = parse(
+            Method::PUT,
+            at(sub, "default", "virtualmachineinstances", "migrate"),
+            r#"{"blockMigration": "yes"}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, StatusCode::BAD_REQUEST);
+        let r = parse(
+            Method::GET,
+            at(sub, "default", "virtualmachineinstances", "guestosinfo"),
+            "",
+        )
+        .unwrap();
+        assert_eq!(r.access(), Access::Read);
+        // Agents write status; a GET of status is a read.
+        let r = parse(
+            Method::PUT,
+            at(
+                "kubevirt.io",
+                "default",
+                "virtualmachineinstances",
+                "status",
+            ),
+            "",
+        )
+        .unwrap();
+        assert_eq!(r.access(), Access::AgentWrite);
+        let r = parse(Method::GET, at("edgevirt.io", "", "nodes", "status"), "").unwrap();
+        assert_eq!(r, Request::StatusRead(Kind::Node));
+        let r = parse(Method::GET, at("edgevirt.io", "", "images", "data"), "").unwrap();
+        let up = parse(Method::PUT, at("edgevirt.io", "", "images", "upload"), "").unwrap();
+        assert!(at("edgevirt.io", "", "images", "upload").is_upload(&Method::PUT));
+        assert_eq!((up.access(), &up), (Access::Operate, &Request::ImageUpload));
+        assert_eq!(r.access(), Access::Read);
+        // Unknown subresources and actions on the wrong kind are 404.
+        for (m, a) in [
+            (
+                Method::PUT,
+                at(sub, "default", "virtualmachineinstances", "start"),
+            ),
+            (
+                Method::PUT,
+                at(sub, "default", "virtualmachines", "explode"),
+            ),
+            (
+                Method::GET,
+                at("kubevirt.io", "default", "virtualmachines", "scale"),
+            ),
+            // Images are cluster-scoped: no upload under a namespace.
+            (
+                Method::PUT,
+                at("edgevirt.io", "default", "images", "upload"),
+            ),
+        ] {
+            assert_eq!(parse(m, a, "").unwrap_err().code, StatusCode::NOT_FOUND);
+        }
+    }
 }

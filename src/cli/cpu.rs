@@ -7,10 +7,12 @@ use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
 use super::ClientOpts;
-use super::output::{Format, print_value, table};
+use super::output::{Format, decode, items, print_value, table};
 use crate::cpu::compat::{baseline_model, guest_cpu_xml};
-use crate::cpu::policy::{self, GuestCpu, node_object_facts};
-use crate::types::edgevirt::CpuFacts;
+use crate::cpu::policy::{self, GuestCpu};
+use crate::types::Meta;
+use crate::types::edgevirt::{CpuFacts, Node};
+use crate::types::kubevirt::VirtualMachine;
 
 #[derive(Args, Debug)]
 pub struct CpuArgs {
@@ -44,13 +46,12 @@ enum CpuCmd {
     },
 }
 
-async fn nodes(c: &crate::client::Client) -> anyhow::Result<Vec<Value>> {
-    let list = c.get("/apis/edgevirt.io/v1/nodes").await?;
-    Ok(list["items"].as_array().cloned().unwrap_or_default())
+async fn nodes(c: &crate::client::Client) -> anyhow::Result<Vec<Node>> {
+    items(&c.get("/apis/edgevirt.io/v1/nodes").await?)
 }
 
-fn name(n: &Value) -> String {
-    n["metadata"]["name"].as_str().unwrap_or("").to_string()
+fn name(n: &Node) -> String {
+    n.name().to_string()
 }
 
 fn describe(node: &str, f: &CpuFacts) -> String {
@@ -80,12 +81,26 @@ fn describe(node: &str, f: &CpuFacts) -> String {
     )
 }
 
+/// The guest CPU a VM's instance would get on a node, if the node can run it: its template
+/// judged as the scheduler judges an instance ([`policy::place_spec`]).
+fn place(vm: &VirtualMachine, node: &Node, default: &str) -> Result<GuestCpu, String> {
+    let template = &vm.spec.template;
+    let meta = template.metadata.clone().unwrap_or_default();
+    policy::place_spec(
+        template.spec.domain.cpu.as_ref(),
+        &meta.labels,
+        &meta.annotations,
+        node,
+        default,
+    )
+}
+
 pub async fn run(a: CpuArgs) -> anyhow::Result<()> {
     let c = a.client.client()?;
     match a.cmd {
         CpuCmd::Show { node, output } => {
             let all = nodes(&c).await?;
-            let picked: Vec<&Value> = all
+            let picked: Vec<&Node> = all
                 .iter()
                 .filter(|n| node.as_deref().is_none_or(|w| name(n) == w))
                 .collect();
@@ -98,20 +113,20 @@ pub async fn run(a: CpuArgs) -> anyhow::Result<()> {
                 Format::Json | Format::Yaml => {
                     let v: Vec<Value> = picked
                         .iter()
-                        .map(|n| json!({"node": name(n), "cpu": node_object_facts(n)}))
+                        .map(|n| json!({"node": name(n), "cpu": policy::facts_of(n)}))
                         .collect();
                     print_value(&json!(v), output)?;
                 }
                 Format::Wide => {
                     for n in picked {
-                        print!("{}", describe(&name(n), &node_object_facts(n)));
+                        print!("{}", describe(&name(n), &policy::facts_of(n)));
                     }
                 }
                 Format::Table => {
                     let rows: Vec<Vec<String>> = picked
                         .iter()
                         .map(|n| {
-                            let f = node_object_facts(n);
+                            let f = policy::facts_of(n);
                             vec![
                                 name(n),
                                 f.vendor.clone(),
@@ -146,7 +161,7 @@ pub async fn run(a: CpuArgs) -> anyhow::Result<()> {
             if all.is_empty() {
                 anyhow::bail!("no node has registered");
             }
-            let facts: Vec<CpuFacts> = all.iter().map(node_object_facts).collect();
+            let facts: Vec<CpuFacts> = all.iter().map(policy::facts_of).collect();
             let refs: Vec<&CpuFacts> = facts.iter().collect();
             match baseline_model(&refs) {
                 Some(m) => println!("{m}"),
@@ -173,7 +188,7 @@ pub async fn run(a: CpuArgs) -> anyhow::Result<()> {
                     .filter_map(|f| guest_cpu_xml(&host_model, f))
                     .collect();
                 let out = tokio::task::spawn_blocking(move || -> anyhow::Result<String> {
-                    use crate::virt::Hypervisor;
+                    use crate::hypervisor::Hypervisor;
                     let hv = crate::virt::libvirt::Libvirt::open(&uri)?;
                     Ok(hv.baseline_cpu(&virt_type, &xmls)?)
                 })
@@ -186,17 +201,16 @@ pub async fn run(a: CpuArgs) -> anyhow::Result<()> {
             node,
             namespace,
         } => {
-            let v = c
-                .get(&format!(
+            let v: VirtualMachine = decode(
+                c.get(&format!(
                     "/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{vm}"
                 ))
-                .await?;
-            let n = c.get(&format!("/apis/edgevirt.io/v1/nodes/{node}")).await?;
-            // A VM's guest CPU comes from its template; judge it like the scheduler does.
-            let vmi_like = json!({"metadata": v["spec"]["template"]["metadata"], "spec": v["spec"]["template"]["spec"]});
+                .await?,
+            )?;
+            let n: Node = decode(c.get(&format!("/apis/edgevirt.io/v1/nodes/{node}")).await?)?;
             let all = nodes(&c).await?;
             let info = c.get("/apis/edgevirt.io/v1/info").await?;
-            let facts: Vec<CpuFacts> = all.iter().map(node_object_facts).collect();
+            let facts: Vec<CpuFacts> = all.iter().map(policy::facts_of).collect();
             let refs: Vec<&CpuFacts> = facts.iter().collect();
             let default = policy::effective_default(
                 info["cpuModel"]
@@ -204,7 +218,7 @@ pub async fn run(a: CpuArgs) -> anyhow::Result<()> {
                     .unwrap_or(policy::DEFAULT_CPU_MODEL),
                 &refs,
             );
-            match policy::place(&vmi_like, &n, &default) {
+            match place(&v, &n, &default) {
                 Ok(g) => println!(
                     "{node} can run {vm}: mode {}{}{}\n{}",
                     g.mode.as_str(),

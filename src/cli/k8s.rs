@@ -5,7 +5,10 @@
 use anyhow::Context as _;
 use clap::Args;
 use kube::CustomResourceExt;
-use serde_json::{Map, Value, json};
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::{Value, json};
 
 use super::ClientOpts;
 use crate::types::{edgevirt, kubevirt};
@@ -59,31 +62,33 @@ fn local_annotation(key: &str) -> bool {
 }
 
 /// A VM as a KubeVirt manifest: kind, name, namespace, labels, annotations and spec; no
-/// status, server-set metadata or edgevirt bookkeeping.
-pub fn clean_manifest(vm: &Value) -> Value {
-    let m = &vm["metadata"];
-    let mut meta = Map::new();
-    meta.insert("name".into(), m["name"].clone());
-    meta.insert("namespace".into(), m["namespace"].clone());
-    if let Some(l) = m["labels"].as_object().filter(|l| !l.is_empty()) {
-        meta.insert("labels".into(), Value::Object(l.clone()));
-    }
-    if let Some(a) = m["annotations"].as_object() {
-        let kept: Map<String, Value> = a
-            .iter()
-            .filter(|(k, _)| !local_annotation(k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        if !kept.is_empty() {
-            meta.insert("annotations".into(), Value::Object(kept));
-        }
-    }
-    json!({
+/// status, server-set metadata or edgevirt bookkeeping. The metadata is read typed; the spec
+/// is exported as the server has it, fields this release does not model included.
+pub fn clean_manifest(vm: &Value) -> anyhow::Result<Value> {
+    let m: ObjectMeta = match vm.get("metadata") {
+        Some(m) => serde_json::from_value(m.clone()).context("metadata")?,
+        None => ObjectMeta::default(),
+    };
+    let meta = ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        labels: m.labels.filter(|l| !l.is_empty()),
+        annotations: m
+            .annotations
+            .map(|a| {
+                a.into_iter()
+                    .filter(|(k, _)| !local_annotation(k))
+                    .collect()
+            })
+            .filter(|a: &BTreeMap<String, String>| !a.is_empty()),
+        ..Default::default()
+    };
+    Ok(json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachine",
         "metadata": meta,
-        "spec": vm["spec"],
-    })
+        "spec": vm.get("spec").cloned().unwrap_or(Value::Null),
+    }))
 }
 
 pub async fn export(a: ExportArgs) -> anyhow::Result<()> {
@@ -96,6 +101,7 @@ pub async fn export(a: ExportArgs) -> anyhow::Result<()> {
     let docs: Vec<Value> = list["items"]
         .as_array()
         .map(|items| items.iter().map(clean_manifest).collect())
+        .transpose()?
         .unwrap_or_default();
     print_yaml_docs(&docs)
 }
@@ -156,8 +162,15 @@ mod tests {
         }
         let vm = crd_documents("kubevirt.io");
         assert_eq!(vm.len(), 3);
-        assert_eq!(vm[0]["spec"]["names"]["shortNames"], json!(["vm", "vms"]));
-        assert_eq!(vm[0]["metadata"]["name"], "virtualmachines.kubevirt.io");
+        let crd: CustomResourceDefinition = serde_json::from_value(vm[0].clone()).unwrap();
+        assert_eq!(
+            crd.spec.names.short_names,
+            Some(vec!["vm".to_string(), "vms".to_string()])
+        );
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("virtualmachines.kubevirt.io")
+        );
     }
 
     #[test]
@@ -165,19 +178,27 @@ mod tests {
         let vm = json!({
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
             "metadata": {"name": "a", "namespace": "ns", "uid": "u", "resourceVersion": "7",
-                "generation": 2, "creationTimestamp": "t", "finalizers": ["edgevirt.io/volumes"],
+                "generation": 2, "creationTimestamp": "2026-01-02T03:04:05Z", "finalizers": ["edgevirt.io/volumes"],
                 "labels": {"app": "a"},
                 "annotations": {"edgevirt.io/volumes-node": "n", "team": "x",
                     "kubectl.kubernetes.io/last-applied-configuration": "{}"}},
-            "spec": {"runStrategy": "Always"},
+            "spec": {"runStrategy": "Always", "fromANewerServer": {"k": 1}},
             "status": {"printableStatus": "Running"},
         });
         assert_eq!(
-            clean_manifest(&vm),
+            clean_manifest(&vm).unwrap(),
             json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
                 "metadata": {"name": "a", "namespace": "ns", "labels": {"app": "a"},
                     "annotations": {"team": "x"}},
-                "spec": {"runStrategy": "Always"}})
+                "spec": {"runStrategy": "Always", "fromANewerServer": {"k": 1}}})
+        );
+        // Only edgevirt annotations: no empty annotations map.
+        let bare = json!({"metadata": {"name": "b", "namespace": "ns",
+            "annotations": {"edgevirt.io/volumes-node": "n"}, "labels": {}}, "spec": {}});
+        assert_eq!(
+            clean_manifest(&bare).unwrap(),
+            json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                "metadata": {"name": "b", "namespace": "ns"}, "spec": {}})
         );
     }
 }

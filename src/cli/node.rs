@@ -4,10 +4,16 @@
 
 use anyhow::bail;
 use clap::{Args, Subcommand};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::ClientOpts;
-use super::output::{Format, age, print_value, s, table};
+use super::output::{Format, age, created_age, decode, items, print_value, s, table};
+use crate::types::Meta;
+use crate::types::edgevirt::Node;
+use crate::types::kubevirt::{
+    ConditionType, MigrationPhase, Phase, VirtualMachineInstance, VirtualMachineInstanceMigration,
+    condition,
+};
 
 #[derive(Args, Debug)]
 pub struct NodeArgs {
@@ -97,71 +103,61 @@ fn parse_ttl(s: &str) -> Result<i64, String> {
 
 const NODES: &str = "/apis/edgevirt.io/v1/nodes";
 
-fn condition<'a>(n: &'a Value, t: &str) -> Option<&'a Value> {
-    n["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == t)
-}
-
-fn ready(n: &Value) -> String {
-    let r = match condition(n, "Ready").map(|c| c["status"].as_str().unwrap_or("")) {
-        Some("True") => "Ready",
+fn ready(n: &Node) -> String {
+    let conditions = n.status.as_ref().map_or(&[][..], |s| &s.conditions);
+    let r = match condition(conditions, &ConditionType::Ready) {
+        Some(c) if c.is_true() => "Ready",
         Some(_) => "NotReady",
         None => "Unknown",
     };
-    if n["spec"]["unschedulable"] == true {
+    if n.spec.unschedulable {
         format!("{r},SchedulingDisabled")
     } else {
         r.to_string()
     }
 }
 
-fn rows(nodes: &[Value], vmis: &[Value], wide: bool) -> Vec<Vec<String>> {
+fn rows(nodes: &[Node], vmis: &[VirtualMachineInstance], wide: bool) -> Vec<Vec<String>> {
     nodes
         .iter()
         .map(|n| {
-            let name = s(n, &["metadata", "name"]);
+            let name = n.name();
             let count = vmis
                 .iter()
-                .filter(|v| v["status"]["nodeName"].as_str() == Some(name))
+                .filter(|v| v.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name))
                 .count();
+            let status = n.status.clone().unwrap_or_default();
             let mut r = vec![
                 name.to_string(),
                 ready(n),
-                s(n, &["status", "cpu", "vendor"]).to_string(),
-                s(n, &["status", "accelerator"]).to_string(),
-                n["status"]["cpu"]["count"]
-                    .as_u64()
-                    .unwrap_or(0)
-                    .to_string(),
-                format!(
-                    "{}Mi",
-                    n["status"]["memoryBytes"].as_u64().unwrap_or(0) >> 20
-                ),
+                status.cpu.vendor.clone(),
+                status.accelerator.clone(),
+                status.cpu.count.to_string(),
+                format!("{}Mi", status.memory_bytes >> 20),
                 count.to_string(),
-                s(n, &["status", "version"]).to_string(),
-                age(s(n, &["metadata", "creationTimestamp"])),
+                status.version.clone(),
+                created_age(n),
             ];
             if wide {
-                r.push(s(n, &["status", "cpu", "model"]).to_string());
+                r.push(status.cpu.model.clone());
                 r.push(
-                    n["status"]["sharedPool"]["name"]
-                        .as_str()
-                        .unwrap_or("<none>")
+                    status
+                        .shared_pool
+                        .as_ref()
+                        .map_or("<none>", |p| p.name.as_str())
                         .to_string(),
                 );
                 r.push(
-                    n["status"]["lastHeartbeatTime"]
-                        .as_str()
+                    status
+                        .last_heartbeat_time
+                        .as_deref()
                         .map(age)
                         .unwrap_or_else(|| "never".into()),
                 );
                 r.push(
-                    condition(n, "Ready")
-                        .and_then(|c| c["reason"].as_str())
-                        .unwrap_or("")
-                        .to_string(),
+                    condition(&status.conditions, &ConditionType::Ready)
+                        .and_then(|c| c.reason.clone())
+                        .unwrap_or_default(),
                 );
             }
             r
@@ -190,10 +186,10 @@ pub async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
                     let vmis = c
                         .get("/apis/kubevirt.io/v1/virtualmachineinstances")
                         .await?;
-                    let items = list["items"].as_array().cloned().unwrap_or_default();
-                    let vmis = vmis["items"].as_array().cloned().unwrap_or_default();
+                    let nodes: Vec<Node> = items(&list)?;
+                    let vmis: Vec<VirtualMachineInstance> = items(&vmis)?;
                     let wide = f == Format::Wide;
-                    print!("{}", table(&headers(wide), &rows(&items, &vmis, wide)));
+                    print!("{}", table(&headers(wide), &rows(&nodes, &vmis, wide)));
                 }
             }
         }
@@ -207,9 +203,12 @@ pub async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
                             "/apis/kubevirt.io/v1/virtualmachineinstances?fieldSelector=status.nodeName%3D{name}"
                         ))
                         .await?;
-                    let vmis = vmis["items"].as_array().cloned().unwrap_or_default();
+                    let vmis: Vec<VirtualMachineInstance> = items(&vmis)?;
                     let wide = f == Format::Wide;
-                    print!("{}", table(&headers(wide), &rows(&[n], &vmis, wide)));
+                    print!(
+                        "{}",
+                        table(&headers(wide), &rows(&[decode(n)?], &vmis, wide))
+                    );
                 }
             }
         }
@@ -297,19 +296,23 @@ pub async fn wait_migration(
     ns: &str,
     name: &str,
     show: bool,
-) -> anyhow::Result<Value> {
+) -> anyhow::Result<VirtualMachineInstanceMigration> {
     let path =
         format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstancemigrations/{name}");
     let mut last = String::new();
     let start = std::time::Instant::now();
     loop {
-        let m = c.get(&path).await?;
-        let p = s(&m, &["status", "phase"]).to_string();
+        let m: VirtualMachineInstanceMigration = decode(c.get(&path).await?)?;
+        let phase = m.status.as_ref().and_then(|s| s.phase.clone());
+        let p = phase
+            .as_ref()
+            .map_or("", MigrationPhase::as_str)
+            .to_string();
         if show && p != last {
             eprintln!("{:>6.1}s  {name}: {p}", start.elapsed().as_secs_f64());
             last = p.clone();
         }
-        if p == "Succeeded" || p == "Failed" {
+        if phase.is_some_and(|p| p.is_final()) {
             return Ok(m);
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
@@ -330,12 +333,9 @@ async fn drain(c: &crate::client::Client, node: &str, block: bool) -> anyhow::Re
         .await?;
     let mut stuck: Vec<String> = Vec::new();
     let mut started: Vec<(String, String, String)> = Vec::new();
-    for v in vmis["items"].as_array().into_iter().flatten() {
-        let (ns, name) = (
-            s(v, &["metadata", "namespace"]),
-            s(v, &["metadata", "name"]),
-        );
-        if s(v, &["status", "phase"]) != "Running" {
+    for v in items::<VirtualMachineInstance>(&vmis)? {
+        let (ns, name) = (v.namespace(), v.name());
+        if v.status.as_ref().and_then(|s| s.phase.as_ref()) != Some(&Phase::Running) {
             continue;
         }
         let path = format!(
@@ -348,7 +348,9 @@ async fn drain(c: &crate::client::Client, node: &str, block: bool) -> anyhow::Re
         };
         match c.put(&path, &opts).await {
             Ok(m) => {
-                let mname = s(&m, &["metadata", "name"]).to_string();
+                let mname = decode::<VirtualMachineInstanceMigration>(m)?
+                    .name()
+                    .to_string();
                 println!("{ns}/{name}: migrating ({mname})");
                 started.push((ns.to_string(), name.to_string(), mname));
             }
@@ -360,15 +362,17 @@ async fn drain(c: &crate::client::Client, node: &str, block: bool) -> anyhow::Re
     }
     for (ns, name, mname) in started {
         let m = wait_migration(c, &ns, &mname, false).await?;
-        if m["status"]["phase"] == "Succeeded" {
+        let status = m.status.unwrap_or_default();
+        let state = status.migration_state.unwrap_or_default();
+        if status.phase == Some(MigrationPhase::Succeeded) {
             println!(
                 "{ns}/{name}: moved to {}",
-                s(&m, &["status", "migrationState", "targetNode"])
+                state.target_node.unwrap_or_default()
             );
         } else {
             println!(
                 "{ns}/{name}: migration failed: {}",
-                s(&m, &["status", "migrationState", "failureReason"])
+                state.failure_reason.unwrap_or_default()
             );
             stuck.push(format!("{ns}/{name}"));
         }
@@ -387,6 +391,68 @@ async fn drain(c: &crate::client::Client, node: &str, block: bool) -> anyhow::Re
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn node_rows_read_typed_nodes() {
+        let nodes: Vec<Node> = items(&json!({"items": [
+            {"metadata": {"name": "n1"}, "spec": {"unschedulable": true},
+             "status": {"cpu": {"vendor": "AuthenticAMD", "count": 8, "model": "EPYC"},
+                        "accelerator": "kvm", "memoryBytes": 2147483648u64, "version": "1.2",
+                        "sharedPool": {"name": "nfs", "path": "/p"},
+                        "conditions": [{"type": "Ready", "status": "False",
+                                        "reason": "HeartbeatLate"}],
+                        "aNewerField": {}}},
+            {"metadata": {"name": "n2"}, "spec": {}},
+        ]}))
+        .unwrap();
+        let vmis: Vec<VirtualMachineInstance> = items(&json!({"items": [
+            {"metadata": {"name": "a"}, "spec": {"domain": {}}, "status": {"nodeName": "n1"}},
+            {"metadata": {"name": "b"}, "spec": {"domain": {}}, "status": {"nodeName": "n2"}},
+            {"metadata": {"name": "c"}, "spec": {"domain": {}}, "status": {"nodeName": "n1"}},
+        ]}))
+        .unwrap();
+        let r = rows(&nodes, &vmis, true);
+        assert_eq!(
+            r[0],
+            [
+                "n1",
+                "NotReady,SchedulingDisabled",
+                "AuthenticAMD",
+                "kvm",
+                "8",
+                "2048Mi",
+                "2",
+                "1.2",
+                "<unknown>",
+                "EPYC",
+                "nfs",
+                "never",
+                "HeartbeatLate"
+            ]
+        );
+        assert_eq!(
+            r[1],
+            [
+                "n2",
+                "Unknown",
+                "",
+                "",
+                "0",
+                "0Mi",
+                "1",
+                "",
+                "<unknown>",
+                "",
+                "<none>",
+                "never",
+                ""
+            ]
+        );
+    }
+
     #[test]
     fn ttl() {
         assert_eq!(super::parse_ttl("90s"), Ok(90));

@@ -5,11 +5,18 @@ use std::path::PathBuf;
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
 use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
 use super::ClientOpts;
-use super::output::{Format, age, print_value, s, table};
+use super::output::{Format, created_age, decode, items, print_value, table};
 use crate::client::is_status;
+use crate::types::Meta;
+use crate::types::edgevirt::Image;
+use crate::types::kubevirt::{
+    ConditionType, MigrationPhase, VirtualMachine, VirtualMachineInstance,
+    VirtualMachineInstanceMigration, condition,
+};
 
 #[derive(Args, Debug)]
 pub struct VmArgs {
@@ -151,63 +158,73 @@ fn vmi_path(ns: &str) -> String {
     format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances")
 }
 
-fn vm_rows(vms: &[Value], vmis: &[Value], wide: bool) -> Vec<Vec<String>> {
+/// The first address of an instance, as KubeVirt's IP column.
+fn first_ip(v: &VirtualMachineInstance) -> String {
+    v.status
+        .as_ref()
+        .and_then(|s| s.interfaces.first())
+        .and_then(|i| i.ip_address.clone())
+        .unwrap_or_default()
+}
+
+fn vm_rows(
+    vms: &[VirtualMachine],
+    vmis: &[VirtualMachineInstance],
+    wide: bool,
+) -> Vec<Vec<String>> {
     vms.iter()
         .map(|vm| {
-            let name = s(vm, &["metadata", "name"]);
+            let name = vm.name();
+            let status = vm.status.clone().unwrap_or_default();
             let mut row = vec![
                 name.to_string(),
-                age(s(vm, &["metadata", "creationTimestamp"])),
-                s(vm, &["status", "printableStatus"]).to_string(),
-                if vm["status"]["ready"] == true {
-                    "True"
-                } else {
-                    "False"
-                }
-                .to_string(),
+                created_age(vm),
+                status.printable_status.unwrap_or_default(),
+                if status.ready { "True" } else { "False" }.to_string(),
             ];
             if wide {
-                let vmi = vmis.iter().find(|v| s(v, &["metadata", "name"]) == name);
+                let vmi = vmis.iter().find(|v| v.name() == name);
                 row.push(
-                    vmi.map(|v| s(v, &["status", "nodeName"]).to_string())
+                    vmi.and_then(|v| v.status.as_ref()?.node_name.clone())
                         .unwrap_or_default(),
                 );
-                row.push(
-                    vmi.map(|v| {
-                        v["status"]["interfaces"][0]["ipAddress"]
-                            .as_str()
-                            .unwrap_or("")
-                            .to_string()
-                    })
-                    .unwrap_or_default(),
-                );
+                row.push(vmi.map(first_ip).unwrap_or_default());
             }
             row
         })
         .collect()
 }
 
-fn vmi_rows(vmis: &[Value]) -> Vec<Vec<String>> {
+fn vmi_rows(vmis: &[VirtualMachineInstance]) -> Vec<Vec<String>> {
     vmis.iter()
         .map(|v| {
-            let ready = v["status"]["conditions"]
-                .as_array()
-                .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
-                .and_then(|c| c["status"].as_str())
-                .unwrap_or("False");
+            let status = v.status.clone().unwrap_or_default();
+            let ready = condition(&status.conditions, &ConditionType::Ready)
+                .map_or("False".to_string(), |c| c.status.to_string());
             vec![
-                s(v, &["metadata", "name"]).to_string(),
-                age(s(v, &["metadata", "creationTimestamp"])),
-                s(v, &["status", "phase"]).to_string(),
-                v["status"]["interfaces"][0]["ipAddress"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string(),
-                s(v, &["status", "nodeName"]).to_string(),
-                ready.to_string(),
+                v.name().to_string(),
+                created_age(v),
+                status.phase.map(|p| p.to_string()).unwrap_or_default(),
+                first_ip(v),
+                status.node_name.unwrap_or_default(),
+                ready,
             ]
         })
         .collect()
+}
+
+/// The metadata of a document or of an object the API answered with.
+fn meta_of(v: &Value) -> anyhow::Result<ObjectMeta> {
+    match v.get("metadata") {
+        None | Some(Value::Null) => Ok(ObjectMeta::default()),
+        Some(m) => serde_json::from_value(m.clone()).context("metadata"),
+    }
+}
+
+/// The spec of a document or of an object as written: what `apply` compares, so that a
+/// field the server would refuse is sent to it, not judged here.
+fn spec_of(v: &Value) -> &Value {
+    v.get("spec").unwrap_or(&Value::Null)
 }
 
 /// Parse a file of one or more YAML (or JSON) documents.
@@ -247,14 +264,14 @@ pub async fn run_vm(a: VmArgs) -> anyhow::Result<()> {
                 Format::Json | Format::Yaml => print_value(&list, output)?,
                 f => {
                     let vmis = c.get(&vmi_path(ns)).await?;
-                    let items = list["items"].as_array().cloned().unwrap_or_default();
-                    let vmis = vmis["items"].as_array().cloned().unwrap_or_default();
+                    let vms: Vec<VirtualMachine> = items(&list)?;
+                    let vmis: Vec<VirtualMachineInstance> = items(&vmis)?;
                     let wide = f == Format::Wide;
                     let mut h = vec!["NAME", "AGE", "STATUS", "READY"];
                     if wide {
                         h.extend(["NODE", "IP"]);
                     }
-                    print!("{}", table(&h, &vm_rows(&items, &vmis, wide)));
+                    print!("{}", table(&h, &vm_rows(&vms, &vmis, wide)));
                 }
             }
         }
@@ -264,18 +281,16 @@ pub async fn run_vm(a: VmArgs) -> anyhow::Result<()> {
                 Format::Json | Format::Yaml => print_value(&vm, output)?,
                 f => {
                     let vmi = c.get_opt(&format!("{}/{name}", vmi_path(ns))).await?;
+                    let vmis = vmi
+                        .map(decode)
+                        .into_iter()
+                        .collect::<anyhow::Result<Vec<_>>>()?;
                     let wide = f == Format::Wide;
                     let mut h = vec!["NAME", "AGE", "STATUS", "READY"];
                     if wide {
                         h.extend(["NODE", "IP"]);
                     }
-                    print!(
-                        "{}",
-                        table(
-                            &h,
-                            &vm_rows(&[vm], &vmi.into_iter().collect::<Vec<_>>(), wide)
-                        )
-                    );
+                    print!("{}", table(&h, &vm_rows(&[decode(vm)?], &vmis, wide)));
                 }
             }
         }
@@ -290,14 +305,11 @@ pub async fn run_vm(a: VmArgs) -> anyhow::Result<()> {
                         file.display()
                     ),
                 };
-                let name = doc["metadata"]["name"]
-                    .as_str()
-                    .context("metadata.name is missing")?
-                    .to_string();
-                let dns = doc["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or(ns)
-                    .to_string();
+                // The document goes to the server as written (the server checks it, and a
+                // spec is compared as written); its metadata is read typed.
+                let meta = meta_of(&doc).with_context(|| format!("{}", file.display()))?;
+                let name = meta.name.clone().context("metadata.name is missing")?;
+                let dns = meta.namespace.clone().unwrap_or(ns.to_string());
                 let base = format!("/apis/kubevirt.io/v1/namespaces/{dns}/{plural}");
                 match c.get_opt(&format!("{base}/{name}")).await? {
                     None => {
@@ -305,17 +317,17 @@ pub async fn run_vm(a: VmArgs) -> anyhow::Result<()> {
                         println!("{}/{name} created", plural.trim_end_matches('s'));
                     }
                     Some(cur) => {
-                        if cur["spec"] == serde_json::to_value(&doc["spec"])?
-                            && cur["metadata"]["labels"] == doc["metadata"]["labels"]
-                        {
+                        let cur_meta = meta_of(&cur)?;
+                        if spec_of(&cur) == spec_of(&doc) && cur_meta.labels == meta.labels {
                             println!("{}/{name} unchanged", plural.trim_end_matches('s'));
                             continue;
                         }
-                        doc["metadata"]["resourceVersion"] =
-                            cur["metadata"]["resourceVersion"].clone();
-                        let after = c.put(&format!("{base}/{name}"), &doc).await?;
-                        let changed = after["metadata"]["resourceVersion"]
-                            != cur["metadata"]["resourceVersion"];
+                        let rv = cur_meta.resource_version.clone();
+                        if let Some(m) = doc.get_mut("metadata").and_then(Value::as_object_mut) {
+                            m.insert("resourceVersion".into(), json!(rv));
+                        }
+                        let after = meta_of(&c.put(&format!("{base}/{name}"), &doc).await?)?;
+                        let changed = after.resource_version != rv;
                         println!(
                             "{}/{name} {}",
                             plural.trim_end_matches('s'),
@@ -334,16 +346,20 @@ pub async fn run_vm(a: VmArgs) -> anyhow::Result<()> {
             } else {
                 json!({})
             };
-            let m = c.put(&sub(&name, "migrate"), &opts).await?;
-            let mname = m["metadata"]["name"].as_str().unwrap_or("").to_string();
+            let m: VirtualMachineInstanceMigration =
+                decode(c.put(&sub(&name, "migrate"), &opts).await?)?;
+            let mname = m.name().to_string();
             println!("virtualmachineinstancemigration/{mname} created");
             if wait {
                 let done = super::node::wait_migration(&c, ns, &mname, true).await?;
-                if done["status"]["phase"] != "Succeeded" {
+                let status = done.status.unwrap_or_default();
+                if status.phase != Some(MigrationPhase::Succeeded) {
                     bail!(
                         "migration {mname} failed: {}",
-                        done["status"]["migrationState"]["failureReason"]
-                            .as_str()
+                        status
+                            .migration_state
+                            .and_then(|s| s.failure_reason)
+                            .as_deref()
                             .unwrap_or("no reason given")
                     );
                 }
@@ -395,20 +411,14 @@ pub async fn run_vmi(a: VmiArgs) -> anyhow::Result<()> {
             let list = c.get(&vmi_path(ns)).await?;
             match output {
                 Format::Json | Format::Yaml => print_value(&list, output)?,
-                _ => print!(
-                    "{}",
-                    table(
-                        &h,
-                        &vmi_rows(list["items"].as_array().map(Vec::as_slice).unwrap_or(&[]))
-                    )
-                ),
+                _ => print!("{}", table(&h, &vmi_rows(&items(&list)?))),
             }
         }
         VmiCmd::Get { name, output } => {
             let v = c.get(&format!("{}/{name}", vmi_path(ns))).await?;
             match output {
                 Format::Json | Format::Yaml => print_value(&v, output)?,
-                _ => print!("{}", table(&h, &vmi_rows(&[v]))),
+                _ => print!("{}", table(&h, &vmi_rows(&[decode(v)?]))),
             }
         }
         VmiCmd::Guestosinfo { name } => {
@@ -454,12 +464,13 @@ pub async fn run_image(a: ImageArgs) -> anyhow::Result<()> {
                 .body(reqwest::Body::wrap_stream(stream));
             let r = c.send(req).await;
             bar.finish_and_clear();
-            let img = r?;
+            let img: Image = decode(r?)?;
+            let status = img.status.unwrap_or_default();
             println!(
                 "image/{name} imported: {} format, {} bytes, sha256 {}",
-                s(&img, &["status", "format"]),
-                img["status"]["sizeBytes"],
-                s(&img, &["status", "sha256"])
+                status.format,
+                status.size_bytes,
+                status.sha256.unwrap_or_default()
             );
         }
         ImageCmd::List { output } => {
@@ -467,16 +478,15 @@ pub async fn run_image(a: ImageArgs) -> anyhow::Result<()> {
             match output {
                 Format::Json | Format::Yaml => print_value(&list, output)?,
                 _ => {
-                    let rows: Vec<Vec<String>> = list["items"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
+                    let rows: Vec<Vec<String>> = items::<Image>(&list)?
+                        .iter()
                         .map(|i| {
+                            let status = i.status.clone().unwrap_or_default();
                             vec![
-                                s(i, &["metadata", "name"]).to_string(),
-                                s(i, &["status", "format"]).to_string(),
-                                i["status"]["sizeBytes"].to_string(),
-                                age(s(i, &["metadata", "creationTimestamp"])),
+                                i.name().to_string(),
+                                status.format,
+                                status.size_bytes.to_string(),
+                                created_age(i),
                             ]
                         })
                         .collect();
@@ -500,4 +510,56 @@ pub async fn run_image(a: ImageArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn vm_and_vmi_rows_read_typed_objects() {
+        let vms: Vec<VirtualMachine> = items(&json!({"items": [
+            {"metadata": {"name": "a"}, "spec": {"template": {"spec": {"domain": {}}}},
+             "status": {"printableStatus": "Running", "ready": true}},
+            {"metadata": {"name": "b"}, "spec": {"template": {"spec": {"domain": {}}}}},
+        ]}))
+        .unwrap();
+        let vmis: Vec<VirtualMachineInstance> = items(&json!({"items": [
+            {"metadata": {"name": "a"}, "spec": {"domain": {}},
+             "status": {"phase": "Running", "nodeName": "n1",
+                        "interfaces": [{"ipAddress": "10.0.0.5"}, {"ipAddress": "10.0.0.6"}],
+                        "conditions": [{"type": "Ready", "status": "True"}]}},
+            {"metadata": {"name": "c"}, "spec": {"domain": {}}, "status": {"phase": "Pending"}},
+        ]}))
+        .unwrap();
+        let r = vm_rows(&vms, &vmis, true);
+        assert_eq!(
+            r[0],
+            ["a", "<unknown>", "Running", "True", "n1", "10.0.0.5"]
+        );
+        assert_eq!(r[1], ["b", "<unknown>", "", "False", "", ""]);
+        let r = vmi_rows(&vmis);
+        assert_eq!(
+            r[0],
+            ["a", "<unknown>", "Running", "10.0.0.5", "n1", "True"]
+        );
+        assert_eq!(r[1], ["c", "<unknown>", "Pending", "", "", "False"]);
+    }
+
+    #[test]
+    fn apply_reads_metadata_typed_and_keeps_the_spec_as_written() {
+        let doc = json!({"metadata": {"name": "a", "labels": {"x": "1"}},
+                         "spec": {"running": true, "unknownToThisRelease": 1}});
+        let m = meta_of(&doc).unwrap();
+        assert_eq!(m.name.as_deref(), Some("a"));
+        assert_eq!(m.namespace, None);
+        assert_eq!(
+            spec_of(&doc),
+            &json!({"running": true, "unknownToThisRelease": 1})
+        );
+        assert!(meta_of(&json!({"metadata": {"labels": {"x": 1}}})).is_err());
+        assert_eq!(spec_of(&json!({})), &Value::Null);
+    }
 }

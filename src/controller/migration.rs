@@ -17,145 +17,22 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
+use super::vm::{read, remove_finalizer};
 use super::{Action, Context, scheduler};
+use crate::rules::migration::{migration_method, set_phase};
+use crate::rules::node::node_ready;
 use crate::store::{Error, FieldSelector, LabelSelector, Store};
-use crate::types::annotations::{BLOCK_MIGRATION_ANNOTATION, MIGRATION_FINALIZER};
-use crate::types::kubevirt::{migration_phase as mp, phase};
-use crate::types::{Kind, now};
+use crate::types::annotations::MIGRATION_FINALIZER;
+use crate::types::kubevirt::{
+    Condition, ConditionType, MigrationPhase, MigrationState, Phase,
+    VirtualMachineInstanceMigration, set_condition,
+};
+use crate::types::{Meta, Node, Typed, VirtualMachineInstance, now};
 
 /// How long a target may take to become ready before the migration fails.
 const TARGET_READY_TIMEOUT: Duration = Duration::from_secs(180);
-
-/// Whether an instance can live-migrate, as KubeVirt's `calculateLiveMigrationCondition`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Migratability {
-    pub ok: bool,
-    /// KubeVirt's reason: `DisksNotLiveMigratable`, `InterfaceNotLiveMigratable`, ...
-    pub reason: String,
-    pub message: String,
-    /// `LiveMigration` (nothing to copy) or `BlockMigration` (local disks are copied).
-    pub method: &'static str,
-}
-
-/// Compute the LiveMigratable condition from the instance's spec, as KubeVirt's
-/// `calculateLiveMigrationCondition`. `persistentVolumeClaim` disks live on the shared
-/// storage pool (like a ReadWriteMany PVC): the target opens the same files. Disks built
-/// from images (`containerDisk`, `dataVolume`) are copies on the node's local disk: they
-/// move only by block migration, which copies them while the guest runs. KubeVirt
-/// block-migrates such disks unasked; edgevirt copies them only when asked (the copy takes
-/// as long as the disk is big, and the link may be a branch office's): the annotation
-/// `edgevirt.io/block-migration: "true"` on the VMI makes it LiveMigratable with method
-/// BlockMigration, and the same annotation on one migration asks for it once (see
-/// [`migration_method`]). An instance with both kinds cannot be block-migrated: libvirt
-/// would copy its shared disks onto themselves. NoCloud disks are made anew on the target.
-/// edgevirt has no disk hotplug yet, so HotplugNotLiveMigratable does not arise.
-pub fn live_migratable(vmi: &Value) -> Migratability {
-    let spec = &vmi["spec"];
-    let block = vmi["metadata"]["annotations"][BLOCK_MIGRATION_ANNOTATION] == "true";
-    for i in spec["domain"]["devices"]["interfaces"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        if i.get("bridge").is_some() {
-            return Migratability {
-                ok: false,
-                reason: "InterfaceNotLiveMigratable".into(),
-                message: format!(
-                    "cannot migrate VMI which does not use masquerade to connect to the pod \
-                     network (interface {})",
-                    i["name"].as_str().unwrap_or("")
-                ),
-                method: "LiveMigration",
-            };
-        }
-    }
-    let (local, shared) = (local_disks(vmi), shared_disks(vmi));
-    if local.is_empty() {
-        return Migratability {
-            ok: true,
-            reason: String::new(),
-            message: String::new(),
-            method: "LiveMigration",
-        };
-    }
-    if !shared.is_empty() {
-        return Migratability {
-            ok: false,
-            reason: "DisksNotLiveMigratable".into(),
-            message: format!(
-                "cannot migrate VMI: disks {} are on this node's local storage and disks {} on \
-                 the shared pool; a block migration would copy the shared ones onto \
-                 themselves, so move the local disks to the shared pool \
-                 (persistentVolumeClaim) first",
-                local.join(", "),
-                shared.join(", ")
-            ),
-            method: "LiveMigration",
-        };
-    }
-    if block {
-        return Migratability {
-            ok: true,
-            reason: String::new(),
-            message: format!(
-                "local disks {} are copied (block migration)",
-                local.join(", ")
-            ),
-            method: "BlockMigration",
-        };
-    }
-    Migratability {
-        ok: false,
-        reason: "DisksNotLiveMigratable".into(),
-        message: format!(
-            "cannot migrate VMI: disks {} are on this node's local storage, not shared; \
-             ask for block migration to copy them (edgevirt vm migrate --block, or the \
-             annotation {BLOCK_MIGRATION_ANNOTATION}: \"true\" on the migration), or put \
-             them on the shared pool (persistentVolumeClaim)",
-            local.join(", ")
-        ),
-        method: "LiveMigration",
-    }
-}
-
-/// Names of the volumes of a VMI with the given sources.
-fn volumes_with(vmi: &Value, sources: &[&str]) -> Vec<String> {
-    vmi["spec"]["volumes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|v| sources.iter().any(|s| v.get(*s).is_some()))
-        .filter_map(|v| v["name"].as_str().map(str::to_string))
-        .collect()
-}
-
-/// Volumes copied onto the node's local disk from images.
-fn local_disks(vmi: &Value) -> Vec<String> {
-    volumes_with(vmi, &["containerDisk", "dataVolume"])
-}
-
-/// Volumes on the shared storage pool.
-pub fn shared_disks(vmi: &Value) -> Vec<String> {
-    volumes_with(vmi, &["persistentVolumeClaim"])
-}
-
-/// How one migration moves its instance: `Ok("LiveMigration" | "BlockMigration")`, or why
-/// it cannot. A migration annotated `edgevirt.io/block-migration: "true"` copies local
-/// disks even when the instance itself does not ask for it (unless it has shared ones).
-pub fn migration_method(vmi: &Value, migration: &Value) -> Result<&'static str, Migratability> {
-    let m = live_migratable(vmi);
-    if m.ok {
-        return Ok(m.method);
-    }
-    let asked = migration["metadata"]["annotations"][BLOCK_MIGRATION_ANNOTATION] == "true";
-    if asked && m.reason == "DisksNotLiveMigratable" && shared_disks(vmi).is_empty() {
-        return Ok("BlockMigration");
-    }
-    Err(m)
-}
 
 /// Why a migration request is refused at admission.
 #[derive(Debug)]
@@ -180,21 +57,24 @@ pub async fn check_migration_request(
 ) -> Result<(), MigrationRefused> {
     crate::types::check_name("spec.vmiName", vmi_name)
         .map_err(|e| MigrationRefused::Invalid(e.0))?;
+    let migration = VirtualMachineInstanceMigration::from_value(migration.clone())
+        .map_err(|e| MigrationRefused::Invalid(e.0))?;
     let Some(vmi) = store
-        .get(Kind::VirtualMachineInstance, ns, vmi_name)
+        .get_typed::<VirtualMachineInstance>(ns, vmi_name)
         .await?
     else {
         return Err(MigrationRefused::Invalid(format!(
             "the VMI \"{ns}/{vmi_name}\" does not exist"
         )));
     };
-    let p = vmi["status"]["phase"].as_str().unwrap_or("");
-    if p != phase::RUNNING || vmi["metadata"].get("deletionTimestamp").is_some() {
+    let p = vmi.status.as_ref().and_then(|s| s.phase.clone());
+    if p != Some(Phase::Running) || vmi.deleting() {
+        let shown = p.as_ref().map_or("", |p| p.as_str());
         return Err(MigrationRefused::Invalid(format!(
-            "cannot migrate VMI \"{ns}/{vmi_name}\": it is not running (phase {p:?})"
+            "cannot migrate VMI \"{ns}/{vmi_name}\": it is not running (phase {shown:?})"
         )));
     }
-    if let Err(m) = migration_method(&vmi, migration) {
+    if let Err(m) = migration_method(&vmi, &migration) {
         return Err(MigrationRefused::Invalid(format!(
             "cannot migrate VMI \"{ns}/{vmi_name}\": {}: {}",
             m.reason, m.message
@@ -214,9 +94,8 @@ pub async fn active_migration(
     ns: &str,
     vmi_name: &str,
 ) -> Result<Option<String>, Error> {
-    let (items, _) = store
-        .list(
-            Kind::VirtualMachineInstanceMigration,
+    let items: Vec<VirtualMachineInstanceMigration> = store
+        .list_typed(
             Some(ns),
             &LabelSelector::default(),
             &FieldSelector::default(),
@@ -224,27 +103,36 @@ pub async fn active_migration(
         .await?;
     Ok(items
         .iter()
-        .filter(|m| m["spec"]["vmiName"] == vmi_name)
-        .find(|m| !mp::is_final(m["status"]["phase"].as_str().unwrap_or("")))
-        .and_then(|m| m["metadata"]["name"].as_str().map(str::to_string)))
+        .filter(|m| m.spec.vmi_name == vmi_name)
+        .find(|m| !m.phase().is_final())
+        .map(|m| m.name().to_string()))
 }
 
-fn deleting(o: &Value) -> bool {
-    o["metadata"].get("deletionTimestamp").is_some()
-}
-
-/// Set the migration's phase (with KubeVirt's phase transition list) and optionally a
-/// failure; mirror the state onto the VMI.
-pub fn set_phase(o: &mut Value, p: &str) {
-    if o["status"]["phase"] == p {
-        return;
-    }
-    o["status"]["phase"] = json!(p);
-    if !o["status"]["phaseTransitionTimestamps"].is_array() {
-        o["status"]["phaseTransitionTimestamps"] = json!([]);
-    }
-    if let Some(a) = o["status"]["phaseTransitionTimestamps"].as_array_mut() {
-        a.push(json!({"phase": p, "phaseTransitionTimestamp": now()}));
+/// Change the migration state on the VMI too, if it is still this migration's.
+async fn on_vmi_state(
+    ctx: &Context,
+    ns: &str,
+    vmi_name: &str,
+    uid: &str,
+    f: impl FnOnce(&mut MigrationState),
+) -> Result<(), Error> {
+    match ctx
+        .store
+        .update_typed(ns, vmi_name, |o: &mut VirtualMachineInstance| {
+            if let Some(ms) = o
+                .status
+                .as_mut()
+                .and_then(|s| s.migration_state.as_mut())
+                .filter(|ms| ms.migration_uid.as_deref() == Some(uid))
+            {
+                f(ms);
+            }
+            Ok(())
+        })
+        .await
+    {
+        Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -257,104 +145,78 @@ async fn fail(
     why: &str,
 ) -> Result<(), Error> {
     tracing::warn!(namespace = %ns, migration = %name, vmi = %vmi_name, reason = %why, "migration failed");
-    let why2 = why.to_string();
+    let failed = |ms: &mut MigrationState| {
+        ms.failed = true;
+        ms.failure_reason = Some(why.to_string());
+        ms.end_timestamp = Some(now());
+    };
     ctx.store
-        .update(Kind::VirtualMachineInstanceMigration, ns, name, move |o| {
-            set_phase(o, mp::FAILED);
-            o["status"]["migrationState"]["failed"] = json!(true);
-            o["status"]["migrationState"]["failureReason"] = json!(why2);
-            o["status"]["migrationState"]["endTimestamp"] = json!(now());
-            scheduler::set_cond(o, "Failed", "True", "MigrationFailed", &why2);
+        .update_typed(ns, name, |o: &mut VirtualMachineInstanceMigration| {
+            let st = o.status.get_or_insert_default();
+            set_phase(st, MigrationPhase::Failed);
+            failed(st.migration_state.get_or_insert_default());
+            set_condition(
+                &mut st.conditions,
+                Condition::new(ConditionType::Failed, true, "MigrationFailed", why),
+            );
             Ok(())
         })
         .await?;
-    let why = why.to_string();
-    let uid = uid.to_string();
-    match ctx
-        .store
-        .update(Kind::VirtualMachineInstance, ns, vmi_name, move |o| {
-            if o["status"]["migrationState"]["migrationUid"] == uid.as_str() {
-                o["status"]["migrationState"]["failed"] = json!(true);
-                o["status"]["migrationState"]["failureReason"] = json!(why);
-                o["status"]["migrationState"]["endTimestamp"] = json!(now());
-            }
-            Ok(())
-        })
-        .await
-    {
-        Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e),
-    }
+    on_vmi_state(ctx, ns, vmi_name, uid, failed).await
 }
 
-async fn remove_finalizer(ctx: &Context, ns: &str, name: &str) -> Result<(), Error> {
-    match ctx
-        .store
-        .update(Kind::VirtualMachineInstanceMigration, ns, name, |o| {
-            if let Some(f) = o["metadata"]["finalizers"].as_array_mut() {
-                f.retain(|f| f != MIGRATION_FINALIZER);
-            }
-            Ok(())
-        })
-        .await
-    {
-        Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-fn since(ts: &Value) -> Option<Duration> {
-    let t = chrono::DateTime::parse_from_rfc3339(ts.as_str()?).ok()?;
+fn since(ts: &str) -> Option<Duration> {
+    let t = chrono::DateTime::parse_from_rfc3339(ts).ok()?;
     (chrono::Utc::now() - t.with_timezone(&chrono::Utc))
         .to_std()
         .ok()
 }
 
 pub async fn reconcile_migration(ctx: &Context, ns: &str, name: &str) -> Result<Action, Error> {
-    let Some(m) = ctx
-        .store
-        .get(Kind::VirtualMachineInstanceMigration, ns, name)
-        .await?
-    else {
+    let Some(m) = read::<VirtualMachineInstanceMigration>(ctx, ns, name).await? else {
         return Ok(Action::Done);
     };
-    let uid = m["metadata"]["uid"].as_str().unwrap_or("").to_string();
-    let vmi_name = m["spec"]["vmiName"].as_str().unwrap_or("").to_string();
-    let p = m["status"]["phase"]
-        .as_str()
-        .unwrap_or(mp::PENDING)
-        .to_string();
-    let state = &m["status"]["migrationState"];
+    let uid = m.uid().to_string();
+    let vmi_name = m.spec.vmi_name.clone();
+    let p = match m.phase() {
+        MigrationPhase::Other(s) if s.is_empty() => MigrationPhase::Pending,
+        p => p,
+    };
+    let state = m.migration_state().cloned().unwrap_or_default();
 
-    if deleting(&m) {
-        return match p.as_str() {
-            mp::RUNNING => {
+    if m.deleting() {
+        return match p {
+            MigrationPhase::Running => {
                 // The source agent aborts and reports; ask once.
-                if !state["abortRequested"].as_bool().unwrap_or(false) {
+                if !state.abort_requested {
                     tracing::info!(namespace = %ns, migration = %name, "migration deleted while running: aborting");
+                    let abort = |ms: &mut MigrationState| {
+                        ms.abort_requested = true;
+                        ms.abort_status = Some("Aborting".into());
+                    };
                     ctx.store
-                        .update(Kind::VirtualMachineInstanceMigration, ns, name, |o| {
-                            o["status"]["migrationState"]["abortRequested"] = json!(true);
-                            o["status"]["migrationState"]["abortStatus"] = json!("Aborting");
+                        .update_typed(ns, name, |o: &mut VirtualMachineInstanceMigration| {
+                            abort(
+                                o.status
+                                    .get_or_insert_default()
+                                    .migration_state
+                                    .get_or_insert_default(),
+                            );
                             Ok(())
                         })
                         .await?;
-                    let uid2 = uid.clone();
-                    let _ = ctx
-                        .store
-                        .update(Kind::VirtualMachineInstance, ns, &vmi_name, move |o| {
-                            if o["status"]["migrationState"]["migrationUid"] == uid2.as_str() {
-                                o["status"]["migrationState"]["abortRequested"] = json!(true);
-                                o["status"]["migrationState"]["abortStatus"] = json!("Aborting");
-                            }
-                            Ok(())
-                        })
-                        .await;
+                    on_vmi_state(ctx, ns, &vmi_name, &uid, abort).await?;
                 }
                 Ok(Action::RequeueAfter(Duration::from_secs(2)))
             }
-            p if mp::is_final(p) => {
-                remove_finalizer(ctx, ns, name).await?;
+            p if p.is_final() => {
+                remove_finalizer::<VirtualMachineInstanceMigration>(
+                    ctx,
+                    ns,
+                    name,
+                    MIGRATION_FINALIZER,
+                )
+                .await?;
                 Ok(Action::Done)
             }
             _ => {
@@ -368,57 +230,64 @@ pub async fn reconcile_migration(ctx: &Context, ns: &str, name: &str) -> Result<
                     "cancelled before it started",
                 )
                 .await?;
-                let uid2 = uid.clone();
                 let _ = ctx
                     .store
-                    .update(Kind::VirtualMachineInstanceMigration, ns, name, move |o| {
-                        let _ = &uid2;
-                        o["status"]["migrationState"]["abortStatus"] = json!("Succeeded");
+                    .update_typed(ns, name, |o: &mut VirtualMachineInstanceMigration| {
+                        o.status
+                            .get_or_insert_default()
+                            .migration_state
+                            .get_or_insert_default()
+                            .abort_status = Some("Succeeded".into());
                         Ok(())
                     })
                     .await;
-                remove_finalizer(ctx, ns, name).await?;
+                remove_finalizer::<VirtualMachineInstanceMigration>(
+                    ctx,
+                    ns,
+                    name,
+                    MIGRATION_FINALIZER,
+                )
+                .await?;
                 Ok(Action::Done)
             }
         };
     }
-    if mp::is_final(&p) {
+    if p.is_final() {
         return Ok(Action::Done);
     }
-    let vmi = ctx
+    let Some(vmi) = ctx
         .store
-        .get(Kind::VirtualMachineInstance, ns, &vmi_name)
-        .await?;
-    let Some(vmi) = vmi else {
+        .get_typed::<VirtualMachineInstance>(ns, &vmi_name)
+        .await?
+    else {
         fail(ctx, ns, name, &vmi_name, &uid, "the VMI is gone").await?;
         return Ok(Action::Done);
     };
-    match p.as_str() {
-        mp::PENDING | "" => {
-            if vmi["status"]["phase"] != phase::RUNNING {
+    match p {
+        MigrationPhase::Pending => {
+            if vmi.phase() != Phase::Running {
                 fail(ctx, ns, name, &vmi_name, &uid, "the VMI is not running").await?;
                 return Ok(Action::Done);
             }
-            let source = vmi["status"]["nodeName"].as_str().unwrap_or("").to_string();
-            let extra = m["spec"]["addedNodeSelector"]
-                .as_object()
-                .cloned()
-                .unwrap_or_default();
-            let target = match scheduler::pick_node(ctx, &vmi, Some(&source), &extra).await? {
-                Ok((t, _)) => t,
-                Err(why) => {
-                    fail(
-                        ctx,
-                        ns,
-                        name,
-                        &vmi_name,
-                        &uid,
-                        &format!("no node can take the VMI: {why}"),
-                    )
-                    .await?;
-                    return Ok(Action::Done);
-                }
-            };
+            let source = vmi.node_name().unwrap_or_default().to_string();
+            let target =
+                match scheduler::pick_node(ctx, &vmi, Some(&source), &m.spec.added_node_selector)
+                    .await?
+                {
+                    Ok((t, _)) => t,
+                    Err(why) => {
+                        fail(
+                            ctx,
+                            ns,
+                            name,
+                            &vmi_name,
+                            &uid,
+                            &format!("no node can take the VMI: {why}"),
+                        )
+                        .await?;
+                        return Ok(Action::Done);
+                    }
+                };
             let method = match migration_method(&vmi, &m) {
                 Ok(method) => method,
                 Err(why) => {
@@ -427,44 +296,46 @@ pub async fn reconcile_migration(ctx: &Context, ns: &str, name: &str) -> Result<
                     return Ok(Action::Done);
                 }
             };
-            let st = json!({
-                "migrationUid": uid,
-                "sourceNode": source,
-                "targetNode": target,
-                "mode": "PreCopy",
-                "completed": false,
-                "failed": false,
-                "abortRequested": false,
-            });
-            let st2 = st.clone();
+            let st = MigrationState {
+                migration_uid: Some(uid.clone()),
+                source_node: Some(source.clone()),
+                target_node: Some(target.clone()),
+                mode: Some("PreCopy".into()),
+                ..Default::default()
+            };
             ctx.store
-                .update(Kind::VirtualMachineInstance, ns, &vmi_name, move |o| {
-                    o["status"]["migrationState"] = st2;
-                    o["status"]["migrationMethod"] = json!(method);
+                .update_typed(ns, &vmi_name, |o: &mut VirtualMachineInstance| {
+                    let s = o.status.get_or_insert_default();
+                    s.migration_state = Some(st.clone());
+                    s.migration_method = Some(method.clone());
                     Ok(())
                 })
                 .await?;
             ctx.store
-                .update(Kind::VirtualMachineInstanceMigration, ns, name, move |o| {
-                    set_phase(o, mp::SCHEDULED);
-                    o["status"]["migrationState"] = st;
+                .update_typed(ns, name, |o: &mut VirtualMachineInstanceMigration| {
+                    let s = o.status.get_or_insert_default();
+                    set_phase(s, MigrationPhase::Scheduled);
+                    s.migration_state = Some(st);
                     Ok(())
                 })
                 .await?;
-            tracing::info!(namespace = %ns, migration = %name, vmi = %vmi_name, %source, %target, method, "migration scheduled");
+            tracing::info!(namespace = %ns, migration = %name, vmi = %vmi_name, %source, %target, %method, "migration scheduled");
             Ok(Action::RequeueAfter(Duration::from_secs(5)))
         }
-        mp::SCHEDULED | mp::PREPARING_TARGET | mp::TARGET_READY | mp::RUNNING => {
+        MigrationPhase::Scheduled
+        | MigrationPhase::PreparingTarget
+        | MigrationPhase::TargetReady
+        | MigrationPhase::Running => {
             for (role, node) in [
-                ("source", &state["sourceNode"]),
-                ("target", &state["targetNode"]),
+                ("source", &state.source_node),
+                ("target", &state.target_node),
             ] {
-                let n = node.as_str().unwrap_or("");
+                let n = node.as_deref().unwrap_or_default();
                 let ready = ctx
                     .store
-                    .get(Kind::Node, "", n)
+                    .get_typed::<Node>("", n)
                     .await?
-                    .is_some_and(|n| scheduler::node_ready(&n));
+                    .is_some_and(|n| node_ready(&n));
                 if !ready {
                     fail(
                         ctx,
@@ -478,13 +349,16 @@ pub async fn reconcile_migration(ctx: &Context, ns: &str, name: &str) -> Result<
                     return Ok(Action::Done);
                 }
             }
-            if p != mp::RUNNING {
-                let scheduled_at = m["status"]["phaseTransitionTimestamps"]
-                    .as_array()
-                    .and_then(|a| a.iter().find(|t| t["phase"] == mp::SCHEDULED))
-                    .map(|t| t["phaseTransitionTimestamp"].clone())
-                    .unwrap_or(Value::Null);
-                if since(&scheduled_at).is_some_and(|d| d > TARGET_READY_TIMEOUT) {
+            if p != MigrationPhase::Running {
+                let scheduled_at = m.status.as_ref().and_then(|s| {
+                    s.phase_transition_timestamps
+                        .iter()
+                        .find(|t| t.phase == MigrationPhase::Scheduled)
+                });
+                if scheduled_at
+                    .and_then(|t| since(&t.phase_transition_timestamp))
+                    .is_some_and(|d| d > TARGET_READY_TIMEOUT)
+                {
                     fail(
                         ctx,
                         ns,
@@ -506,7 +380,7 @@ pub async fn reconcile_migration(ctx: &Context, ns: &str, name: &str) -> Result<
                 name,
                 &vmi_name,
                 &uid,
-                &format!("unknown phase {other:?}"),
+                &format!("unknown phase {:?}", other.as_str()),
             )
             .await?;
             Ok(Action::Done)

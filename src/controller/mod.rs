@@ -4,25 +4,26 @@
 //! and a failed reconcile is retried with backoff.
 
 mod migration;
+mod node;
 mod scheduler;
 pub mod strategy;
 mod vm;
 
-pub use migration::{
-    Migratability, MigrationRefused, active_migration, check_migration_request, live_migratable,
-    migration_method, set_phase as set_migration_phase,
-};
-pub use scheduler::node_ready;
+pub use migration::{MigrationRefused, active_migration, check_migration_request};
+pub use node::{Release, release_node};
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde::Deserialize;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{FieldSelector, LabelSelector, Store};
-use crate::types::Kind;
+use crate::types::{
+    Kind, Meta, VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration,
+};
 
 /// What a reconcile asks for next.
 #[derive(Debug, PartialEq)]
@@ -33,8 +34,7 @@ pub enum Action {
 
 pub type Key = (Kind, String, String);
 
-/// How long a node may go without a heartbeat before it is NotReady.
-pub const NODE_LEASE: Duration = Duration::from_secs(40);
+pub use crate::rules::node::NODE_LEASE;
 
 /// A deduplicating work queue of object keys.
 #[derive(Default)]
@@ -99,8 +99,7 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
             _ = cancel.cancelled() => return Ok(()),
             ev = events.recv() => match ev {
                 Ok(ev) => {
-                    let ns = ev.namespace.clone();
-                    let name = ev.object["metadata"]["name"].as_str().unwrap_or("").to_string();
+                    let (ns, name) = key_of(&ev.object);
                     match ev.kind {
                         Kind::VirtualMachine => queue.push(&(Kind::VirtualMachine, ns, name)),
                         Kind::VirtualMachineInstance => {
@@ -161,34 +160,78 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
     }
 }
 
+/// The namespace and name of a stored object (an event's or a listing's), which is all the
+/// queue keeps; the reconcile reads the typed object itself.
+fn key_of(o: &serde_json::Value) -> (String, String) {
+    #[derive(serde::Deserialize, Default)]
+    struct Meta {
+        #[serde(default)]
+        namespace: String,
+        #[serde(default)]
+        name: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Keyed {
+        #[serde(default)]
+        metadata: Meta,
+    }
+    let k = Keyed::deserialize(o)
+        .map(|k| k.metadata)
+        .unwrap_or_default();
+    (k.namespace, k.name)
+}
+
+/// Queue every object that a reconcile would change, judged from one listing per kind: an
+/// idle VM or instance costs no point read and no write transaction. Migrations are all
+/// queued (there are few, and they are short-lived).
 async fn resync(ctx: &Context, queue: &Queue) {
-    for kind in [
-        Kind::VirtualMachine,
-        Kind::VirtualMachineInstance,
-        Kind::VirtualMachineInstanceMigration,
-    ] {
-        if let Ok((items, _)) = ctx
-            .store
-            .list(
-                kind,
-                None,
-                &LabelSelector::default(),
-                &FieldSelector::default(),
-            )
-            .await
-        {
-            for o in items {
-                queue.push(&(
-                    kind,
-                    o["metadata"]["namespace"]
-                        .as_str()
-                        .unwrap_or("")
-                        .to_string(),
-                    o["metadata"]["name"].as_str().unwrap_or("").to_string(),
-                ));
-            }
+    for k in resync_keys(&ctx.store).await {
+        queue.push(&k);
+    }
+}
+
+/// The keys the periodic resync queues: the objects a reconcile would change, from one
+/// listing per kind (public for the API benchmark, which runs it against a full store).
+pub async fn resync_keys(store: &Store) -> Vec<Key> {
+    let key =
+        |kind: Kind, ns: &str, name: &str| -> Key { (kind, ns.to_string(), name.to_string()) };
+    let mut keys = Vec::new();
+    let (Ok(vms), Ok(vmis)) = (
+        store.all::<VirtualMachine>().await,
+        store.all::<VirtualMachineInstance>().await,
+    ) else {
+        tracing::warn!("resync: listing failed");
+        return keys;
+    };
+    let by_key: HashMap<(&str, &str), &VirtualMachineInstance> = vmis
+        .iter()
+        .map(|o| ((o.namespace(), o.name()), o))
+        .collect();
+    for vm in &vms {
+        let vmi = by_key.get(&(vm.namespace(), vm.name())).copied();
+        if !vm::vm_idle(vm, vmi) {
+            keys.push(key(Kind::VirtualMachine, vm.namespace(), vm.name()));
         }
     }
+    for vmi in &vmis {
+        if !vm::vmi_idle(vmi) {
+            keys.push(key(
+                Kind::VirtualMachineInstance,
+                vmi.namespace(),
+                vmi.name(),
+            ));
+        }
+    }
+    if let Ok(migrations) = store.all::<VirtualMachineInstanceMigration>().await {
+        keys.extend(migrations.iter().map(|o| {
+            key(
+                Kind::VirtualMachineInstanceMigration,
+                o.namespace(),
+                o.name(),
+            )
+        }));
+    }
+    keys
 }
 
 async fn enqueue_unscheduled(ctx: &Context, queue: &Queue) {
@@ -204,14 +247,8 @@ async fn enqueue_unscheduled(ctx: &Context, queue: &Queue) {
         .await
     {
         for o in items {
-            queue.push(&(
-                Kind::VirtualMachineInstance,
-                o["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string(),
-                o["metadata"]["name"].as_str().unwrap_or("").to_string(),
-            ));
+            let (ns, name) = key_of(&o);
+            queue.push(&(Kind::VirtualMachineInstance, ns, name));
         }
     }
 }

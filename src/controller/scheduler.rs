@@ -7,49 +7,29 @@
 //! Instances with `persistentVolumeClaim` volumes go only to nodes that mount a shared
 //! storage pool, and migrate only between nodes that mount the same one.
 
-use chrono::{DateTime, Utc};
-use serde_json::{Value, json};
+use std::collections::BTreeMap;
 
-use super::{Context, NODE_LEASE};
+use super::Context;
+use crate::cpu::GuestCpu;
+use crate::rules::migration::shared_disks;
+use crate::rules::node::node_ready;
 use crate::store::{Error, FieldSelector, LabelSelector};
-use crate::types::kubevirt::{VirtualMachineInstanceSpec, phase};
-use crate::types::{Kind, now};
+use crate::types::kubevirt::{
+    Condition, ConditionStatus, ConditionType, Phase, condition_true, set_condition,
+};
+use crate::types::{Meta, Node, VirtualMachineInstance, now};
 use crate::virt::convert::guest_memory;
-
-pub fn node_ready(node: &Value) -> bool {
-    let fresh = node["status"]["lastHeartbeatTime"]
-        .as_str()
-        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-        .is_some_and(|t| {
-            (Utc::now() - t.with_timezone(&Utc))
-                .to_std()
-                .map(|d| d < NODE_LEASE)
-                .unwrap_or(true)
-        });
-    fresh
-        && node["status"]["conditions"].as_array().is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        })
-}
 
 /// KubeVirt's default `cpuAllocationRatio`: placed vCPUs may be ten times the host's CPUs.
 pub const CPU_ALLOCATION_RATIO: u64 = 10;
 
-fn vcpus_of(vmi: &Value) -> u64 {
-    serde_json::from_value::<VirtualMachineInstanceSpec>(vmi["spec"].clone())
-        .map(|s| {
-            let (so, co, th) = crate::virt::convert::topology(&s);
-            u64::from(so) * u64::from(co) * u64::from(th)
-        })
-        .unwrap_or(1)
+fn vcpus_of(vmi: &VirtualMachineInstance) -> u64 {
+    let (so, co, th) = crate::virt::convert::topology(&vmi.spec);
+    u64::from(so) * u64::from(co) * u64::from(th)
 }
 
-fn memory_of(vmi: &Value) -> u64 {
-    serde_json::from_value::<VirtualMachineInstanceSpec>(vmi["spec"].clone())
-        .ok()
-        .and_then(|s| guest_memory(&s).ok())
-        .unwrap_or(0)
+fn memory_of(vmi: &VirtualMachineInstance) -> u64 {
+    guest_memory(&vmi.spec).unwrap_or(0)
 }
 
 /// The node a VMI fits best, or why none fits: ("0/N nodes are available: ...").
@@ -57,51 +37,37 @@ fn memory_of(vmi: &Value) -> u64 {
 /// node must carry.
 pub async fn pick_node(
     ctx: &Context,
-    vmi: &Value,
+    vmi: &VirtualMachineInstance,
     exclude: Option<&str>,
-    extra_selector: &serde_json::Map<String, Value>,
-) -> Result<Result<(String, crate::cpu::GuestCpu), String>, Error> {
-    let (nodes, _) = ctx
-        .store
-        .list(
-            Kind::Node,
-            None,
-            &LabelSelector::default(),
-            &FieldSelector::default(),
-        )
-        .await?;
-    let (placed, _) = ctx
-        .store
-        .list(
-            Kind::VirtualMachineInstance,
-            None,
-            &LabelSelector::default(),
-            &FieldSelector::default(),
-        )
-        .await?;
+    extra_selector: &BTreeMap<String, String>,
+) -> Result<Result<(String, GuestCpu), String>, Error> {
+    let nodes: Vec<Node> = ctx.store.all().await?;
+    let placed: Vec<VirtualMachineInstance> = ctx.store.all().await?;
     let need = memory_of(vmi);
     let need_vcpus = vcpus_of(vmi);
-    let mut selector = vmi["spec"]["nodeSelector"]
-        .as_object()
-        .cloned()
-        .unwrap_or_default();
+    let mut selector = vmi.spec.node_selector.clone();
     selector.extend(extra_selector.clone());
     let mut reasons = Vec::new();
-    let mut best: Option<(u64, String, crate::cpu::GuestCpu)> = None;
-    let ready: Vec<&Value> = nodes.iter().filter(|n| node_ready(n)).collect();
+    let mut best: Option<(u64, String, GuestCpu)> = None;
+    let ready: Vec<&Node> = nodes.iter().filter(|n| node_ready(n)).collect();
     let cpu_default = crate::cpu::policy::scheduling_default(&ready);
-    let source_node = exclude.and_then(|x| nodes.iter().find(|n| n["metadata"]["name"] == x));
+    let source_node = exclude.and_then(|x| nodes.iter().find(|n| n.name() == x));
+    let pool_of = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.shared_pool.as_ref())
+            .map(|p| p.name.clone())
+    };
     // Claims live on the shared pool: only nodes that mount it can open them, and a
     // migration stays among nodes that mount the same one.
-    let claims = super::migration::shared_disks(vmi);
+    let claims = shared_disks(vmi);
     let needs_pool = !claims.is_empty();
-    let source_pool = source_node.and_then(|n| n["status"]["sharedPool"]["name"].as_str());
-    let running_cpu: Option<crate::cpu::GuestCpu> = vmi["metadata"]["annotations"]
-        [crate::cpu::policy::GUEST_CPU_ANNOTATION]
-        .as_str()
+    let source_pool = source_node.and_then(pool_of);
+    let running_cpu: Option<GuestCpu> = vmi
+        .annotation(crate::cpu::policy::GUEST_CPU_ANNOTATION)
         .and_then(|s| serde_json::from_str(s).ok());
     for n in &nodes {
-        let name = n["metadata"]["name"].as_str().unwrap_or("").to_string();
+        let name = n.name().to_string();
         if exclude == Some(name.as_str()) {
             reasons.push(format!("{name}: the instance runs there"));
             continue;
@@ -110,19 +76,16 @@ pub async fn pick_node(
             reasons.push(format!("{name}: not ready"));
             continue;
         }
-        if n["spec"]["unschedulable"] == true {
+        if n.spec.unschedulable {
             reasons.push(format!("{name}: cordoned"));
             continue;
         }
-        if !selector
-            .iter()
-            .all(|(k, v)| n["metadata"]["labels"].get(k) == Some(v))
-        {
+        if !selector.iter().all(|(k, v)| n.label(k) == Some(v.as_str())) {
             reasons.push(format!("{name}: does not match nodeSelector"));
             continue;
         }
         if needs_pool {
-            match (n["status"]["sharedPool"]["name"].as_str(), source_pool) {
+            match (pool_of(n), source_pool.as_deref()) {
                 (None, _) => {
                     reasons.push(format!(
                         "{name}: mounts no shared storage pool (persistentVolumeClaim volumes {} \
@@ -140,14 +103,14 @@ pub async fn pick_node(
                 _ => {}
             }
         }
-        let here: Vec<&Value> = placed
+        let here: Vec<&VirtualMachineInstance> = placed
             .iter()
-            .filter(|v| v["status"]["nodeName"].as_str() == Some(name.as_str()))
-            .filter(|v| !phase::is_final(v["status"]["phase"].as_str().unwrap_or("")))
+            .filter(|v| v.node_name() == Some(name.as_str()))
+            .filter(|v| !v.phase().is_final())
             .collect();
         let used: u64 = here.iter().map(|v| memory_of(v)).sum();
-        let cap = n["status"]["memoryBytes"].as_u64().unwrap_or(0);
-        let free = cap.saturating_sub(used);
+        let status = n.status.clone().unwrap_or_default();
+        let free = status.memory_bytes.saturating_sub(used);
         if free < need {
             reasons.push(format!(
                 "{name}: insufficient memory ({} MiB free, {} MiB requested)",
@@ -156,7 +119,7 @@ pub async fn pick_node(
             ));
             continue;
         }
-        let cpus = n["status"]["cpu"]["count"].as_u64().unwrap_or(0);
+        let cpus = u64::from(status.cpu.count);
         if cpus > 0 {
             let used_vcpus: u64 = here.iter().map(|v| vcpus_of(v)).sum();
             if need_vcpus > cpus {
@@ -177,8 +140,8 @@ pub async fn pick_node(
         // to run that one (and everything it needs from the source's CPU).
         if let (Some(src), Some(running)) = (source_node, &running_cpu) {
             let (sf, tf) = (
-                crate::cpu::policy::node_object_facts(src),
-                crate::cpu::policy::node_object_facts(n),
+                crate::cpu::policy::facts_of(src),
+                crate::cpu::policy::facts_of(n),
             );
             if let Err(e) = crate::cpu::check_target(running, &sf, &tf) {
                 reasons.push(format!("{name}: {e}"));
@@ -190,7 +153,7 @@ pub async fn pick_node(
             continue;
         }
         // The guest CPU it would get there, and whether that node can run it.
-        let guest_cpu = match crate::cpu::policy::place(vmi, n, &cpu_default) {
+        let guest_cpu = match crate::cpu::policy::place_on(vmi, n, &cpu_default) {
             Ok(g) => g,
             Err(e) => {
                 reasons.push(format!("{name}: {e}"));
@@ -212,34 +175,39 @@ pub async fn pick_node(
     })
 }
 
+/// A condition the scheduler and the lease check set; a message change is a change.
+fn condition(t: ConditionType, status: ConditionStatus, reason: &str, message: &str) -> Condition {
+    Condition {
+        status,
+        ..Condition::new(t, false, reason, message)
+    }
+}
+
 /// Try to place a VMI; false (with an explaining condition) if no node fits.
-pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
-    let picked = pick_node(ctx, vmi, None, &Default::default()).await?;
-    let (ns, name) = (
-        vmi["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("")
-            .to_string(),
-        vmi["metadata"]["name"].as_str().unwrap_or("").to_string(),
-    );
+pub async fn schedule(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<bool, Error> {
+    let picked = pick_node(ctx, vmi, None, &BTreeMap::new()).await?;
+    let (ns, name) = (vmi.namespace(), vmi.name());
     match picked {
         Ok((node, guest_cpu)) => {
-            let node2 = node.clone();
             let cpu_json = serde_json::to_string(&guest_cpu).unwrap_or_default();
             ctx.store
-                .update(Kind::VirtualMachineInstance, &ns, &name, move |o| {
-                    if o["status"]["nodeName"]
-                        .as_str()
-                        .is_some_and(|n| !n.is_empty())
-                    {
+                .update_typed(ns, name, |o: &mut VirtualMachineInstance| {
+                    if o.node_name().is_some() {
                         return Ok(());
                     }
-                    o["status"]["nodeName"] = json!(node2);
-                    o["metadata"]["annotations"][crate::cpu::policy::GUEST_CPU_ANNOTATION] =
-                        json!(cpu_json);
-                    o["status"]["phase"] = json!(phase::SCHEDULED);
-                    o["status"]["phaseTransitionTimestampsMap"][phase::SCHEDULED] = json!(now());
-                    set_cond(o, "PodScheduled", "True", "", "");
+                    o.metadata.annotations.get_or_insert_default().insert(
+                        crate::cpu::policy::GUEST_CPU_ANNOTATION.to_string(),
+                        cpu_json,
+                    );
+                    let st = o.status.get_or_insert_default();
+                    st.node_name = Some(node.clone());
+                    st.phase = Some(Phase::Scheduled);
+                    st.phase_transition_timestamps_map
+                        .insert(Phase::Scheduled.to_string(), now());
+                    set_condition(
+                        &mut st.conditions,
+                        condition(ConditionType::PodScheduled, ConditionStatus::True, "", ""),
+                    );
                     Ok(())
                 })
                 .await?;
@@ -248,8 +216,16 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
         }
         Err(msg) => {
             ctx.store
-                .update(Kind::VirtualMachineInstance, &ns, &name, move |o| {
-                    set_cond(o, "PodScheduled", "False", "Unschedulable", &msg);
+                .update_typed(ns, name, |o: &mut VirtualMachineInstance| {
+                    set_condition(
+                        &mut o.status.get_or_insert_default().conditions,
+                        condition(
+                            ConditionType::PodScheduled,
+                            ConditionStatus::False,
+                            "Unschedulable",
+                            &msg,
+                        ),
+                    );
                     Ok(())
                 })
                 .await?;
@@ -258,82 +234,51 @@ pub async fn schedule(ctx: &Context, vmi: &Value) -> Result<bool, Error> {
     }
 }
 
-pub(super) fn set_cond(o: &mut Value, t: &str, status: &str, reason: &str, message: &str) {
-    if !o["status"]["conditions"].is_array() {
-        o["status"]["conditions"] = json!([]);
-    }
-    let list = o["status"]["conditions"].as_array_mut().expect("array");
-    let new = json!({"type": t, "status": status, "reason": reason, "message": message, "lastTransitionTime": now()});
-    match list.iter_mut().find(|c| c["type"] == t) {
-        Some(c) if c["status"] == status && c["message"] == message => {}
-        Some(c) => *c = new,
-        None => list.push(new),
-    }
-}
-
 /// Mark nodes that missed their heartbeats NotReady and their instances Unknown.
 pub async fn check_leases(ctx: &Context) -> Result<(), Error> {
-    let (nodes, _) = ctx
-        .store
-        .list(
-            Kind::Node,
-            None,
-            &LabelSelector::default(),
-            &FieldSelector::default(),
-        )
-        .await?;
+    let nodes: Vec<Node> = ctx.store.all().await?;
     for n in nodes {
-        let name = n["metadata"]["name"].as_str().unwrap_or("").to_string();
-        let was_ready = n["status"]["conditions"].as_array().is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        });
+        let was_ready = n
+            .status
+            .as_ref()
+            .is_some_and(|s| condition_true(&s.conditions, &ConditionType::Ready));
         if !was_ready || node_ready(&n) {
             continue;
         }
+        let name = n.name();
         tracing::warn!(node = %name, "node missed its heartbeats; marking NotReady");
         ctx.store
-            .update(Kind::Node, "", &name, |o| {
-                set_cond(
-                    o,
-                    "Ready",
-                    "False",
-                    "NodeStatusUnknown",
-                    "the agent stopped sending heartbeats",
+            .update_typed("", name, |o: &mut Node| {
+                set_condition(
+                    &mut o.status.get_or_insert_default().conditions,
+                    condition(
+                        ConditionType::Ready,
+                        ConditionStatus::False,
+                        "NodeStatusUnknown",
+                        "the agent stopped sending heartbeats",
+                    ),
                 );
                 Ok(())
             })
             .await?;
-        let (vmis, _) = ctx
+        let vmis: Vec<VirtualMachineInstance> = ctx
             .store
-            .list(
-                Kind::VirtualMachineInstance,
-                None,
-                &LabelSelector::default(),
-                &FieldSelector::node(&name),
-            )
+            .list_typed(None, &LabelSelector::default(), &FieldSelector::node(name))
             .await?;
-        for v in vmis {
-            if phase::is_final(v["status"]["phase"].as_str().unwrap_or("")) {
-                continue;
-            }
-            let (ns, vname) = (
-                v["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string(),
-                v["metadata"]["name"].as_str().unwrap_or("").to_string(),
-            );
+        for v in vmis.iter().filter(|v| !v.phase().is_final()) {
             ctx.store
-                .update(Kind::VirtualMachineInstance, &ns, &vname, |o| {
-                    o["status"]["phase"] = json!(phase::UNKNOWN);
-                    o["status"]["reason"] = json!("NodeUnresponsive");
-                    set_cond(
-                        o,
-                        "Ready",
-                        "False",
-                        "NodeUnresponsive",
-                        "the node's agent is not reporting",
+                .update_typed(v.namespace(), v.name(), |o: &mut VirtualMachineInstance| {
+                    let st = o.status.get_or_insert_default();
+                    st.phase = Some(Phase::Unknown);
+                    st.reason = Some("NodeUnresponsive".into());
+                    set_condition(
+                        &mut st.conditions,
+                        condition(
+                            ConditionType::Ready,
+                            ConditionStatus::False,
+                            "NodeUnresponsive",
+                            "the node's agent is not reporting",
+                        ),
                     );
                     Ok(())
                 })

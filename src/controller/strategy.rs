@@ -13,11 +13,15 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 
 use base64::Engine;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::store::Store;
+use crate::types::kubevirt::{ConditionType, Phase, condition_true};
+use crate::types::{Meta, Node, VirtualMachineInstance};
 
 /// The settings key the strategy's ConfigMap is stored under.
 pub const SETTING_KEY: &str = "install-strategy";
@@ -97,36 +101,59 @@ impl Manifest {
     }
 
     /// The ConfigMap holding this manifest, gzip + base64.
-    pub fn to_config_map(&self) -> Value {
+    pub fn to_config_map(&self) -> ConfigMap {
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
         // Writing into a Vec cannot fail.
         let _ = gz.write_all(self.to_yaml().as_bytes());
         let bytes = gz.finish().unwrap_or_default();
         let id = self.identifier();
-        json!({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": format!("edgevirt-install-strategy-{}", &id[..8]),
-                "labels": {STRATEGY_LABEL: "", "app.kubernetes.io/managed-by": "edgevirt-controller"},
-                "annotations": {
-                    VERSION_ANNOTATION: self.version,
-                    IDENTIFIER_ANNOTATION: id,
-                    ENCODING_ANNOTATION: ENCODING,
-                },
+        let map = |kv: &[(&str, &str)]| {
+            Some(
+                kv.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        };
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(format!("edgevirt-install-strategy-{}", &id[..8])),
+                labels: map(&[
+                    (STRATEGY_LABEL, ""),
+                    ("app.kubernetes.io/managed-by", "edgevirt-controller"),
+                ]),
+                annotations: map(&[
+                    (VERSION_ANNOTATION, &self.version),
+                    (IDENTIFIER_ANNOTATION, &id),
+                    (ENCODING_ANNOTATION, ENCODING),
+                ]),
+                ..Default::default()
             },
-            "data": {"manifests": base64::engine::general_purpose::STANDARD.encode(bytes)},
-        })
+            data: map(&[(
+                "manifests",
+                &base64::engine::general_purpose::STANDARD.encode(bytes),
+            )]),
+            ..Default::default()
+        }
     }
 
-    /// Read a manifest back from its ConfigMap: checks the encoding, the identifier and the
-    /// version annotation. A ConfigMap without the encoding annotation holds plain YAML.
+    /// Read a manifest back from its ConfigMap (as JSON, from a file or the store): checks the
+    /// encoding, the identifier and the version annotation. A ConfigMap without the encoding
+    /// annotation holds plain YAML.
     pub fn from_config_map(cm: &Value) -> Result<Manifest> {
-        let ann = &cm["metadata"]["annotations"];
-        let data = cm["data"]["manifests"]
-            .as_str()
+        let cm: ConfigMap = serde_json::from_value(cm.clone())
+            .map_err(|e| Error::Invalid(format!("not a ConfigMap: {e}")))?;
+        Self::from_typed_config_map(&cm)
+    }
+
+    /// [`Manifest::from_config_map`] for a typed ConfigMap.
+    pub fn from_typed_config_map(cm: &ConfigMap) -> Result<Manifest> {
+        let ann = |k: &str| cm.metadata.annotations.as_ref()?.get(k).map(String::as_str);
+        let data = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get("manifests"))
             .ok_or_else(|| Error::Invalid("data.manifests is missing".into()))?;
-        let yaml = match ann[ENCODING_ANNOTATION].as_str() {
+        let yaml = match ann(ENCODING_ANNOTATION) {
             None | Some("") => data.to_string(),
             Some(ENCODING) => {
                 let gz = base64::engine::general_purpose::STANDARD
@@ -146,7 +173,7 @@ impl Manifest {
         };
         let m: Manifest = serde_yaml_ng::from_str(&yaml)
             .map_err(|e| Error::Invalid(format!("the manifest: {e}")))?;
-        if let Some(id) = ann[IDENTIFIER_ANNOTATION].as_str()
+        if let Some(id) = ann(IDENTIFIER_ANNOTATION)
             && id != m.identifier()
         {
             return Err(Error::Invalid(format!(
@@ -154,7 +181,7 @@ impl Manifest {
                 m.identifier()
             )));
         }
-        if let Some(v) = ann[VERSION_ANNOTATION].as_str()
+        if let Some(v) = ann(VERSION_ANNOTATION)
             && v != m.version
         {
             return Err(Error::Invalid(format!(
@@ -182,19 +209,20 @@ pub fn valid_version(v: &str) -> std::result::Result<(), String> {
 }
 
 /// The stored strategy, if any.
-pub async fn load(store: &Store) -> Result<Option<(Value, Manifest)>> {
+pub async fn load(store: &Store) -> Result<Option<(ConfigMap, Manifest)>> {
     let Some(text) = store.setting(SETTING_KEY).await? else {
         return Ok(None);
     };
-    let cm: Value =
+    let cm: ConfigMap =
         serde_json::from_str(&text).map_err(|e| Error::Invalid(format!("stored: {e}")))?;
-    let m = Manifest::from_config_map(&cm)?;
+    let m = Manifest::from_typed_config_map(&cm)?;
     Ok(Some((cm, m)))
 }
 
-pub async fn save(store: &Store, m: &Manifest) -> Result<Value> {
+pub async fn save(store: &Store, m: &Manifest) -> Result<ConfigMap> {
     let cm = m.to_config_map();
-    store.set_setting(SETTING_KEY, &cm.to_string()).await?;
+    let text = serde_json::to_string(&cm).map_err(|e| Error::Invalid(e.to_string()))?;
+    store.set_setting(SETTING_KEY, &text).await?;
     Ok(cm)
 }
 
@@ -266,34 +294,32 @@ pub const ROLLED_OVER: &str = "RolledOver";
 pub const PROGRESSING: &str = "Progressing";
 
 /// Compute the rollout from Node objects and VMIs (only running VMIs have launchers).
-pub fn rollout(m: &Manifest, nodes: &[Value], vmis: &[Value]) -> Rollout {
+pub fn rollout(m: &Manifest, nodes: &[Node], vmis: &[VirtualMachineInstance]) -> Rollout {
     let nodes: Vec<NodeVersion> = nodes
         .iter()
         .map(|n| {
-            let version = n["status"]["version"].as_str().unwrap_or("").to_string();
+            let st = n.status.clone().unwrap_or_default();
             NodeVersion {
-                name: n["metadata"]["name"].as_str().unwrap_or("").to_string(),
-                ready: n["status"]["conditions"].as_array().is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                }),
-                up_to_date: version == m.version,
-                version,
+                name: n.name().to_string(),
+                ready: condition_true(&st.conditions, &ConditionType::Ready),
+                up_to_date: st.version == m.version,
+                version: st.version,
             }
         })
         .collect();
     let launchers: Vec<LauncherVersion> = vmis
         .iter()
-        .filter(|v| v["status"]["phase"] == "Running")
+        .filter(|v| v.phase() == Phase::Running)
         .map(|v| {
-            let version = v["status"]["launcherVersion"]
-                .as_str()
-                .unwrap_or("")
-                .to_string();
+            let version = v
+                .status
+                .as_ref()
+                .and_then(|s| s.launcher_version.clone())
+                .unwrap_or_default();
             LauncherVersion {
-                namespace: v["metadata"]["namespace"].as_str().unwrap_or("").into(),
-                name: v["metadata"]["name"].as_str().unwrap_or("").into(),
-                node: v["status"]["nodeName"].as_str().unwrap_or("").into(),
+                namespace: v.namespace().into(),
+                name: v.name().into(),
+                node: v.node_name().unwrap_or_default().into(),
                 up_to_date: version == m.version,
                 version,
             }
@@ -319,22 +345,19 @@ pub fn rollout(m: &Manifest, nodes: &[Value], vmis: &[Value]) -> Rollout {
 
 /// The rollout as stored now.
 pub async fn current_rollout(store: &Store) -> Result<Rollout> {
-    use crate::types::Kind;
     let m = match load(store).await? {
         Some((_, m)) => m,
         None => Manifest::current(BTreeMap::new()),
     };
-    let none = (Default::default(), Default::default());
-    let (nodes, _) = store.list(Kind::Node, None, &none.0, &none.1).await?;
-    let (vmis, _) = store
-        .list(Kind::VirtualMachineInstance, None, &none.0, &none.1)
-        .await?;
-    Ok(rollout(&m, &nodes, &vmis))
+    Ok(rollout(&m, &store.all().await?, &store.all().await?))
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+    use crate::types::Typed;
 
     fn manifest() -> Manifest {
         let mut s = BTreeMap::new();
@@ -348,15 +371,25 @@ mod tests {
     #[test]
     fn config_map_round_trip() {
         let m = manifest();
-        let cm = m.to_config_map();
-        let ann = &cm["metadata"]["annotations"];
+        let cm = serde_json::to_value(m.to_config_map()).unwrap();
+        let ann = cm.pointer("/metadata/annotations").unwrap();
         assert_eq!(ann[ENCODING_ANNOTATION], ENCODING);
         assert_eq!(ann[VERSION_ANNOTATION], crate::version::RELEASE);
         assert_eq!(ann[IDENTIFIER_ANNOTATION], m.identifier());
-        assert!(cm["metadata"]["labels"].get(STRATEGY_LABEL).is_some());
+        assert!(
+            cm.pointer(&format!(
+                "/metadata/labels/{}",
+                STRATEGY_LABEL.replace('/', "~1")
+            ))
+            .is_some()
+        );
+        assert_eq!(
+            (cm["apiVersion"].as_str(), cm["kind"].as_str()),
+            (Some("v1"), Some("ConfigMap"))
+        );
         // Really gzip: the magic bytes after base64.
         let raw = base64::engine::general_purpose::STANDARD
-            .decode(cm["data"]["manifests"].as_str().unwrap())
+            .decode(cm.pointer("/data/manifests").unwrap().as_str().unwrap())
             .unwrap();
         assert_eq!(&raw[..2], &[0x1f, 0x8b]);
         let back = Manifest::from_config_map(&cm).unwrap();
@@ -364,42 +397,55 @@ mod tests {
         assert_eq!(back.roles["agent"].settings["accel"], "auto");
         assert!(!back.roles["launcher"].protocols.is_empty());
         // Plain YAML without the encoding annotation also reads (as KubeVirt allows).
-        let mut plain = cm.clone();
-        plain["metadata"]["annotations"]
-            .as_object_mut()
+        let mut plain = m.to_config_map();
+        plain
+            .metadata
+            .annotations
+            .as_mut()
             .unwrap()
             .remove(ENCODING_ANNOTATION);
-        plain["data"]["manifests"] = json!(m.to_yaml());
-        assert_eq!(Manifest::from_config_map(&plain).unwrap(), m);
+        plain.data = Some(BTreeMap::from([("manifests".to_string(), m.to_yaml())]));
+        assert_eq!(Manifest::from_typed_config_map(&plain).unwrap(), m);
+    }
+
+    fn with(m: &Manifest, key: &str, value: &str) -> ConfigMap {
+        let mut cm = m.to_config_map();
+        if key == "manifests" {
+            cm.data = Some(BTreeMap::from([(key.to_string(), value.to_string())]));
+        } else {
+            cm.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(key.to_string(), value.to_string());
+        }
+        cm
     }
 
     #[test]
     fn tampered_config_maps_are_refused() {
         let m = manifest();
-        let mut cm = m.to_config_map();
-        cm["metadata"]["annotations"][IDENTIFIER_ANNOTATION] = json!("0000000000000000");
-        let e = Manifest::from_config_map(&cm).unwrap_err().to_string();
+        let cm = with(&m, IDENTIFIER_ANNOTATION, "0000000000000000");
+        let e = Manifest::from_typed_config_map(&cm)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("identifier"), "{e}");
-        let mut cm = m.to_config_map();
-        cm["metadata"]["annotations"][VERSION_ANNOTATION] = json!("9.9.9");
+        let cm = with(&m, VERSION_ANNOTATION, "9.9.9");
         assert!(
-            Manifest::from_config_map(&cm)
+            Manifest::from_typed_config_map(&cm)
                 .unwrap_err()
                 .to_string()
                 .contains("9.9.9")
         );
-        let mut cm = m.to_config_map();
-        cm["data"]["manifests"] = json!("not base64!");
+        let cm = with(&m, "manifests", "not base64!");
         assert!(
-            Manifest::from_config_map(&cm)
+            Manifest::from_typed_config_map(&cm)
                 .unwrap_err()
                 .to_string()
                 .contains("base64")
         );
-        let mut cm = m.to_config_map();
-        cm["metadata"]["annotations"][ENCODING_ANNOTATION] = json!("zstd");
+        let cm = with(&m, ENCODING_ANNOTATION, "zstd");
         assert!(
-            Manifest::from_config_map(&cm)
+            Manifest::from_typed_config_map(&cm)
                 .unwrap_err()
                 .to_string()
                 .contains("zstd")
@@ -410,18 +456,18 @@ mod tests {
         assert_ne!(other.identifier(), m.identifier());
     }
 
-    fn node(name: &str, version: &str) -> Value {
-        json!({"metadata": {"name": name}, "status": {"version": version,
-            "conditions": [{"type": "Ready", "status": "True"}]}})
+    fn node(name: &str, version: &str) -> Node {
+        Node::from_value(json!({"metadata": {"name": name}, "spec": {}, "status": {
+            "version": version, "conditions": [{"type": "Ready", "status": "True"}]}}))
+        .unwrap()
     }
 
-    fn vmi(name: &str, phase: &str, launcher: Option<&str>) -> Value {
-        let mut v = json!({"metadata": {"namespace": "default", "name": name},
-            "status": {"phase": phase, "nodeName": "a"}});
-        if let Some(l) = launcher {
-            v["status"]["launcherVersion"] = json!(l);
-        }
-        v
+    fn vmi(name: &str, phase: &str, launcher: Option<&str>) -> VirtualMachineInstance {
+        VirtualMachineInstance::from_value(json!({
+            "metadata": {"namespace": "default", "name": name},
+            "spec": {"domain": {}},
+            "status": {"phase": phase, "nodeName": "a", "launcherVersion": launcher}}))
+        .unwrap()
     }
 
     #[test]
@@ -479,7 +525,7 @@ mod tests {
         assert!(e.contains("latest"), "{e}");
         let (cm, loaded) = load(&store).await.unwrap().unwrap();
         assert_eq!(
-            cm["metadata"]["annotations"][VERSION_ANNOTATION],
+            cm.metadata.annotations.unwrap()[VERSION_ANNOTATION],
             loaded.version
         );
         let r = current_rollout(&store).await.unwrap();

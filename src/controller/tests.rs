@@ -4,7 +4,9 @@
 use serde_json::json;
 
 use super::*;
-use crate::types::kubevirt::phase;
+use crate::types::edgevirt::SharedPool;
+use crate::types::kubevirt::{ConditionType, Phase, RunStrategy, StateChangeRequest, condition};
+use crate::types::{Meta, Node, Typed, VirtualMachine, VirtualMachineInstance};
 
 async fn ctx() -> (tempfile::TempDir, Context) {
     let d = tempfile::tempdir().unwrap();
@@ -38,12 +40,32 @@ async fn add_vm(ctx: &Context, name: &str, strategy: &str) {
         .unwrap();
 }
 
-async fn vmi_phase(ctx: &Context, name: &str) -> Option<String> {
-    ctx.store
-        .get(Kind::VirtualMachineInstance, "default", name)
-        .await
-        .unwrap()
-        .map(|v| v["status"]["phase"].as_str().unwrap_or("").to_string())
+async fn vmi_phase(ctx: &Context, name: &str) -> Option<Phase> {
+    get_vmi(ctx, name).await.map(|v| v.phase())
+}
+
+async fn get_vmi(ctx: &Context, name: &str) -> Option<VirtualMachineInstance> {
+    ctx.store.get_typed("default", name).await.unwrap()
+}
+
+async fn get_vm(ctx: &Context, name: &str) -> VirtualMachine {
+    ctx.store.get_typed("default", name).await.unwrap().unwrap()
+}
+
+fn printable(vm: &VirtualMachine) -> &str {
+    vm.status
+        .as_ref()
+        .and_then(|s| s.printable_status.as_deref())
+        .unwrap_or_default()
+}
+
+/// The message and reason of a VMI's PodScheduled condition.
+fn scheduled_condition(v: &VirtualMachineInstance) -> (String, String) {
+    let c = condition(v.conditions(), &ConditionType::PodScheduled).expect("PodScheduled");
+    (
+        c.message.clone().unwrap_or_default(),
+        c.reason.clone().unwrap_or_default(),
+    )
 }
 
 #[tokio::test]
@@ -52,41 +74,23 @@ async fn always_creates_and_schedules_halted_removes() {
     add_node(&ctx, "n1", 4 << 30).await;
     add_vm(&ctx, "a", "Always").await;
     vm::reconcile_vm(&ctx, "default", "a").await.unwrap();
-    assert_eq!(vmi_phase(&ctx, "a").await.as_deref(), Some(phase::PENDING));
+    assert_eq!(vmi_phase(&ctx, "a").await, Some(Phase::Pending));
     vm::reconcile_vmi(&ctx, "default", "a").await.unwrap();
-    let vmi = ctx
-        .store
-        .get(Kind::VirtualMachineInstance, "default", "a")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(vmi["status"]["phase"], phase::SCHEDULED);
-    assert_eq!(vmi["status"]["nodeName"], "n1");
+    let vmi = get_vmi(&ctx, "a").await.unwrap();
+    assert_eq!(vmi.phase(), Phase::Scheduled);
+    assert_eq!(vmi.node_name(), Some("n1"));
     ctx.store
-        .update(Kind::VirtualMachine, "default", "a", |o| {
-            o["spec"]["runStrategy"] = json!("Halted");
+        .update_typed("default", "a", |o: &mut VirtualMachine| {
+            o.spec.run_strategy = Some(RunStrategy::Halted);
             Ok(())
         })
         .await
         .unwrap();
     vm::reconcile_vm(&ctx, "default", "a").await.unwrap();
-    let vmi = ctx
-        .store
-        .get(Kind::VirtualMachineInstance, "default", "a")
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        vmi["metadata"]["deletionTimestamp"].is_string(),
-        "VMI not being deleted"
-    );
-    let vm = ctx
-        .store
-        .get(Kind::VirtualMachine, "default", "a")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(vm["status"]["printableStatus"], "Stopping");
+    let vmi = get_vmi(&ctx, "a").await.unwrap();
+    assert!(vmi.deleting(), "VMI not being deleted");
+    let vm = get_vm(&ctx, "a").await;
+    assert_eq!(printable(&vm), "Stopping");
 }
 
 #[tokio::test]
@@ -97,33 +101,26 @@ async fn manual_waits_for_start_request_and_unschedulable_is_reported() {
     vm::reconcile_vm(&ctx, "default", "m").await.unwrap();
     assert_eq!(vmi_phase(&ctx, "m").await, None);
     ctx.store
-        .update(Kind::VirtualMachine, "default", "m", |o| {
-            o["status"]["stateChangeRequests"] = json!([{"action": "Start"}]);
+        .update_typed("default", "m", |o: &mut VirtualMachine| {
+            o.status.get_or_insert_default().state_change_requests = vec![StateChangeRequest {
+                action: "Start".into(),
+                uid: None,
+            }];
             Ok(())
         })
         .await
         .unwrap();
     vm::reconcile_vm(&ctx, "default", "m").await.unwrap();
-    assert_eq!(vmi_phase(&ctx, "m").await.as_deref(), Some(phase::PENDING));
+    assert_eq!(vmi_phase(&ctx, "m").await, Some(Phase::Pending));
     let a = vm::reconcile_vmi(&ctx, "default", "m").await.unwrap();
     assert!(matches!(a, Action::RequeueAfter(_)));
-    let vmi = ctx
-        .store
-        .get(Kind::VirtualMachineInstance, "default", "m")
-        .await
-        .unwrap()
-        .unwrap();
-    let msg = vmi["status"]["conditions"][0]["message"].as_str().unwrap();
+    let vmi = get_vmi(&ctx, "m").await.unwrap();
+    let (msg, _) = scheduled_condition(&vmi);
     assert!(msg.contains("insufficient memory"), "{msg}");
     vm::reconcile_vm(&ctx, "default", "m").await.unwrap();
-    let vm = ctx
-        .store
-        .get(Kind::VirtualMachine, "default", "m")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(vm["status"]["printableStatus"], "ErrorUnschedulable");
-    assert_eq!(vm["status"]["stateChangeRequests"], json!([]));
+    let vm = get_vm(&ctx, "m").await;
+    assert_eq!(printable(&vm), "ErrorUnschedulable");
+    assert!(vm.status.unwrap().state_change_requests.is_empty());
 }
 
 #[tokio::test]
@@ -149,7 +146,7 @@ async fn silent_node_turns_instances_unknown() {
         .await
         .unwrap();
     scheduler::check_leases(&ctx).await.unwrap();
-    assert_eq!(vmi_phase(&ctx, "v").await.as_deref(), Some(phase::UNKNOWN));
+    assert_eq!(vmi_phase(&ctx, "v").await, Some(Phase::Unknown));
     assert!(
         ctx.store
             .get(Kind::VirtualMachineInstance, "default", "v")
@@ -166,9 +163,9 @@ async fn failing_instances_back_off() {
     add_vm(&ctx, "crash", "Always").await;
     vm::reconcile_vm(&ctx, "default", "crash").await.unwrap();
     ctx.store
-        .update(Kind::VirtualMachineInstance, "default", "crash", |o| {
-            o["status"]["phase"] = json!("Failed");
-            o["metadata"]["finalizers"] = json!([]);
+        .update_typed("default", "crash", |o: &mut VirtualMachineInstance| {
+            o.status.get_or_insert_default().phase = Some(Phase::Failed);
+            o.metadata.finalizers = Some(vec![]);
             Ok(())
         })
         .await
@@ -186,14 +183,9 @@ async fn failing_instances_back_off() {
         None,
         "restarted without backoff"
     );
-    let vm = ctx
-        .store
-        .get(Kind::VirtualMachine, "default", "crash")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(vm["status"]["startFailure"]["retries"], 1);
-    assert_eq!(vm["status"]["printableStatus"], "CrashLoopBackOff");
+    let vm = get_vm(&ctx, "crash").await;
+    assert_eq!(printable(&vm), "CrashLoopBackOff");
+    assert_eq!(vm.status.unwrap().start_failure.unwrap().retries, 1);
 }
 
 /// A node with the CPU facts of a fixture host (`tests/fixtures/cpu/`).
@@ -230,32 +222,21 @@ async fn scheduler_places_by_cpu_and_names_what_is_missing() {
         .unwrap();
     vm::reconcile_vm(&ctx, "default", "rome").await.unwrap();
     vm::reconcile_vmi(&ctx, "default", "rome").await.unwrap();
-    let vmi = ctx
-        .store
-        .get(Kind::VirtualMachineInstance, "default", "rome")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(vmi["status"]["phase"], phase::PENDING);
-    let msg = vmi["status"]["conditions"][0]["message"].as_str().unwrap();
+    let vmi = get_vmi(&ctx, "rome").await.unwrap();
+    assert_eq!(vmi.phase(), Phase::Pending);
+    let (msg, reason) = scheduled_condition(&vmi);
     assert!(
         msg.contains("intel: the node cannot run the VM's CPU model") && msg.ends_with("EPYC-Rome"),
         "{msg}"
     );
-    assert_eq!(vmi["status"]["conditions"][0]["reason"], "Unschedulable");
+    assert_eq!(reason, "Unschedulable");
     // An AMD EPYC Rome node joins: the VMI goes there, with the chosen CPU recorded.
     add_cpu_node(&ctx, "amd", "amd-epyc-7502p").await;
     vm::reconcile_vmi(&ctx, "default", "rome").await.unwrap();
-    let vmi = ctx
-        .store
-        .get(Kind::VirtualMachineInstance, "default", "rome")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(vmi["status"]["nodeName"], "amd");
+    let vmi = get_vmi(&ctx, "rome").await.unwrap();
+    assert_eq!(vmi.node_name(), Some("amd"));
     let g: crate::cpu::GuestCpu = serde_json::from_str(
-        vmi["metadata"]["annotations"][crate::cpu::policy::GUEST_CPU_ANNOTATION]
-            .as_str()
+        vmi.annotation(crate::cpu::policy::GUEST_CPU_ANNOTATION)
             .unwrap(),
     )
     .unwrap();
@@ -265,87 +246,14 @@ async fn scheduler_places_by_cpu_and_names_what_is_missing() {
     );
 }
 
-#[test]
-fn local_disks_move_only_by_block_migration_when_asked() {
-    let vmi = |annotations: serde_json::Value, volume: serde_json::Value| {
-        json!({"metadata": {"annotations": annotations}, "spec": {
-            "domain": {"devices": {"interfaces": [{"name": "default", "masquerade": {}}]}},
-            "volumes": [volume]}})
-    };
-    let local = json!({"name": "data", "containerDisk": {"image": "img"}});
-    let cloud = json!({"name": "ci", "cloudInitNoCloud": {"userData": "#cloud-config"}});
-    let plain = json!({"metadata": {}});
-    let asked = json!({"metadata": {"annotations": {"edgevirt.io/block-migration": "true"}}});
-
-    // A local disk: not live-migratable, and the message says how to ask for the copy.
-    let m = live_migratable(&vmi(json!({}), local.clone()));
-    assert!(!m.ok);
-    assert_eq!(m.reason, "DisksNotLiveMigratable");
-    assert!(
-        m.message.contains("data") && m.message.contains("--block"),
-        "{m:?}"
-    );
-    assert_eq!(
-        migration_method(&vmi(json!({}), local.clone()), &plain)
-            .unwrap_err()
-            .reason,
-        "DisksNotLiveMigratable"
-    );
-    // Asked on the migration: copied, this once.
-    assert_eq!(
-        migration_method(&vmi(json!({}), local.clone()), &asked),
-        Ok("BlockMigration")
-    );
-    // Asked on the instance: live-migratable by block migration.
-    let annotated = vmi(json!({"edgevirt.io/block-migration": "true"}), local);
-    let m = live_migratable(&annotated);
-    assert!(m.ok, "{m:?}");
-    assert_eq!(m.method, "BlockMigration");
-    assert_eq!(migration_method(&annotated, &plain), Ok("BlockMigration"));
-    // Nothing local: a plain live migration whatever was asked.
-    assert_eq!(
-        migration_method(&vmi(json!({}), cloud.clone()), &asked),
-        Ok("LiveMigration")
-    );
-    // Asking for block migration does not move a bridge interface.
-    let mut bridged = vmi(json!({}), cloud);
-    bridged["spec"]["domain"]["devices"]["interfaces"] = json!([{"name": "br", "bridge": {}}]);
-    assert_eq!(
-        migration_method(&bridged, &asked).unwrap_err().reason,
-        "InterfaceNotLiveMigratable"
-    );
-}
-
-#[test]
-fn shared_pool_disks_migrate_without_a_copy() {
-    let vmi = |volumes: serde_json::Value| json!({"metadata": {}, "spec": {"volumes": volumes}});
-    let claim = json!({"name": "data", "persistentVolumeClaim": {"claimName": "data"}});
-    let local = json!({"name": "root", "containerDisk": {"image": "img"}});
-    let asked = json!({"metadata": {"annotations": {"edgevirt.io/block-migration": "true"}}});
-
-    let m = live_migratable(&vmi(json!([claim.clone()])));
-    assert!(m.ok, "{m:?}");
-    assert_eq!(m.method, "LiveMigration");
-    // A claim next to a local disk: a block migration would copy the claim onto itself, so
-    // it is refused even when asked, and the message names both kinds.
-    let mixed = vmi(json!([claim, local]));
-    let m = live_migratable(&mixed);
-    assert_eq!((m.ok, m.reason.as_str()), (false, "DisksNotLiveMigratable"));
-    assert!(
-        m.message.contains("root") && m.message.contains("data"),
-        "{m:?}"
-    );
-    assert_eq!(
-        migration_method(&mixed, &asked).unwrap_err().reason,
-        "DisksNotLiveMigratable"
-    );
-}
-
 async fn set_pool(ctx: &Context, node: &str, pool: &str) {
     let pool = pool.to_string();
     ctx.store
-        .update(Kind::Node, "", node, move |o| {
-            o["status"]["sharedPool"] = json!({"name": pool, "path": "/srv/pool"});
+        .update_typed("", node, move |o: &mut Node| {
+            o.status.get_or_insert_default().shared_pool = Some(SharedPool {
+                name: pool,
+                path: "/srv/pool".into(),
+            });
             Ok(())
         })
         .await
@@ -363,9 +271,12 @@ async fn claims_go_only_to_nodes_that_mount_the_shared_pool() {
     set_pool(&ctx, "p1", "site").await;
     set_pool(&ctx, "p2", "site").await;
     set_pool(&ctx, "other", "elsewhere").await;
-    let vmi = json!({"metadata": {"name": "c", "namespace": "default"}, "spec": {
+    let vmi = VirtualMachineInstance::from_value(
+        json!({"metadata": {"name": "c", "namespace": "default"}, "spec": {
         "domain": {"memory": {"guest": "1Gi"}, "devices": {}},
-        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}});
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}),
+    )
+    .unwrap();
     let none = Default::default();
     let (node, _) = scheduler::pick_node(&ctx, &vmi, None, &none)
         .await
@@ -380,8 +291,8 @@ async fn claims_go_only_to_nodes_that_mount_the_shared_pool() {
     assert_eq!(node, "p2");
     // With p2 cordoned nothing fits, and the reasons say why for each node.
     ctx.store
-        .update(Kind::Node, "", "p2", |o| {
-            o["spec"]["unschedulable"] = json!(true);
+        .update_typed("", "p2", |o: &mut Node| {
+            o.spec.unschedulable = true;
             Ok(())
         })
         .await
@@ -397,11 +308,110 @@ async fn claims_go_only_to_nodes_that_mount_the_shared_pool() {
         "{why}"
     );
     // A VMI without claims still goes to the roomiest node.
-    let plain = json!({"metadata": {"name": "p", "namespace": "default"}, "spec": {
-        "domain": {"memory": {"guest": "1Gi"}, "devices": {}}}});
+    let plain = VirtualMachineInstance::from_value(
+        json!({"metadata": {"name": "p", "namespace": "default"}, "spec": {
+        "domain": {"memory": {"guest": "1Gi"}, "devices": {}}}}),
+    )
+    .unwrap();
     let (node, _) = scheduler::pick_node(&ctx, &plain, None, &none)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(node, "big");
+}
+
+#[tokio::test]
+async fn a_deleted_node_releases_its_instances_only_when_forced() {
+    let (_d, ctx) = ctx().await;
+    add_node(&ctx, "gone", 4 << 30).await;
+    ctx.store
+        .create(
+            Kind::VirtualMachineInstance,
+            json!({"metadata": {"name": "v", "namespace": "default",
+                                "finalizers": [crate::types::annotations::LAUNCHER_FINALIZER]},
+                   "spec": {"domain": {"devices": {}}},
+                   "status": {"phase": "Running", "nodeName": "gone"}}),
+            false,
+        )
+        .await
+        .unwrap();
+    // Not forced: refused, naming the instance and the way out.
+    match release_node(&ctx.store, "gone", false, false).await {
+        Err(Release::Busy(m)) => assert!(m.contains("default/v") && m.contains("--force"), "{m}"),
+        other => panic!("not refused: {other:?}"),
+    }
+    // Forced as a dry run: nothing changes.
+    release_node(&ctx.store, "gone", true, true).await.unwrap();
+    assert_eq!(vmi_phase(&ctx, "v").await, Some(Phase::Running));
+    // Forced: the instance fails and goes, so its VM can start elsewhere.
+    let mut events = ctx.store.subscribe();
+    release_node(&ctx.store, "gone", true, false).await.unwrap();
+    assert_eq!(vmi_phase(&ctx, "v").await, None);
+    let mut failed = false;
+    while let Ok(ev) = events.try_recv() {
+        let v = VirtualMachineInstance::from_value(ev.object.clone()).unwrap();
+        failed |= v.phase() == Phase::Failed
+            && v.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("NodeDeleted");
+    }
+    assert!(
+        failed,
+        "the instance was not marked Failed/NodeDeleted first"
+    );
+    // A node without instances is released at once.
+    release_node(&ctx.store, "gone", false, false)
+        .await
+        .unwrap();
+}
+
+/// The periodic resync of VMs that are where they should be reads one listing per kind and
+/// writes nothing: no write transaction at all, not even one that finds nothing changed.
+#[tokio::test]
+async fn an_idle_resync_writes_nothing() {
+    let (_d, ctx) = ctx().await;
+    add_node(&ctx, "n1", 64 << 30).await;
+    for i in 0..20 {
+        add_vm(&ctx, &format!("h{i}"), "Halted").await;
+        vm::reconcile_vm(&ctx, "default", &format!("h{i}"))
+            .await
+            .unwrap();
+    }
+    add_vm(&ctx, "run", "Always").await;
+    vm::reconcile_vm(&ctx, "default", "run").await.unwrap();
+    vm::reconcile_vmi(&ctx, "default", "run").await.unwrap();
+    vm::reconcile_vm(&ctx, "default", "run").await.unwrap();
+    // What the first resync after these changes finds to do, it does.
+    let queue = Queue::default();
+    resync(&ctx, &queue).await;
+    for (kind, ns, name) in queue.take() {
+        match kind {
+            Kind::VirtualMachine => vm::reconcile_vm(&ctx, &ns, &name).await.unwrap(),
+            _ => vm::reconcile_vmi(&ctx, &ns, &name).await.unwrap(),
+        };
+    }
+    ctx.store.prune_events().await.unwrap();
+
+    let before = ctx.store.writes();
+    resync(&ctx, &queue).await;
+    assert_eq!(queue.take(), Vec::<Key>::new(), "nothing to reconcile");
+    ctx.store.prune_events().await.unwrap();
+    scheduler::check_leases(&ctx).await.unwrap();
+    assert_eq!(ctx.store.writes(), before, "an idle resync wrote");
+
+    // A VM whose status is behind is found, reconciled and written.
+    ctx.store
+        .update_typed("default", "h3", |o: &mut VirtualMachine| {
+            o.status.get_or_insert_default().printable_status = Some("Running".into());
+            Ok(())
+        })
+        .await
+        .unwrap();
+    resync(&ctx, &queue).await;
+    let keys = queue.take();
+    assert_eq!(
+        keys,
+        vec![(Kind::VirtualMachine, "default".into(), "h3".into())]
+    );
+    vm::reconcile_vm(&ctx, "default", "h3").await.unwrap();
+    let h3 = get_vm(&ctx, "h3").await;
+    assert_eq!(printable(&h3), "Stopped");
 }

@@ -1,97 +1,96 @@
 //! VM → VMI by run strategy, state-change requests (start/stop/restart), VM status, and VMI
 //! scheduling and clean-up of never-scheduled instances.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::{Action, Context, scheduler};
-use crate::api::admission::{LAUNCHER_FINALIZER, VOLUMES_FINALIZER};
 use crate::store::Error;
-use crate::types::kubevirt::{RunStrategy, VirtualMachineSpec, phase};
-use crate::types::{Kind, now};
+use crate::types::annotations::{LAUNCHER_FINALIZER, VOLUMES_FINALIZER, VOLUMES_NODE_ANNOTATION};
+use crate::types::kubevirt::{
+    Condition, ConditionStatus, ConditionType, Phase, RunStrategy, StartFailure,
+    VirtualMachineInstanceStatus, condition_true, set_condition,
+};
+use crate::types::{Meta, Typed, VirtualMachine, VirtualMachineInstance, now};
 
-use crate::types::annotations::VOLUMES_NODE_ANNOTATION;
-
-fn deleting(o: &Value) -> bool {
-    o["metadata"].get("deletionTimestamp").is_some()
-}
-
-fn vmi_phase(o: &Value) -> &str {
-    o["status"]["phase"].as_str().unwrap_or(phase::PENDING)
+/// A stored object read for a reconcile; one that does not decode is logged and left alone
+/// (a newer peer's shape this release cannot read), not retried in a loop.
+pub(super) async fn read<T: Typed>(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+) -> Result<Option<T>, Error> {
+    match ctx.store.get_typed::<T>(ns, name).await {
+        Err(Error::Invalid(e)) => {
+            tracing::error!(namespace = %ns, %name, error = %e, "stored object does not decode; leaving it alone");
+            Ok(None)
+        }
+        r => r,
+    }
 }
 
 pub async fn reconcile_vm(ctx: &Context, ns: &str, name: &str) -> Result<Action, Error> {
     let store = &ctx.store;
-    let vm = store.get(Kind::VirtualMachine, ns, name).await?;
-    let vmi = store.get(Kind::VirtualMachineInstance, ns, name).await?;
+    let vm = read::<VirtualMachine>(ctx, ns, name).await?;
+    let vmi = read::<VirtualMachineInstance>(ctx, ns, name).await?;
     let Some(vm) = vm else {
         // The VM is gone: its instance goes too.
         if let Some(vmi) = vmi
-            && owned_by_vm(&vmi).is_some()
-            && !deleting(&vmi)
+            && vmi.owner_uid("VirtualMachine").is_some()
+            && !vmi.deleting()
         {
             store
-                .delete(Kind::VirtualMachineInstance, ns, name, None)
+                .delete(VirtualMachineInstance::KIND, ns, name, None)
                 .await?;
         }
         return Ok(Action::Done);
     };
-    let vm_uid = vm["metadata"]["uid"].as_str().unwrap_or("").to_string();
-    let vmi = vmi.filter(|v| owned_by_vm(v).is_none_or(|u| u == vm_uid));
-    if deleting(&vm) {
+    let vmi = owned(&vm, vmi.as_ref()).cloned();
+    if vm.deleting() {
         if let Some(vmi) = &vmi {
-            if !deleting(vmi) {
+            if !vmi.deleting() {
                 store
-                    .delete(Kind::VirtualMachineInstance, ns, name, None)
+                    .delete(VirtualMachineInstance::KIND, ns, name, None)
                     .await?;
             }
-        } else if vm["metadata"]["annotations"]
-            .get(VOLUMES_NODE_ANNOTATION)
-            .is_none()
-        {
+        } else if vm.annotation(VOLUMES_NODE_ANNOTATION).is_none() {
             // No volumes were ever created for it: nothing for an agent to clean up.
-            remove_finalizer(ctx, Kind::VirtualMachine, ns, name, VOLUMES_FINALIZER).await?;
+            remove_finalizer::<VirtualMachine>(ctx, ns, name, VOLUMES_FINALIZER).await?;
             return Ok(Action::Done);
         }
         set_vm_status(ctx, ns, name, vmi.as_ref()).await?;
         return Ok(Action::Done);
     }
-    let spec: VirtualMachineSpec = match serde_json::from_value(vm["spec"].clone()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(namespace = %ns, %name, error = %e, "stored VM spec does not decode");
-            return Ok(Action::Done);
-        }
-    };
 
     // Pending start/stop requests come first, in order.
-    let requests = vm["status"]["stateChangeRequests"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    if let Some(first) = requests.first() {
-        let done = match first["action"].as_str() {
-            Some("Stop") => match &vmi {
-                Some(v) if first["uid"].is_null() || first["uid"] == v["metadata"]["uid"] => {
-                    if !deleting(v) {
+    let first = vm
+        .status
+        .as_ref()
+        .and_then(|s| s.state_change_requests.first());
+    if let Some(first) = first {
+        let done = match first.action.as_str() {
+            "Stop" => match &vmi {
+                Some(v) if first.uid.as_deref().is_none_or(|u| u == v.uid()) => {
+                    if !v.deleting() {
                         store
-                            .delete(Kind::VirtualMachineInstance, ns, name, None)
+                            .delete(VirtualMachineInstance::KIND, ns, name, None)
                             .await?;
                     }
                     false
                 }
                 _ => true,
             },
-            Some("Start") => match &vmi {
+            "Start" => match &vmi {
                 None => {
-                    create_vmi(ctx, &vm, &spec).await?;
+                    create_vmi(ctx, &vm).await?;
                     true
                 }
-                Some(v) if deleting(v) => false,
-                Some(v) if phase::is_final(vmi_phase(v)) => {
+                Some(v) if v.deleting() => false,
+                Some(v) if v.phase().is_final() => {
                     store
-                        .delete(Kind::VirtualMachineInstance, ns, name, None)
+                        .delete(VirtualMachineInstance::KIND, ns, name, None)
                         .await?;
                     false
                 }
@@ -101,11 +100,11 @@ pub async fn reconcile_vm(ctx: &Context, ns: &str, name: &str) -> Result<Action,
         };
         if done {
             store
-                .update(Kind::VirtualMachine, ns, name, |o| {
-                    if let Some(a) = o["status"]["stateChangeRequests"].as_array_mut()
-                        && !a.is_empty()
+                .update_typed(ns, name, |o: &mut VirtualMachine| {
+                    if let Some(st) = o.status.as_mut()
+                        && !st.state_change_requests.is_empty()
                     {
-                        a.remove(0);
+                        st.state_change_requests.remove(0);
                     }
                     Ok(())
                 })
@@ -116,45 +115,51 @@ pub async fn reconcile_vm(ctx: &Context, ns: &str, name: &str) -> Result<Action,
     }
 
     let mut action = Action::Done;
-    match (spec.strategy(), &vmi) {
+    match (vm.spec.strategy(), &vmi) {
         (RunStrategy::Always | RunStrategy::RerunOnFailure | RunStrategy::Once, None) => {
             // After failures, wait out the crash-loop backoff before starting again.
             match retry_wait(&vm) {
                 Some(wait) => action = Action::RequeueAfter(wait),
                 // Once: start only if it never ran (a finished instance stays, keeping it
                 // stopped).
-                None => create_vmi(ctx, &vm, &spec).await?,
+                None => create_vmi(ctx, &vm).await?,
             }
         }
         (RunStrategy::Always | RunStrategy::RerunOnFailure, Some(v))
-            if vmi_phase(v) == phase::FAILED && !deleting(v) =>
+            if v.phase() == Phase::Failed && !v.deleting() =>
         {
             record_failure(ctx, ns, name, v).await?;
             store
-                .delete(Kind::VirtualMachineInstance, ns, name, None)
+                .delete(VirtualMachineInstance::KIND, ns, name, None)
                 .await?;
         }
-        (RunStrategy::Always, Some(v)) if phase::is_final(vmi_phase(v)) && !deleting(v) => {
+        (RunStrategy::Always, Some(v)) if v.phase().is_final() && !v.deleting() => {
             store
-                .delete(Kind::VirtualMachineInstance, ns, name, None)
+                .delete(VirtualMachineInstance::KIND, ns, name, None)
                 .await?;
         }
-        (RunStrategy::Halted, Some(v)) if !deleting(v) => {
+        (RunStrategy::Halted, Some(v)) if !v.deleting() => {
             store
-                .delete(Kind::VirtualMachineInstance, ns, name, None)
+                .delete(VirtualMachineInstance::KIND, ns, name, None)
                 .await?;
         }
         _ => {}
     }
-    let vmi = store.get(Kind::VirtualMachineInstance, ns, name).await?;
+    let vmi = read::<VirtualMachineInstance>(ctx, ns, name).await?;
     set_vm_status(ctx, ns, name, vmi.as_ref()).await?;
     Ok(action)
 }
 
 /// How long to wait before starting a VM whose instances keep failing (KubeVirt's
 /// `status.startFailure`), if at all.
-fn retry_wait(vm: &Value) -> Option<Duration> {
-    let at = vm["status"]["startFailure"]["retryAfterTimestamp"].as_str()?;
+fn retry_wait(vm: &VirtualMachine) -> Option<Duration> {
+    let at = vm
+        .status
+        .as_ref()?
+        .start_failure
+        .as_ref()?
+        .retry_after_timestamp
+        .as_deref()?;
     let at = chrono::DateTime::parse_from_rfc3339(at).ok()?;
     (at.with_timezone(&chrono::Utc) - chrono::Utc::now())
         .to_std()
@@ -163,68 +168,67 @@ fn retry_wait(vm: &Value) -> Option<Duration> {
 }
 
 /// Count a failed start and set the next retry time: 10 s, doubling, at most 5 min.
-async fn record_failure(ctx: &Context, ns: &str, name: &str, vmi: &Value) -> Result<(), Error> {
-    let failed_uid = vmi["metadata"]["uid"].clone();
+async fn record_failure(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    vmi: &VirtualMachineInstance,
+) -> Result<(), Error> {
+    let failed_uid = vmi.uid().to_string();
     ctx.store
-        .update(Kind::VirtualMachine, ns, name, move |o| {
-            let sf = &o["status"]["startFailure"];
-            if sf["lastFailedVMIUID"] == failed_uid {
+        .update_typed(ns, name, |o: &mut VirtualMachine| {
+            let st = o.status.get_or_insert_default();
+            let sf = st.start_failure.get_or_insert_default();
+            if sf.last_failed_vmi_uid.as_deref() == Some(failed_uid.as_str()) {
                 return Ok(());
             }
-            let retries = sf["retries"].as_u64().unwrap_or(0) + 1;
+            let retries = sf.retries + 1;
             let wait = (10u64 << (retries - 1).min(5)).min(300);
             let at = chrono::Utc::now() + chrono::Duration::seconds(wait as i64);
-            o["status"]["startFailure"] = json!({
-                "retries": retries,
-                "lastFailedVMIUID": failed_uid,
-                "retryAfterTimestamp": at.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
-            });
-            tracing::warn!(namespace = %o["metadata"]["namespace"].as_str().unwrap_or(""), name = %o["metadata"]["name"].as_str().unwrap_or(""), retries, wait_secs = wait, "VMI failed; backing off before the next start");
+            *sf = StartFailure {
+                retries,
+                last_failed_vmi_uid: Some(failed_uid),
+                retry_after_timestamp: Some(at.format("%Y-%m-%dT%H:%M:%SZ").to_string()),
+            };
+            tracing::warn!(namespace = %ns, %name, retries, wait_secs = wait, "VMI failed; backing off before the next start");
             Ok(())
         })
         .await
         .map(|_| ())
 }
 
-fn owned_by_vm(vmi: &Value) -> Option<String> {
-    vmi["metadata"]["ownerReferences"]
-        .as_array()?
-        .iter()
-        .find(|r| r["kind"] == "VirtualMachine")
-        .and_then(|r| r["uid"].as_str().map(str::to_string))
-}
-
-async fn create_vmi(ctx: &Context, vm: &Value, spec: &VirtualMachineSpec) -> Result<(), Error> {
-    let meta = &vm["metadata"];
-    let tmeta = spec.template.metadata.clone().unwrap_or_default();
-    let mut labels = serde_json::to_value(&tmeta.labels).unwrap_or(json!({}));
-    labels["kubevirt.io/vm"] = meta["name"].clone();
-    let vmi = json!({
-        "metadata": {
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "labels": labels,
-            "annotations": tmeta.annotations,
-            "ownerReferences": [{
-                "apiVersion": "kubevirt.io/v1",
-                "kind": "VirtualMachine",
-                "name": meta["name"],
-                "uid": meta["uid"],
-                "controller": true,
-                "blockOwnerDeletion": true,
-            }],
-            "finalizers": [LAUNCHER_FINALIZER],
+/// A new instance from the VM's template, owned by the VM, Pending.
+async fn create_vmi(ctx: &Context, vm: &VirtualMachine) -> Result<(), Error> {
+    let tmeta = vm.spec.template.metadata.clone().unwrap_or_default();
+    let mut labels = tmeta.labels;
+    labels.insert("kubevirt.io/vm".into(), vm.name().to_string());
+    let vmi = VirtualMachineInstance {
+        metadata: ObjectMeta {
+            name: Some(vm.name().to_string()),
+            namespace: Some(vm.namespace().to_string()),
+            labels: Some(labels),
+            annotations: Some(tmeta.annotations),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "kubevirt.io/v1".into(),
+                kind: "VirtualMachine".into(),
+                name: vm.name().to_string(),
+                uid: vm.uid().to_string(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]),
+            finalizers: Some(vec![LAUNCHER_FINALIZER.to_string()]),
+            ..Default::default()
         },
-        "spec": spec.template.spec,
-        "status": {"phase": phase::PENDING, "phaseTransitionTimestampsMap": {phase::PENDING: now()}},
-    });
-    match ctx
-        .store
-        .create(Kind::VirtualMachineInstance, vmi, false)
-        .await
-    {
+        spec: vm.spec.template.spec.clone(),
+        status: Some(VirtualMachineInstanceStatus {
+            phase: Some(Phase::Pending),
+            phase_transition_timestamps_map: BTreeMap::from([(Phase::Pending.to_string(), now())]),
+            ..Default::default()
+        }),
+    };
+    match ctx.store.create_typed(&vmi).await {
         Ok(_) => {
-            tracing::info!(namespace = %meta["namespace"].as_str().unwrap_or(""), name = %meta["name"].as_str().unwrap_or(""), "created VirtualMachineInstance");
+            tracing::info!(namespace = %vm.namespace(), name = %vm.name(), "created VirtualMachineInstance");
             Ok(())
         }
         Err(Error::AlreadyExists { .. }) => Ok(()),
@@ -233,26 +237,26 @@ async fn create_vmi(ctx: &Context, vm: &Value, spec: &VirtualMachineSpec) -> Res
 }
 
 /// KubeVirt's printable status of a VM from its instance.
-pub fn printable_status(vm_deleting: bool, vmi: Option<&Value>) -> &'static str {
+pub fn printable_status(vm_deleting: bool, vmi: Option<&VirtualMachineInstance>) -> &'static str {
     if vm_deleting {
         return "Terminating";
     }
     let Some(v) = vmi else { return "Stopped" };
-    if deleting(v) {
+    if v.deleting() {
         return "Stopping";
     }
-    let conds = v["status"]["conditions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let cond = |t: &str, s: &str| conds.iter().any(|c| c["type"] == t && c["status"] == s);
-    match vmi_phase(v) {
-        phase::PENDING | phase::SCHEDULING if cond("PodScheduled", "False") => "ErrorUnschedulable",
-        phase::PENDING | phase::SCHEDULING | phase::SCHEDULED => "Starting",
-        phase::RUNNING if cond("Paused", "True") => "Paused",
-        phase::RUNNING => "Running",
-        phase::SUCCEEDED => "Stopped",
-        phase::FAILED => "CrashLoopBackOff",
+    let unschedulable = v
+        .conditions()
+        .iter()
+        .any(|c| c.type_ == ConditionType::PodScheduled && c.status == ConditionStatus::False);
+    let paused = condition_true(v.conditions(), &ConditionType::Paused);
+    match v.phase() {
+        Phase::Pending | Phase::Scheduling if unschedulable => "ErrorUnschedulable",
+        Phase::Pending | Phase::Scheduling | Phase::Scheduled => "Starting",
+        Phase::Running if paused => "Paused",
+        Phase::Running => "Running",
+        Phase::Succeeded => "Stopped",
+        Phase::Failed => "CrashLoopBackOff",
         _ => "Unknown",
     }
 }
@@ -261,45 +265,12 @@ async fn set_vm_status(
     ctx: &Context,
     ns: &str,
     name: &str,
-    vmi: Option<&Value>,
+    vmi: Option<&VirtualMachineInstance>,
 ) -> Result<(), Error> {
-    let vmi = vmi.cloned();
     let r = ctx
         .store
-        .update(Kind::VirtualMachine, ns, name, move |o| {
-            let printable = printable_status(deleting(o), vmi.as_ref());
-            let ready = vmi.as_ref().is_some_and(|v| {
-                v["status"]["conditions"]
-                    .as_array()
-                    .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
-            });
-            let strategy = serde_json::from_value::<VirtualMachineSpec>(o["spec"].clone())
-                .map(|s| s.strategy())
-                .unwrap_or_default();
-            if !o["status"].is_object() {
-                o["status"] = json!({});
-            }
-            let running = vmi.as_ref().is_some_and(|v| vmi_phase(v) == phase::RUNNING);
-            let backing_off = vmi.is_none() && retry_wait(o).is_some();
-            let st = o["status"].as_object_mut().expect("object");
-            if running {
-                st.remove("startFailure");
-            }
-            let printable = if backing_off { "CrashLoopBackOff" } else { printable };
-            st.insert("printableStatus".into(), json!(printable));
-            st.insert("created".into(), json!(vmi.is_some()));
-            st.insert("ready".into(), json!(ready));
-            st.insert("runStrategy".into(), json!(strategy));
-            let cond = json!([{
-                "type": "Ready",
-                "status": if ready { "True" } else { "False" },
-                "reason": if ready { "" } else if vmi.is_some() { "NotReady" } else { "VMINotExists" },
-            }]);
-            if st.get("conditions").map(|c| c[0]["status"] != cond[0]["status"]).unwrap_or(true) {
-                let mut c = cond;
-                c[0]["lastTransitionTime"] = json!(now());
-                st.insert("conditions".into(), c);
-            }
+        .update_typed(ns, name, |o: &mut VirtualMachine| {
+            apply_vm_status(o, vmi);
             Ok(())
         })
         .await;
@@ -309,19 +280,105 @@ async fn set_vm_status(
     }
 }
 
-async fn remove_finalizer(
+/// The VM's status as its instance makes it (what [`set_vm_status`] writes).
+fn apply_vm_status(o: &mut VirtualMachine, vmi: Option<&VirtualMachineInstance>) {
+    let printable = printable_status(o.deleting(), vmi);
+    let ready = vmi.is_some_and(|v| condition_true(v.conditions(), &ConditionType::Ready));
+    let strategy = o.spec.strategy();
+    let running = vmi.is_some_and(|v| v.phase() == Phase::Running);
+    let backing_off = vmi.is_none() && retry_wait(o).is_some();
+    let st = o.status.get_or_insert_default();
+    if running {
+        st.start_failure = None;
+    }
+    st.printable_status = Some(
+        if backing_off {
+            "CrashLoopBackOff"
+        } else {
+            printable
+        }
+        .to_string(),
+    );
+    st.created = vmi.is_some();
+    st.ready = ready;
+    st.run_strategy = Some(strategy);
+    let reason = if ready {
+        ""
+    } else if vmi.is_some() {
+        "NotReady"
+    } else {
+        "VMINotExists"
+    };
+    set_condition(
+        &mut st.conditions,
+        Condition::new(ConditionType::Ready, ready, reason, ""),
+    );
+}
+
+/// The instance a VM owns, of those with its name (one left from a deleted VM of the same
+/// name is not its).
+fn owned<'a>(
+    vm: &VirtualMachine,
+    vmi: Option<&'a VirtualMachineInstance>,
+) -> Option<&'a VirtualMachineInstance> {
+    vmi.filter(|v| v.owner_uid("VirtualMachine").is_none_or(|u| u == vm.uid()))
+}
+
+/// Whether reconciling this VM would change anything, judged from a listing (the periodic
+/// resync): an idle VM is neither read again nor written.
+pub fn vm_idle(vm: &VirtualMachine, vmi: Option<&VirtualMachineInstance>) -> bool {
+    if vm.deleting() {
+        return false;
+    }
+    if vm
+        .status
+        .as_ref()
+        .is_some_and(|s| !s.state_change_requests.is_empty())
+    {
+        return false;
+    }
+    let vmi = owned(vm, vmi);
+    // The same cases as reconcile_vm's: any that acts is not idle.
+    let acts = match (vm.spec.strategy(), vmi) {
+        (RunStrategy::Always | RunStrategy::RerunOnFailure | RunStrategy::Once, None) => true,
+        (RunStrategy::Always | RunStrategy::RerunOnFailure, Some(v))
+            if v.phase() == Phase::Failed && !v.deleting() =>
+        {
+            true
+        }
+        (RunStrategy::Always, Some(v)) if v.phase().is_final() && !v.deleting() => true,
+        (RunStrategy::Halted, Some(v)) if !v.deleting() => true,
+        _ => false,
+    };
+    if acts {
+        return false;
+    }
+    let mut after = vm.clone();
+    apply_vm_status(&mut after, vmi);
+    after.status == vm.status
+}
+
+/// Whether reconcile_vmi would do nothing for this instance.
+pub fn vmi_idle(vmi: &VirtualMachineInstance) -> bool {
+    let unplaced = vmi.node_name().is_none();
+    if vmi.deleting() {
+        return !unplaced;
+    }
+    !(unplaced && vmi.phase() == Phase::Pending)
+}
+
+/// Remove a finalizer from an object, if it is still there.
+pub(super) async fn remove_finalizer<T: Typed>(
     ctx: &Context,
-    kind: Kind,
     ns: &str,
     name: &str,
     f: &str,
 ) -> Result<(), Error> {
-    let f = f.to_string();
     match ctx
         .store
-        .update(kind, ns, name, move |o| {
-            if let Some(a) = o["metadata"]["finalizers"].as_array_mut() {
-                a.retain(|x| x != f.as_str());
+        .update_typed(ns, name, |o: &mut T| {
+            if let Some(fs) = o.meta_mut().finalizers.as_mut() {
+                fs.retain(|x| x != f);
             }
             Ok(())
         })
@@ -333,29 +390,17 @@ async fn remove_finalizer(
 }
 
 pub async fn reconcile_vmi(ctx: &Context, ns: &str, name: &str) -> Result<Action, Error> {
-    let Some(vmi) = ctx
-        .store
-        .get(Kind::VirtualMachineInstance, ns, name)
-        .await?
-    else {
+    let Some(vmi) = read::<VirtualMachineInstance>(ctx, ns, name).await? else {
         return Ok(Action::Done);
     };
-    let node = vmi["status"]["nodeName"].as_str().unwrap_or("");
-    if deleting(&vmi) {
-        if node.is_empty() {
+    if vmi.deleting() {
+        if vmi.node_name().is_none() {
             // Never placed: no agent holds anything for it.
-            remove_finalizer(
-                ctx,
-                Kind::VirtualMachineInstance,
-                ns,
-                name,
-                LAUNCHER_FINALIZER,
-            )
-            .await?;
+            remove_finalizer::<VirtualMachineInstance>(ctx, ns, name, LAUNCHER_FINALIZER).await?;
         }
         return Ok(Action::Done);
     }
-    if node.is_empty() && vmi_phase(&vmi) == phase::PENDING {
+    if vmi.node_name().is_none() && vmi.phase() == Phase::Pending {
         return match scheduler::schedule(ctx, &vmi).await? {
             true => Ok(Action::Done),
             false => Ok(Action::RequeueAfter(Duration::from_secs(5))),

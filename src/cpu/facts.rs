@@ -5,8 +5,8 @@
 
 use quick_xml::events::{BytesStart, Event};
 
+use crate::hypervisor::Hypervisor;
 use crate::types::edgevirt::{CpuFacts, CpuFeaturePolicy, HostModelCpu};
-use crate::virt::Hypervisor;
 
 /// Environment variable naming a file read instead of `/proc/cpuinfo`. For tests that simulate
 /// another host (a Hygon node on an Intel machine); not a setting for production.

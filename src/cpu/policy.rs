@@ -9,9 +9,13 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
+use super::model::check_cpu_name;
+pub use super::model::{GuestCpu, Mode};
 use crate::types::Invalid;
+use crate::types::Node;
 use crate::types::edgevirt::{CpuFacts, CpuFeaturePolicy};
 use crate::types::kubevirt::Cpu;
+use crate::types::kubevirt::VirtualMachineInstance;
 
 /// The VMI annotation in which the scheduler records the guest CPU it chose (JSON of
 /// [`GuestCpu`]); the agent renders exactly that, and migrations check it against targets.
@@ -43,23 +47,6 @@ pub fn cluster_default() -> &'static str {
         .get()
         .map(String::as_str)
         .unwrap_or(DEFAULT_CPU_MODEL)
-}
-
-/// Check a CPU model or feature name: what libvirt names look like, nothing that could
-/// change the XML around it.
-pub fn check_cpu_name(what: &str, name: &str) -> Result<(), Invalid> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(Invalid(format!(
-            "{what} {name:?} is not a valid libvirt CPU name (letters, digits, '-', '_', '.'; at most 64)"
-        )))
-    }
 }
 
 /// The feature policies libvirt and KubeVirt know.
@@ -136,81 +123,6 @@ impl GuestOs {
         } else {
             GuestOs::Other
         }
-    }
-
-    /// From a VMI (or VM template) object's metadata.
-    pub fn of_object(obj: &serde_json::Value) -> GuestOs {
-        let map = |v: &serde_json::Value| -> BTreeMap<String, String> {
-            serde_json::from_value(v.clone()).unwrap_or_default()
-        };
-        GuestOs::detect(
-            &map(&obj["metadata"]["labels"]),
-            &map(&obj["metadata"]["annotations"]),
-        )
-    }
-}
-
-/// libvirt's `<cpu mode=...>`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    HostModel,
-    HostPassthrough,
-    /// TCG's counterpart of host-passthrough: every feature QEMU can emulate.
-    Maximum,
-    /// A named model.
-    Custom,
-}
-
-impl Mode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::HostModel => "host-model",
-            Mode::HostPassthrough => "host-passthrough",
-            Mode::Maximum => "maximum",
-            Mode::Custom => "custom",
-        }
-    }
-}
-
-/// The CPU a guest gets on one node: everything the converter renders, and what the
-/// compatibility check compares against other nodes.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct GuestCpu {
-    pub mode: Mode,
-    /// The named model (custom mode).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    /// `<model fallback=...>`: `forbid` or `allow`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fallback: Option<String>,
-    /// `<model vendor_id=...>`: the vendor string the guest sees instead of the model's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vendor_id: Option<String>,
-    /// `<cpu check=...>`: `none`, `partial` or `full`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub check: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub features: Vec<CpuFeaturePolicy>,
-    /// Hyper-V enlightenments and the Hyper-V clock, for Windows guests.
-    #[serde(default)]
-    pub hyperv: bool,
-    /// The domain type this was resolved for (`kvm` or `qemu`).
-    #[serde(default)]
-    pub virt_type: String,
-    /// Why this CPU, in a sentence or two.
-    #[serde(default)]
-    pub reason: String,
-}
-
-impl GuestCpu {
-    /// Features with a given policy.
-    pub fn features_with(&self, policies: &[&str]) -> impl Iterator<Item = &str> {
-        self.features
-            .iter()
-            .filter(move |f| policies.contains(&f.policy.as_str()))
-            .map(|f| f.name.as_str())
     }
 }
 
@@ -359,60 +271,85 @@ pub fn effective_default(default: &str, nodes: &[&CpuFacts]) -> String {
 /// [`GUEST_CPU_ANNOTATION`] when it is there and for the same domain type, else resolved
 /// here with the cluster default.
 pub fn for_vmi(
-    vmi: &serde_json::Value,
+    vmi: &VirtualMachineInstance,
     host: &CpuFacts,
     virt_type: &str,
 ) -> Result<GuestCpu, Invalid> {
-    if let Some(g) = vmi["metadata"]["annotations"][GUEST_CPU_ANNOTATION]
-        .as_str()
+    if let Some(g) = vmi
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(GUEST_CPU_ANNOTATION))
         .and_then(|s| serde_json::from_str::<GuestCpu>(s).ok())
         && g.virt_type == virt_type
     {
         return Ok(g);
     }
-    let cpu: Option<Cpu> = serde_json::from_value(vmi["spec"]["domain"]["cpu"].clone()).ok();
+    let empty = BTreeMap::new();
     let default = effective_default(cluster_default(), &[host]);
     resolve(
-        cpu.as_ref(),
-        GuestOs::of_object(vmi),
+        vmi.spec.domain.cpu.as_ref(),
+        GuestOs::detect(
+            vmi.metadata.labels.as_ref().unwrap_or(&empty),
+            vmi.metadata.annotations.as_ref().unwrap_or(&empty),
+        ),
         &default,
         host,
         virt_type,
     )
 }
 
-/// A Node object's CPU facts (`status.cpu`), with the domain type from `status.accelerator`
-/// for nodes of older agents.
-pub fn node_object_facts(node: &serde_json::Value) -> CpuFacts {
-    let mut f: CpuFacts = serde_json::from_value(node["status"]["cpu"].clone()).unwrap_or_default();
+/// A Node's CPU facts, with the domain type it runs guests with (`kvm` when it reports none).
+pub fn facts_of(node: &Node) -> CpuFacts {
+    let st = node.status.clone().unwrap_or_default();
+    let mut f = st.cpu;
     if f.virt_type.is_empty() {
-        f.virt_type = node["status"]["accelerator"]
-            .as_str()
-            .unwrap_or("kvm")
-            .to_string();
+        f.virt_type = if st.accelerator.is_empty() {
+            "kvm".to_string()
+        } else {
+            st.accelerator
+        };
     }
     f
 }
 
 /// The cluster default for scheduling, over the candidate nodes (`migratable` → their baseline).
-pub fn scheduling_default(nodes: &[&serde_json::Value]) -> String {
-    let facts: Vec<CpuFacts> = nodes.iter().map(|n| node_object_facts(n)).collect();
+pub fn scheduling_default(nodes: &[&Node]) -> String {
+    let facts: Vec<CpuFacts> = nodes.iter().map(|n| facts_of(n)).collect();
     let refs: Vec<&CpuFacts> = facts.iter().collect();
     effective_default(cluster_default(), &refs)
 }
 
-/// The guest CPU a VMI object would get on a Node object, if that node can run it; the error
-/// says why not, naming the missing features.
-pub fn place(
-    vmi: &serde_json::Value,
-    node: &serde_json::Value,
+/// The guest CPU a VMI would get on a node, if that node can run it; the error says why not,
+/// naming the missing features.
+pub fn place_on(
+    vmi: &VirtualMachineInstance,
+    node: &Node,
     default: &str,
 ) -> Result<GuestCpu, String> {
-    let facts = node_object_facts(node);
-    let cpu: Option<Cpu> = serde_json::from_value(vmi["spec"]["domain"]["cpu"].clone()).ok();
+    let empty = BTreeMap::new();
+    place_spec(
+        vmi.spec.domain.cpu.as_ref(),
+        vmi.metadata.labels.as_ref().unwrap_or(&empty),
+        vmi.metadata.annotations.as_ref().unwrap_or(&empty),
+        node,
+        default,
+    )
+}
+
+/// [`place_on`] from the parts of an instance that matter: its `domain.cpu` and the labels
+/// and annotations that tell its operating system (a VM's template has them too).
+pub fn place_spec(
+    cpu: Option<&Cpu>,
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+    node: &Node,
+    default: &str,
+) -> Result<GuestCpu, String> {
+    let facts = facts_of(node);
     let g = resolve(
-        cpu.as_ref(),
-        GuestOs::of_object(vmi),
+        cpu,
+        GuestOs::detect(labels, annotations),
         default,
         &facts,
         &facts.virt_type.clone(),

@@ -18,8 +18,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::RwLock;
 
+use crate::hypervisor::{DomainState, GuestAddress, Hypervisor};
 use crate::types::kubevirt::{GuestAgentInfo, GuestOsInfo};
-use crate::virt::{DomainState, GuestAddress, Hypervisor};
 use protocol::{
     CpuFeature, CpuModel, CpuModelField, CpuTopology, Envelope, GuestCpu, Info, Request, Response,
     Status,
@@ -137,13 +137,17 @@ pub async fn run_with(cfg: Config, hv: Arc<dyn Hypervisor>) -> anyhow::Result<()
 impl Launcher {
     async fn blocking<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&dyn Hypervisor, &str) -> crate::virt::Result<T> + Send + 'static,
-    ) -> crate::virt::Result<T> {
+        f: impl FnOnce(&dyn Hypervisor, &str) -> crate::hypervisor::Result<T> + Send + 'static,
+    ) -> crate::hypervisor::Result<T> {
         let hv = self.hv.clone();
         let name = self.cfg.domain_name.clone();
         tokio::task::spawn_blocking(move || f(hv.as_ref(), &name))
             .await
-            .unwrap_or_else(|e| Err(crate::virt::Error::Libvirt(format!("task failed: {e}"))))
+            .unwrap_or_else(|e| {
+                Err(crate::hypervisor::Error::Libvirt(format!(
+                    "task failed: {e}"
+                )))
+            })
     }
 
     /// Update the cached status; false once the domain is gone.
@@ -255,10 +259,12 @@ impl Launcher {
                 tracing::info!(domain = %self.cfg.domain_name, block, shared_storage, "migrating");
                 let copy = match (block, memory_uri, disks_uri) {
                     (false, _, _) => Ok(None),
-                    (true, Some(memory_uri), Some(disks_uri)) => Ok(Some(crate::virt::BlockCopy {
-                        memory_uri,
-                        disks_uri,
-                    })),
+                    (true, Some(memory_uri), Some(disks_uri)) => {
+                        Ok(Some(crate::hypervisor::BlockCopy {
+                            memory_uri,
+                            disks_uri,
+                        }))
+                    }
                     (true, _, _) => {
                         Err("a block migration needs memory_uri and disks_uri".to_string())
                     }
@@ -333,7 +339,7 @@ impl Launcher {
 
     async fn act(
         &self,
-        f: impl FnOnce(&dyn Hypervisor, &str) -> crate::virt::Result<()> + Send + 'static,
+        f: impl FnOnce(&dyn Hypervisor, &str) -> crate::hypervisor::Result<()> + Send + 'static,
     ) -> Result<Value, String> {
         let r = self.blocking(f).await.map_err(|e| e.to_string());
         self.refresh(false).await;
@@ -341,10 +347,10 @@ impl Launcher {
     }
 }
 
-fn agent_json(hv: &dyn Hypervisor, name: &str, cmd: &str) -> crate::virt::Result<Value> {
+fn agent_json(hv: &dyn Hypervisor, name: &str, cmd: &str) -> crate::hypervisor::Result<Value> {
     let out = hv.agent_command(name, &format!(r#"{{"execute":"{cmd}"}}"#), 2)?;
     let v: Value = serde_json::from_str(&out)
-        .map_err(|e| crate::virt::Error::AgentUnavailable(format!("bad reply: {e}")))?;
+        .map_err(|e| crate::hypervisor::Error::AgentUnavailable(format!("bad reply: {e}")))?;
     Ok(v["return"].clone())
 }
 
@@ -356,7 +362,7 @@ fn s(v: &Value, k: &str) -> Option<String> {
 fn guest_info(
     hv: &dyn Hypervisor,
     name: &str,
-) -> crate::virt::Result<(Option<GuestAgentInfo>, Vec<GuestAddress>)> {
+) -> crate::hypervisor::Result<(Option<GuestAgentInfo>, Vec<GuestAddress>)> {
     if agent_json(hv, name, "guest-ping").is_err() {
         return Ok((None, vec![]));
     }

@@ -8,16 +8,13 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::hypervisor::{DomainState, GuestAddress};
 use crate::types::kubevirt::GuestAgentInfo;
-use crate::virt::{DomainState, GuestAddress};
 
 /// Protocol versions this build speaks, oldest first. Version 2 added the guest CPU to
 /// [`Status`], with its `model` an object ([`CpuModel`]); on a version-1 connection the model
 /// is sent as a plain string, the form release-1 peers decode.
-#[cfg(not(feature = "wire-previous"))]
 pub const VERSIONS: &[u32] = &[1, 2];
-#[cfg(feature = "wire-previous")]
-pub const VERSIONS: &[u32] = &[1];
 
 /// One request from the agent.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -45,7 +45,7 @@ impl Store {
         .bind(password_hash)
         .bind(role)
         .bind(now())
-        .execute(&self.writer)
+        .execute(self.w())
         .await?;
         Ok(r.rows_affected() == 1)
     }
@@ -78,7 +78,7 @@ impl Store {
 
     /// Delete a user with its tokens and sessions; false if there was none.
     pub async fn delete_user(&self, name: &str) -> Result<bool> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = self.begin_write().await?;
         let r = sqlx::query("DELETE FROM users WHERE name = ?")
             .bind(name)
             .execute(&mut *tx)
@@ -97,7 +97,7 @@ impl Store {
 
     /// Set a new password hash; logs the user out everywhere.
     pub async fn set_password(&self, name: &str, password_hash: &str) -> Result<bool> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = self.begin_write().await?;
         let r = sqlx::query("UPDATE users SET password_hash = ? WHERE name = ?")
             .bind(password_hash)
             .bind(name)
@@ -128,7 +128,7 @@ impl Store {
         .bind(role)
         .bind(description)
         .bind(now())
-        .execute(&self.writer)
+        .execute(self.w())
         .await?;
         Ok(id)
     }
@@ -164,7 +164,7 @@ impl Store {
     pub async fn delete_token(&self, id: &str) -> Result<bool> {
         let r = sqlx::query("DELETE FROM tokens WHERE id = ?")
             .bind(id)
-            .execute(&self.writer)
+            .execute(self.w())
             .await?;
         Ok(r.rows_affected() == 1)
     }
@@ -178,7 +178,7 @@ impl Store {
         csrf: &str,
         ttl_secs: i64,
     ) -> Result<()> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = self.begin_write().await?;
         // Expired sessions go whenever a new one is made.
         sqlx::query("DELETE FROM sessions WHERE expires < ?")
             .bind(unix_now())
@@ -219,7 +219,7 @@ impl Store {
     pub async fn delete_session(&self, hash: &str) -> Result<()> {
         sqlx::query("DELETE FROM sessions WHERE hash = ?")
             .bind(hash)
-            .execute(&self.writer)
+            .execute(self.w())
             .await?;
         Ok(())
     }

@@ -46,7 +46,7 @@ impl Store {
         .bind(description)
         .bind(now())
         .bind(expires)
-        .execute(&self.writer)
+        .execute(self.w())
         .await?;
         Ok(id)
     }
@@ -76,7 +76,7 @@ impl Store {
     pub async fn delete_join_token(&self, id: &str) -> Result<bool> {
         let r = sqlx::query("DELETE FROM join_tokens WHERE id = ?")
             .bind(id)
-            .execute(&self.writer)
+            .execute(self.w())
             .await?;
         Ok(r.rows_affected() == 1)
     }
@@ -90,7 +90,7 @@ impl Store {
         credential_hash: &str,
         now_unix: i64,
     ) -> Result<std::result::Result<(), JoinRefusal>> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = self.begin_write().await?;
         let row: Option<(i64, Option<String>)> =
             sqlx::query_as("SELECT expires, used_by FROM join_tokens WHERE hash = ?")
                 .bind(hash)
@@ -134,7 +134,7 @@ impl Store {
     pub async fn revoke_node_credentials(&self, node: &str) -> Result<u64> {
         let r = sqlx::query("DELETE FROM tokens WHERE user_name = ?")
             .bind(node_user(node))
-            .execute(&self.writer)
+            .execute(self.w())
             .await?;
         Ok(r.rows_affected())
     }

@@ -45,6 +45,11 @@ impl LabelSelector {
         Ok(LabelSelector(reqs))
     }
 
+    /// Selects everything.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     pub fn matches(&self, obj: &Value) -> bool {
         let labels = &obj["metadata"]["labels"];
         let get = |k: &str| labels.get(k).and_then(Value::as_str);
@@ -277,6 +282,11 @@ impl FieldSelector {
             .iter()
             .find(|(k, eq, _)| k == "status.nodeName" && *eq)
             .map(|(_, _, v)| v.as_str())
+    }
+
+    /// Selects everything.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     pub fn matches(&self, obj: &Value) -> bool {

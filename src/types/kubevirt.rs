@@ -1,6 +1,7 @@
 //! The `kubevirt.io/v1` kinds edgevirt serves: `VirtualMachine` and `VirtualMachineInstance`,
 //! with KubeVirt's field names. Only the fields edgevirt implements are modelled; the specs
-//! refuse unknown fields, and [`crate::types::validate`] names KubeVirt fields that exist
+//! decode tolerantly (unknown fields are ignored, as every peer of another release must), and
+//! admission ([`crate::types::decode`]) refuses unknown fields, naming KubeVirt fields that exist
 //! upstream but are not supported here yet, so nothing a user wrote is silently dropped.
 
 use std::collections::BTreeMap;
@@ -34,7 +35,8 @@ pub enum RunStrategy {
     printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.printableStatus"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type=='Ready')].status"}"#
 )]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct VirtualMachineSpec {
     /// Deprecated KubeVirt switch: `true` is `Always`, `false` is `Halted`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -56,7 +58,8 @@ impl VirtualMachineSpec {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct VirtualMachineInstanceTemplateSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<TemplateMeta>,
@@ -92,6 +95,22 @@ pub struct VirtualMachineStatus {
     /// The effective run strategy, as KubeVirt reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_strategy: Option<RunStrategy>,
+    /// Failed starts and when the next one may come, as KubeVirt's `startFailure`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_failure: Option<StartFailure>,
+}
+
+/// KubeVirt's `VirtualMachineStartFailure`: the crash-loop backoff of a VM.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StartFailure {
+    #[serde(default)]
+    pub retries: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "lastFailedVMIUID")]
+    pub last_failed_vmi_uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_timestamp: Option<String>,
 }
 
 /// A pending start or stop asked through a subresource, as KubeVirt's `stateChangeRequests`.
@@ -121,7 +140,8 @@ pub struct StateChangeRequest {
     printcolumn = r#"{"name":"Live-Migratable","type":"string","jsonPath":".status.conditions[?(@.type=='LiveMigratable')].status","priority":1}"#,
     printcolumn = r#"{"name":"Paused","type":"string","jsonPath":".status.conditions[?(@.type=='Paused')].status","priority":1}"#
 )]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct VirtualMachineInstanceSpec {
     pub domain: DomainSpec,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -135,7 +155,8 @@ pub struct VirtualMachineInstanceSpec {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct DomainSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<Cpu>,
@@ -152,7 +173,8 @@ pub struct DomainSpec {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct Cpu {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cores: Option<u32>,
@@ -172,7 +194,8 @@ pub struct Cpu {
 /// One entry of KubeVirt's `spec.domain.cpu.features`: a libvirt feature name and its policy
 /// (`force`, `require`, `optional`, `disable`, `forbid`; KubeVirt's default is `require`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct CpuFeature {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -180,21 +203,24 @@ pub struct CpuFeature {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct Memory {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct Resources {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub requests: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct Devices {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub disks: Vec<Disk>,
@@ -207,7 +233,8 @@ pub struct Devices {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct Disk {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -221,7 +248,8 @@ pub struct Disk {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct DiskTarget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bus: Option<String>,
@@ -231,11 +259,12 @@ pub struct DiskTarget {
 
 /// An empty object, as KubeVirt uses for `masquerade: {}` or `pod: {}`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[schemars(deny_unknown_fields)]
 pub struct Empty {}
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct Interface {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -249,7 +278,8 @@ pub struct Interface {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct Firmware {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootloader: Option<Bootloader>,
@@ -258,7 +288,8 @@ pub struct Firmware {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct Bootloader {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bios: Option<Empty>,
@@ -267,7 +298,8 @@ pub struct Bootloader {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct Efi {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secure_boot: Option<bool>,
@@ -277,7 +309,8 @@ pub struct Efi {
 /// images imported with `edgevirt image import` (not paths); `container.image` is kept for
 /// KubeVirt round-trips and is otherwise unused.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct KernelBoot {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_args: Option<String>,
@@ -286,7 +319,8 @@ pub struct KernelBoot {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct KernelBootContainer {
     #[serde(default)]
     pub image: String,
@@ -299,14 +333,16 @@ pub struct KernelBootContainer {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct Machine {
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
     pub machine_type: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct Volume {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -324,7 +360,8 @@ pub struct Volume {
 /// a ReadWriteMany PVC it is the same disk on every node that mounts the pool, so the VM
 /// live-migrates without copying it; edgevirt never creates or deletes it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct PersistentVolumeClaimSource {
     pub claim_name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -332,7 +369,8 @@ pub struct PersistentVolumeClaimSource {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct ContainerDisk {
     /// The name of an imported image.
     pub image: String,
@@ -341,14 +379,16 @@ pub struct ContainerDisk {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct DataVolumeSource {
     /// The name of an imported image.
     pub name: String,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct CloudInitNoCloud {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_data: Option<String>,
@@ -361,7 +401,8 @@ pub struct CloudInitNoCloud {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct Network {
     pub name: String,
     /// The NAT network of the node (its subnet is a node setting, `--nat-prefix`).
@@ -373,7 +414,7 @@ pub struct Network {
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineInstanceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<Phase>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -401,6 +442,12 @@ pub struct VirtualMachineInstanceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(rename = "currentCPUTopology")]
     pub current_cpu_topology: Option<CpuTopologyStatus>,
+    /// The migration in flight or the last one, as KubeVirt's `migrationState`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration_state: Option<MigrationState>,
+    /// How the instance migrates: `LiveMigration` or `BlockMigration`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration_method: Option<MigrationMethod>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -418,8 +465,8 @@ pub struct CpuTopologyStatus {
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     #[serde(rename = "type")]
-    pub type_: String,
-    pub status: String,
+    pub type_: ConditionType,
+    pub status: ConditionStatus,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -431,34 +478,59 @@ pub struct Condition {
 }
 
 impl Condition {
-    pub fn new(type_: &str, ok: bool, reason: Option<&str>, message: Option<&str>) -> Self {
+    /// A condition that is True when `ok`, else False, changed now.
+    pub fn new(type_: ConditionType, ok: bool, reason: &str, message: &str) -> Self {
         Condition {
-            type_: type_.into(),
-            status: if ok { "True" } else { "False" }.into(),
-            reason: reason.map(Into::into),
-            message: message.map(Into::into),
+            type_,
+            status: if ok {
+                ConditionStatus::True
+            } else {
+                ConditionStatus::False
+            },
+            reason: (!reason.is_empty()).then(|| reason.to_string()),
+            message: (!message.is_empty()).then(|| message.to_string()),
             last_transition_time: Some(crate::types::now()),
             last_probe_time: None,
         }
     }
+
+    pub fn is_true(&self) -> bool {
+        self.status == ConditionStatus::True
+    }
 }
 
-/// Replace or add a condition, keeping its transition time when the status did not change.
-pub fn set_condition(conditions: &mut Vec<Condition>, mut c: Condition) {
+/// The one way to change a condition list: replace the condition of the same type or add
+/// it, keeping its transition time when its status did not change. Returns whether
+/// anything but that time changed, so callers can skip a write that changes nothing.
+pub fn set_condition(conditions: &mut Vec<Condition>, mut c: Condition) -> bool {
     if let Some(old) = conditions.iter_mut().find(|o| o.type_ == c.type_) {
         if old.status == c.status {
             c.last_transition_time = old.last_transition_time.clone();
         }
+        let changed = *old != c;
         *old = c;
+        changed
     } else {
         conditions.push(c);
+        true
     }
 }
 
-pub fn condition_true(conditions: &[Condition], type_: &str) -> bool {
-    conditions
-        .iter()
-        .any(|c| c.type_ == type_ && c.status == "True")
+/// Remove the condition of a type; whether there was one.
+pub fn remove_condition(conditions: &mut Vec<Condition>, type_: &ConditionType) -> bool {
+    let before = conditions.len();
+    conditions.retain(|c| &c.type_ != type_);
+    conditions.len() != before
+}
+
+/// The condition of a type, if present.
+pub fn condition<'a>(conditions: &'a [Condition], type_: &ConditionType) -> Option<&'a Condition> {
+    conditions.iter().find(|c| &c.type_ == type_)
+}
+
+/// Whether the condition of a type is present and True.
+pub fn condition_true(conditions: &[Condition], type_: &ConditionType) -> bool {
+    condition(conditions, type_).is_some_and(Condition::is_true)
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -513,6 +585,103 @@ pub struct GuestAgentInfo {
     pub timezone: Option<String>,
 }
 
+crate::open_enum! {
+    /// A condition's type: KubeVirt's, and edgevirt's own on nodes.
+    pub enum ConditionType {
+        Ready => "Ready",
+        LiveMigratable => "LiveMigratable",
+        AgentConnected => "AgentConnected",
+        Paused => "Paused",
+        PodScheduled => "PodScheduled",
+        /// A migration's: it failed.
+        Failed => "Failed",
+    }
+}
+
+crate::open_enum! {
+    /// A condition's status.
+    pub enum ConditionStatus {
+        True => "True",
+        False => "False",
+        Unknown => "Unknown",
+    }
+}
+
+impl Default for ConditionType {
+    fn default() -> Self {
+        ConditionType::Other(String::new())
+    }
+}
+
+#[allow(clippy::derivable_impls)] // the enum comes from open_enum!, which derives no Default
+impl Default for ConditionStatus {
+    fn default() -> Self {
+        ConditionStatus::Unknown
+    }
+}
+
+crate::open_enum! {
+    /// KubeVirt's VMI phases.
+    pub enum Phase {
+        Pending => "Pending",
+        Scheduling => "Scheduling",
+        Scheduled => "Scheduled",
+        Running => "Running",
+        Succeeded => "Succeeded",
+        Failed => "Failed",
+        Unknown => "Unknown",
+    }
+}
+
+#[allow(clippy::derivable_impls)] // the enum comes from open_enum!, which derives no Default
+impl Default for Phase {
+    fn default() -> Self {
+        Phase::Pending
+    }
+}
+
+impl Phase {
+    /// Succeeded or Failed: the instance will not run again.
+    pub fn is_final(&self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+}
+
+crate::open_enum! {
+    /// KubeVirt's migration phases.
+    pub enum MigrationPhase {
+        Pending => "Pending",
+        Scheduling => "Scheduling",
+        Scheduled => "Scheduled",
+        PreparingTarget => "PreparingTarget",
+        TargetReady => "TargetReady",
+        Running => "Running",
+        Succeeded => "Succeeded",
+        Failed => "Failed",
+    }
+}
+
+#[allow(clippy::derivable_impls)] // the enum comes from open_enum!, which derives no Default
+impl Default for MigrationPhase {
+    fn default() -> Self {
+        MigrationPhase::Pending
+    }
+}
+
+impl MigrationPhase {
+    pub fn is_final(&self) -> bool {
+        matches!(self, MigrationPhase::Succeeded | MigrationPhase::Failed)
+    }
+}
+
+crate::open_enum! {
+    /// How an instance migrates: nothing to copy, or its local disks copied along.
+    pub enum MigrationMethod {
+        LiveMigration => "LiveMigration",
+        BlockMigration => "BlockMigration",
+    }
+}
+
 /// KubeVirt's VMI phases.
 pub mod phase {
     pub const PENDING: &str = "Pending";
@@ -543,7 +712,8 @@ pub mod phase {
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"VMI","type":"string","jsonPath":".spec.vmiName"}"#
 )]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
 pub struct VirtualMachineInstanceMigrationSpec {
     pub vmi_name: String,
     /// Extra node labels the target must have (KubeVirt's `addedNodeSelector`).
@@ -555,19 +725,22 @@ pub struct VirtualMachineInstanceMigrationSpec {
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineInstanceMigrationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<MigrationPhase>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub phase_transition_timestamps: Vec<PhaseTransition>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration_state: Option<MigrationState>,
+    /// edgevirt extension: the domain XML the target prepared, which the source migrates to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_domain: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PhaseTransition {
-    pub phase: String,
+    pub phase: MigrationPhase,
     pub phase_transition_timestamp: String,
 }
 
@@ -618,5 +791,45 @@ pub mod migration_phase {
 
     pub fn is_final(p: &str) -> bool {
         p == SUCCEEDED || p == FAILED
+    }
+}
+
+impl VirtualMachineInstance {
+    /// The phase, Pending until someone set one.
+    pub fn phase(&self) -> Phase {
+        self.status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default()
+    }
+
+    /// The node it is bound to, if any.
+    pub fn node_name(&self) -> Option<&str> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .filter(|n| !n.is_empty())
+    }
+
+    pub fn conditions(&self) -> &[Condition] {
+        self.status.as_ref().map_or(&[], |s| &s.conditions)
+    }
+
+    pub fn migration_state(&self) -> Option<&MigrationState> {
+        self.status.as_ref()?.migration_state.as_ref()
+    }
+}
+
+impl VirtualMachineInstanceMigration {
+    /// The phase, Pending until the controller set one.
+    pub fn phase(&self) -> MigrationPhase {
+        self.status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn migration_state(&self) -> Option<&MigrationState> {
+        self.status.as_ref()?.migration_state.as_ref()
     }
 }

@@ -2,6 +2,8 @@
 //! names, the KubeVirt fields edgevirt does not support yet, quantities.
 
 pub mod edgevirt;
+pub mod object;
+mod open_enum;
 
 /// Annotations and finalizers edgevirt uses to record intent on objects.
 pub mod annotations {
@@ -31,7 +33,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 pub use edgevirt::{Image, Node};
-pub use kubevirt::{VirtualMachine, VirtualMachineInstance};
+pub use kubevirt::{VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration};
+pub use object::{Meta, Typed};
 
 /// The current time as RFC 3339 with second precision, as Kubernetes writes timestamps.
 /// Kubernetes-style age of an RFC 3339 timestamp, as `kubectl get` prints it.
@@ -374,31 +377,40 @@ const KUBEVIRT_UNSUPPORTED: &[&str] = &[
     "limits",
 ];
 
-/// Decode a kind's spec from JSON, naming the offending field on failure.
+/// Decode a kind's spec from JSON for admission, naming the offending field on failure.
+/// The types themselves decode tolerantly (a peer of another release may send fields this
+/// one does not know); here, where a user's object is checked, every field the types do
+/// not know is refused, all of them in one message, and a KubeVirt field edgevirt does not
+/// implement yet is named as such.
 pub fn decode<T: DeserializeOwned>(kind: &str, value: Value) -> Result<T, Invalid> {
-    serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.inner().to_string();
-        if let Some(field) = inner
-            .strip_prefix("unknown field `")
-            .and_then(|s| s.split('`').next())
-        {
-            let at = if path == "." || path.is_empty() {
-                field.to_string()
-            } else {
-                // serde_path_to_error reports the path including the unknown field itself.
-                path.clone()
-            };
+    let mut unknown: Vec<String> = Vec::new();
+    let mut track = serde_path_to_error::Track::new();
+    let de = serde_path_to_error::Deserializer::new(value, &mut track);
+    let decoded: Result<T, _> = serde_ignored::deserialize(de, |path| {
+        unknown.push(path.to_string());
+    });
+    let t = decoded.map_err(|e| {
+        let path = track.path().to_string();
+        Invalid(format!("{kind}: {path}: {e}"))
+    })?;
+    if unknown.is_empty() {
+        return Ok(t);
+    }
+    let reasons: Vec<String> = unknown
+        .iter()
+        .map(|at| {
+            let field = at.rsplit('.').next().unwrap_or(at);
             if KUBEVIRT_UNSUPPORTED.contains(&field) {
-                return Invalid(format!(
-                    "{kind}: field {at} is a KubeVirt field that edgevirt does not support yet; \
+                format!(
+                    "field {at} is a KubeVirt field that edgevirt does not support yet; \
                      remove it to create this object here"
-                ));
+                )
+            } else {
+                format!("unknown field {at}")
             }
-            return Invalid(format!("{kind}: unknown field {at}"));
-        }
-        Invalid(format!("{kind}: {path}: {inner}"))
-    })
+        })
+        .collect();
+    Err(Invalid(format!("{kind}: {}", reasons.join("; "))))
 }
 
 /// Parse a Kubernetes quantity (`512Mi`, `2G`, `1`, `1.5Gi`, `1e9`, `500m`) into a whole
@@ -576,9 +588,19 @@ mod tests {
         );
         let spec = serde_json::json!({"template": {"spec": {"domain": {"bogus": 1}}}});
         let e = decode::<kubevirt::VirtualMachineSpec>("VirtualMachine", spec).unwrap_err();
-        assert!(
-            e.0.contains("unknown field") && e.0.contains("bogus"),
-            "{e}"
+        assert_eq!(
+            e.0,
+            "VirtualMachine: unknown field template.spec.domain.bogus"
         );
+        // Every unknown field at once, not one per try.
+        let spec = serde_json::json!({"template": {"spec": {"dnsPolicy": "None",
+            "domain": {"devices": {"rng": {}, "disks": [{"name": "d", "bogus": 1}]}}}}});
+        let e = decode::<kubevirt::VirtualMachineSpec>("VirtualMachine", spec).unwrap_err();
+        for field in ["dnsPolicy", "devices.rng", "disks.0.bogus"] {
+            assert!(e.0.contains(field), "{field} not named: {e}");
+        }
+        // The types themselves decode what a newer peer sends.
+        let spec = serde_json::json!({"template": {"spec": {"newField": 1, "domain": {}}}});
+        assert!(serde_json::from_value::<kubevirt::VirtualMachineSpec>(spec).is_ok());
     }
 }

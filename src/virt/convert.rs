@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use askama::Template;
 
-use crate::cpu::policy::{GuestCpu, Mode};
+use crate::cpu::model::{GuestCpu, Mode};
 use crate::types::edgevirt::CpuFeaturePolicy;
 use crate::types::kubevirt::VirtualMachineInstanceSpec;
 use crate::types::{Invalid, parse_quantity};
@@ -302,7 +302,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
     let gcpu = &ctx.cpu;
     let cpu_model = match (gcpu.mode, &gcpu.model) {
         (Mode::Custom, Some(m)) => {
-            crate::cpu::policy::check_cpu_name("CPU model", m)?;
+            crate::cpu::model::check_cpu_name("CPU model", m)?;
             Some(CpuModelXml {
                 name: m.clone(),
                 fallback: gcpu.fallback.clone().unwrap_or_else(|| "forbid".into()),
@@ -331,7 +331,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
         return Err(Invalid("invalid CPU fallback or check value".into()));
     }
     for f in &gcpu.features {
-        crate::cpu::policy::check_cpu_name("CPU feature", &f.name)?;
+        crate::cpu::model::check_cpu_name("CPU feature", &f.name)?;
         if !crate::cpu::policy::FEATURE_POLICIES.contains(&f.policy.as_str()) {
             return Err(Invalid(format!(
                 "CPU feature policy {:?} is invalid",

@@ -10,7 +10,7 @@ use virt::enumutil::Enum;
 use virt::error::ErrorNumber;
 use virt::sys;
 
-use super::{
+use crate::hypervisor::{
     BlockCopy, CpuCompare, DomainState, Error, GuestAddress, HostFacts, Hypervisor, METADATA_NS,
     OwnedDomain, Result,
 };
@@ -134,7 +134,7 @@ impl Hypervisor for Libvirt {
                 sys::VIR_DOMAIN_METADATA_ELEMENT as i32,
                 Some(METADATA_NS),
                 0,
-            ) && let Some(o) = super::parse_metadata(&name, &meta)
+            ) && let Some(o) = crate::hypervisor::parse_metadata(&name, &meta)
             {
                 out.push(o);
             }
@@ -418,7 +418,7 @@ mod cpu_ffi {
     use virt::connect::Connect;
     use virt::sys;
 
-    use crate::virt::{CpuCompare, Error, Result};
+    use crate::hypervisor::{CpuCompare, Error, Result};
 
     fn cstr(s: &str) -> Result<CString> {
         CString::new(s).map_err(|_| Error::Libvirt("NUL byte in CPU XML".into()))

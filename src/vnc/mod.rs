@@ -22,8 +22,9 @@ use axum::Router;
 use axum::extract::ws::{
     Message, WebSocket, WebSocketUpgrade, rejection::WebSocketUpgradeRejection,
 };
-use axum::extract::{Extension, Path, Query, State};
+use axum::extract::{Extension, FromRef, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::from_fn;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, body::Bytes};
@@ -33,9 +34,9 @@ use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
-use crate::api::auth::{self, Access, Principal, Role};
-use crate::api::error::{ApiError, ApiResult};
-use crate::api::{AppState, LocalNode};
+use crate::http::auth::{self, Principal, Role};
+use crate::http::error::{ApiError, ApiResult};
+use crate::http::{AppState, LocalNode};
 use crate::types::Kind;
 use crate::types::kubevirt::phase;
 
@@ -91,6 +92,38 @@ struct Viewer {
 }
 
 pub type VmKey = (String, String);
+
+/// The console proxy's state: the handlers' [`AppState`] (which it derefs to) and the
+/// registries of tickets and viewers, migration tunnels and agents' channels.
+pub struct VncState {
+    pub app: Arc<AppState>,
+    pub consoles: Arc<Consoles>,
+    /// Migration tunnels waiting for their other side.
+    pub tunnels: Arc<tunnel::Tunnels>,
+    /// Agents' channels, on which consoles of VMs on their nodes are asked for.
+    pub channels: Arc<remote::Channels>,
+}
+
+impl VncState {
+    pub fn new(app: Arc<AppState>) -> Self {
+        VncState {
+            consoles: Arc::new(
+                app.console_ticket_ttl
+                    .map_or_else(Consoles::default, Consoles::new),
+            ),
+            app,
+            tunnels: Default::default(),
+            channels: Default::default(),
+        }
+    }
+}
+
+impl std::ops::Deref for VncState {
+    type Target = AppState;
+    fn deref(&self) -> &AppState {
+        &self.app
+    }
+}
 
 /// Tickets and open connections, shared by all requests.
 pub struct Consoles {
@@ -227,21 +260,36 @@ impl Consoles {
     }
 }
 
-type S = State<Arc<AppState>>;
+type S = State<Arc<VncState>>;
 
 /// Routes that need an authenticated principal (bearer token or session + CSRF).
-pub fn authed_routes() -> Router<Arc<AppState>> {
+pub fn authed_routes<St>() -> Router<St>
+where
+    Arc<VncState>: FromRef<St>,
+    St: Clone + Send + Sync + 'static,
+{
     Router::new()
-        .route("/console/tickets", post(create_ticket))
+        // Opening and taking over consoles: operators and administrators.
+        .route(
+            "/console/tickets",
+            post(create_ticket).route_layer(from_fn(auth::operators)),
+        )
+        .route(
+            "/console/control/{ns}/{name}",
+            post(take_control).route_layer(from_fn(auth::operators)),
+        )
         .route("/console/state/{ns}/{name}", get(console_state))
-        .route("/console/control/{ns}/{name}", post(take_control))
         .route("/migration-tunnel/{ns}/{name}/{n}", get(tunnel::tunnel))
         .route("/agent-channel", get(remote::channel))
         .route("/console-stream/{id}", get(remote::stream))
 }
 
 /// The websocket itself: the ticket is its credential.
-pub fn ticket_routes() -> Router<Arc<AppState>> {
+pub fn ticket_routes<St>() -> Router<St>
+where
+    Arc<VncState>: FromRef<St>,
+    St: Clone + Send + Sync + 'static,
+{
     Router::new().route("/console/ws/{kind}/{ns}/{name}", get(websocket))
 }
 
@@ -266,7 +314,7 @@ enum Place {
 }
 
 /// The running VMI behind a VM name, and where its sockets are.
-async fn running_vmi(st: &AppState, ns: &str, name: &str) -> ApiResult<(String, Place)> {
+async fn running_vmi(st: &VncState, ns: &str, name: &str) -> ApiResult<(String, Place)> {
     let vmi = st
         .store
         .get(Kind::VirtualMachineInstance, ns, name)
@@ -285,7 +333,7 @@ async fn running_vmi(st: &AppState, ns: &str, name: &str) -> ApiResult<(String, 
     let node = vmi["status"]["nodeName"].as_str().unwrap_or_default();
     match &st.local_node {
         Some(LocalNode { name, data_dir }) if name == node => {
-            let dir = crate::agent::vmi_run_dir(data_dir, &uid);
+            let dir = crate::rules::paths::vmi_run_dir(data_dir, &uid);
             Ok((uid, Place::Local(dir)))
         }
         _ => Ok((uid, Place::Remote(node.to_string()))),
@@ -297,13 +345,6 @@ async fn create_ticket(
     Extension(p): Extension<Principal>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    if p.role == Role::Viewer || p.role == Role::Agent {
-        return Err(ApiError::forbidden(format!(
-            "user {:?} with role {:?} may not open consoles (operator or admin needed)",
-            p.user, p.role
-        )));
-    }
-    p.require(Access::Operate)?;
     let req: TicketRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid ticket request: {e}")))?;
     let (vmi_uid, place) = running_vmi(&st, &req.namespace, &req.name).await?;
@@ -360,10 +401,8 @@ async fn create_ticket(
 
 async fn console_state(
     State(st): S,
-    Extension(p): Extension<Principal>,
     Path((ns, name)): Path<(String, String)>,
 ) -> ApiResult<Json<Value>> {
-    p.require(Access::Read)?;
     Ok(Json(st.consoles.state(&(ns, name))))
 }
 
@@ -378,7 +417,6 @@ async fn take_control(
     Path((ns, name)): Path<(String, String)>,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
-    p.require(Access::Operate)?;
     let req: ControlRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid control request: {e}")))?;
     let key = (ns, name);

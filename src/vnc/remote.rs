@@ -26,8 +26,8 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{ConsoleKind, S};
-use crate::api::auth::{self, Principal};
-use crate::api::error::ApiError;
+use crate::http::auth::{self, Principal};
+use crate::http::error::ApiError;
 
 /// How long the controller waits for an agent to open an asked-for stream, and then for
 /// its first word.

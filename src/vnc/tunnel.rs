@@ -18,9 +18,9 @@ use axum::response::{IntoResponse, Response};
 use futures::{SinkExt, StreamExt};
 use serde::Deserialize;
 
-use crate::api::AppState;
-use crate::api::auth::Principal;
-use crate::api::error::ApiError;
+use super::VncState;
+use crate::http::auth::Principal;
+use crate::http::error::ApiError;
 use crate::types::Kind;
 use crate::types::kubevirt::migration_phase as mp;
 
@@ -51,7 +51,7 @@ pub const STREAMS: [&str; 3] = ["libvirt", "memory", "disks"];
 
 /// `GET /migration-tunnel/{ns}/{name}/{n}?side=source|target` (websocket).
 pub async fn tunnel(
-    State(st): State<Arc<AppState>>,
+    State(st): State<Arc<VncState>>,
     Extension(p): Extension<Principal>,
     Path((ns, name, n)): Path<(String, String, u32)>,
     Query(q): Query<TunnelQuery>,

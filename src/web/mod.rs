@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Request, State};
+use axum::extract::{FromRef, Path, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -26,8 +26,8 @@ use rust_embed::RustEmbed;
 use serde_json::Value;
 use tower::ServiceExt;
 
-use crate::api::AppState;
-use crate::api::auth::{self, Principal, Role};
+use crate::http::auth::{self, Principal, Role};
+use crate::vnc::VncState;
 
 #[derive(RustEmbed)]
 #[folder = "web/static/"]
@@ -59,7 +59,9 @@ pub struct WebUser {
 #[derive(Clone)]
 struct Api(Router);
 
-type S = State<Arc<AppState>>;
+/// The dashboard shows who watches a VM's console, so it takes the console proxy's state
+/// (which derefs to the handlers' `AppState`).
+type S = State<Arc<VncState>>;
 
 /// Strict by default; the serial console page also allows the inline styles xterm.js writes.
 const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
@@ -70,7 +72,11 @@ const CSP_XTERM: &str = "default-src 'self'; script-src 'self'; style-src 'self'
                          base-uri 'none'; frame-ancestors 'none'; form-action 'self'";
 
 /// Dashboard routes. `api` is the authenticated API router the forms call through.
-pub fn routes(state: Arc<AppState>, api: Router) -> Router<Arc<AppState>> {
+pub fn routes<St>(state: Arc<VncState>, api: Router) -> Router<St>
+where
+    Arc<VncState>: FromRef<St>,
+    St: Clone + Send + Sync + 'static,
+{
     let private = Router::new()
         .route("/ui/", get(pages::overview))
         .route("/ui/vms", get(pages::vm_list))
@@ -106,7 +112,7 @@ pub fn routes(state: Arc<AppState>, api: Router) -> Router<Arc<AppState>> {
             get(pages::login_page)
                 .post(pages::login)
                 .layer(axum::extract::DefaultBodyLimit::max(
-                    crate::api::body::LOGIN_LIMIT,
+                    crate::http::body::LOGIN_LIMIT,
                 )),
         )
         .route("/ui/static/{*path}", get(static_asset))

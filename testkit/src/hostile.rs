@@ -1,7 +1,6 @@
 //! Hostile and careless requests, and what watches the appliance while they run. Shared by
 //! the test (`tests/hostile.rs`, which asserts) and the benchmark (`benches/hostile.rs`,
-//! which measures the same cases against an older binary too); both include this file as
-//! `mod hostile_cases` next to the end-to-end harness as `mod common`.
+//! which measures the same cases against an older binary too).
 //!
 //! - [`cases`]: the requests, each with the answers it may get as an administrator.
 //! - [`Monitor`]: while a case runs, GET `/healthz` every 50 ms (worst latency) and follow
@@ -11,8 +10,6 @@
 //! - [`Runner`]: one case as one identity (admin, viewer, no credentials) with all of the
 //!   above; the problems it found, as sentences naming the case.
 //! - login and `/join` helpers for the floods.
-
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -24,7 +21,7 @@ use bytes::Bytes;
 use reqwest::{Client, Method};
 use serde_json::{Value, json};
 
-use crate::common::Appliance;
+use crate::{Appliance, Vm};
 
 pub const VMS: &str = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines";
 /// A VM created during setup: the target of the PUT and PATCH cases.
@@ -195,18 +192,12 @@ pub struct Setup {
 
 /// A VirtualMachine edgevirt accepts (Halted, so nothing boots), changed by `f`.
 pub fn vm(name: &str, f: impl FnOnce(&mut Value)) -> Value {
-    let mut v = json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachine",
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": "hostile"}},
-        "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {
-            "cpu": {"cores": 1},
-            "memory": {"guest": "64Mi"},
-            "firmware": {"kernelBoot": {"container": {"image": IMAGE, "kernelPath": IMAGE}}},
-        }}}},
-    });
-    f(&mut v);
-    v
+    Vm::halted(name, IMAGE)
+        .namespace("default")
+        .label("app", "hostile")
+        .cpu(json!({"cores": 1}))
+        .with(f)
+        .json()
 }
 
 fn domain(v: &mut Value) -> &mut Value {
@@ -1529,8 +1520,9 @@ impl Runner<'_> {
     pub async fn revive(&mut self) -> Option<String> {
         let exited = self
             .a
-            .child
+            .server
             .as_mut()
+            .and_then(|s| s.child.as_mut())
             .map(|c| c.try_wait().ok().flatten().is_some())
             .unwrap_or(true);
         let why = if exited {

@@ -130,3 +130,37 @@ pub fn same_secret(a: &str, b: &str) -> bool {
         .fold(0u8, |acc, (x, y)| acc | (x ^ y))
         == 0
 }
+
+/// Route layers that declare who may reach a route, where the route is declared
+/// (`.route_layer(middleware::from_fn(auth::admins))`); routes any logged-in principal may
+/// read need none. The principal was put into the request by authentication.
+pub async fn admins(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    gate(Access::Admin, req, next).await
+}
+
+/// See [`admins`]: operators and administrators.
+pub async fn operators(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    gate(Access::Operate, req, next).await
+}
+
+async fn gate(
+    access: Access,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let refused = match req.extensions().get::<Principal>() {
+        Some(p) => p.require(access).err(),
+        None => Some(ApiError::unauthorized()),
+    };
+    match refused {
+        Some(e) => e.into_response(),
+        None => next.run(req).await,
+    }
+}

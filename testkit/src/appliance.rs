@@ -1,29 +1,28 @@
-//! Shared harness for the end-to-end tests: runs the real `edgevirt` binary against the real
-//! libvirtd (`qemu:///system`) with the test guest built by `tests/guest/build-guest.sh`.
-//! Every appliance gets its own data dir (so its own installation id) and cleans up the
-//! domains and launchers it created when dropped.
+//! The end-to-end harness: runs the real `edgevirt` binary against the real libvirtd
+//! (`qemu:///system`) with the test guest built by `tests/guest/build-guest.sh`. Every
+//! appliance gets its own data dir (so its own installation id) and cleans up the domains
+//! and launchers it created when dropped.
 
-#![allow(dead_code)]
-
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::serve::{self, Server};
+
+/// The libvirt NAT network the appliances' `pod` networks use. Created by the first serve
+/// that needs it; scripts/test.sh removes it after a run that created it.
 pub const NAT_NETWORK: &str = "evtest";
 pub const NAT_PREFIX: &str = "10.213.50";
 
-pub fn exe() -> &'static str {
-    env!("CARGO_BIN_EXE_edgevirt")
-}
+pub const VMS: &str = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines";
 
 /// The test guest's folder: `EDGEVIRT_TEST_GUEST` or `target/test-guest`.
 pub fn guest_dir() -> PathBuf {
     let d = std::env::var_os("EDGEVIRT_TEST_GUEST")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-guest"));
+        .unwrap_or_else(|| crate::repo_root().join("target/test-guest"));
     assert!(
         d.join("vmlinuz").exists() && d.join("initrd.img").exists(),
         "the test guest is missing in {}: run tests/guest/build-guest.sh {} (scripts/test.sh does)",
@@ -143,7 +142,8 @@ where
 pub struct Appliance {
     pub dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
-    pub child: Option<Child>,
+    /// The serve process, while it runs.
+    pub server: Option<Server>,
     pub url: String,
     pub token: String,
     pub http: reqwest::Client,
@@ -158,12 +158,12 @@ pub struct Appliance {
 impl Appliance {
     /// Start `edgevirt serve` (all roles unless `extra` says otherwise) in a fresh data dir.
     pub async fn start(extra: &[&str]) -> Appliance {
-        Self::start_full(PathBuf::from(exe()), extra, &[]).await
+        Self::start_full(crate::exe().to_path_buf(), extra, &[]).await
     }
 
     /// Like [`Appliance::start`], with extra environment variables for the serve process.
     pub async fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Appliance {
-        Self::start_full(PathBuf::from(exe()), extra, env).await
+        Self::start_full(crate::exe().to_path_buf(), extra, env).await
     }
 
     /// Like [`Appliance::start`], running another `edgevirt` executable.
@@ -181,7 +181,7 @@ impl Appliance {
         let mut a = Appliance {
             dir,
             _tmp: Some(tmp),
-            child: None,
+            server: None,
             url: String::new(),
             token: String::new(),
             http: reqwest::Client::new(),
@@ -199,21 +199,11 @@ impl Appliance {
 
     /// (Re)start the serve process on the same data dir.
     pub async fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("serve.log"))
-            .unwrap();
-        let mut child = Command::new(&self.exe)
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(&self.dir)
-            .args(if self.extra.iter().any(|a| a == "--listen") {
-                &[][..]
-            } else {
-                &["--listen", "127.0.0.1:0"][..]
-            })
-            .args(["--accel", "qemu"])
+        let mut cmd = serve::command(&self.exe, &self.dir);
+        if !self.extra.iter().any(|a| a == "--listen") {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
+        cmd.args(["--accel", "qemu"])
             .args(["--nat-network", NAT_NETWORK, "--nat-prefix", NAT_PREFIX])
             .args(["--node-name", "testnode"])
             .args(&self.extra)
@@ -221,45 +211,12 @@ impl Appliance {
             .env(
                 "EDGEVIRT_LOG",
                 "info,edgevirt=debug,tower_http=warn,sqlx=warn",
-            )
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("starting edgevirt serve");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(url) = line.split("serving the API on ").nth(1)
-                    && let Some(tx) = tx.take()
-                {
-                    let _ = tx.send(url.trim().to_string());
-                }
-            }
-        });
-        self.url = rx
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| {
-                panic!(
-                    "edgevirt did not start; see {}/serve.log",
-                    self.dir.display()
-                )
-            });
-        self.child = Some(child);
-        if self.url.starts_with("https://") {
-            let pem = std::fs::read(self.dir.join("tls/server.crt")).unwrap();
-            self.http = reqwest::Client::builder()
-                .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
-                .build()
-                .unwrap();
-        }
-        let creds = std::fs::read_to_string(self.dir.join("initial-admin")).unwrap();
-        self.token = creds
-            .lines()
-            .find_map(|l| l.strip_prefix("token="))
-            .unwrap()
-            .to_string();
+            );
+        let server = serve::start(cmd, &self.dir);
+        self.url = server.url.clone();
+        self.http = server.http.clone();
+        self.token = server.initial("token");
+        self.server = Some(server);
         let (_, info) = self.get("/apis/edgevirt.io/v1/info").await;
         self.install_id = info["installId"].as_str().unwrap().to_string();
     }
@@ -271,44 +228,41 @@ impl Appliance {
             .await
             .unwrap();
         store
-            .create_user(user, &edgevirt::api::auth::hash_password("password1"), role)
+            .create_user(
+                user,
+                &edgevirt::http::auth::hash_password("password1"),
+                role,
+            )
             .await
             .unwrap();
-        let token = edgevirt::api::auth::random_secret(24);
+        let token = edgevirt::http::auth::random_secret(24);
         store
-            .add_token(&edgevirt::api::auth::token_hash(&token), user, role, "test")
+            .add_token(
+                &edgevirt::http::auth::token_hash(&token),
+                user,
+                role,
+                "test",
+            )
             .await
             .unwrap();
         token
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
+        self.server.as_ref().expect("serve runs").pid()
     }
 
     /// Stop the serve process as systemd does (SIGTERM) and wait for it to exit.
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(mut s) = self.server.take() {
+            s.stop();
         }
     }
 
     /// `kill -9` the serve process.
     pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(mut s) = self.server.take() {
+            s.kill9();
         }
     }
 
@@ -444,11 +398,7 @@ impl Drop for Appliance {
     fn drop(&mut self) {
         self.kill9();
         // Launchers of this data dir, then the domains of this installation.
-        let _ = Command::new("pkill")
-            .arg("-9")
-            .arg("-f")
-            .arg(format!("launcher --socket {}", self.dir.display()))
-            .status();
+        kill_launchers(&self.dir);
         if !self.install_id.is_empty() {
             for (d, _) in self.our_domains() {
                 virsh(&["destroy", &d]);
@@ -463,48 +413,31 @@ impl Drop for Appliance {
     }
 }
 
-/// A VirtualMachine booting the test guest directly from kernel and initrd.
-pub fn vm_yaml(name: &str, strategy: &str, extra_disk: bool) -> String {
-    let (disks, volumes) = if extra_disk {
-        (
-            "\n          disks:\n            - name: data\n              disk: {bus: virtio}",
-            "\n      volumes:\n        - name: data\n          containerDisk: {image: test-disk}",
-        )
-    } else {
-        ("", "")
+/// The launchers whose socket is under `dir` (`edgevirt launcher --socket DIR/...`), by pid.
+pub fn launcher_pids(dir: &Path) -> Vec<libc::pid_t> {
+    let prefix = format!("{}/", dir.display());
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
     };
-    format!(
-        r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata:
-  name: {name}
-  labels: {{app: {name}}}
-spec:
-  runStrategy: {strategy}
-  template:
-    metadata:
-      labels: {{app: {name}}}
-    spec:
-      terminationGracePeriodSeconds: 10
-      domain:
-        cpu: {{cores: 1}}
-        memory: {{guest: 192Mi}}
-        devices:{disks}
-          interfaces:
-            - name: default
-              masquerade: {{}}
-        firmware:
-          kernelBoot:
-            kernelArgs: console=ttyS0 edgevirt.hostname={name}
-            container:
-              image: test-guest
-              kernelPath: test-kernel
-              initrdPath: test-initrd
-      networks:
-        - name: default
-          pod: {{}}{volumes}
-"#
-    )
+    procs
+        .flatten()
+        .filter_map(|e| {
+            let pid: libc::pid_t = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let ours = args.iter().any(|a| *a == b"launcher")
+                && args
+                    .windows(2)
+                    .any(|w| w[0] == b"--socket" && w[1].starts_with(prefix.as_bytes()));
+            ours.then_some(pid)
+        })
+        .collect()
 }
 
-pub const VMS: &str = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines";
+/// `kill -9` the launchers whose socket is under `dir`, by pid.
+pub fn kill_launchers(dir: &Path) {
+    for pid in launcher_pids(dir) {
+        // SAFETY: kill(2) on a pid whose command line names a socket under `dir`.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}

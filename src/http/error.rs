@@ -14,6 +14,8 @@ pub struct ApiError {
     pub code: StatusCode,
     pub reason: &'static str,
     pub message: String,
+    /// Seconds for a `Retry-After` header (429 when shedding load).
+    pub retry_after: Option<u64>,
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
@@ -24,6 +26,14 @@ impl ApiError {
             code,
             reason,
             message: message.into(),
+            retry_after: None,
+        }
+    }
+    /// 429 with `Retry-After`: the server sheds load; the client should come back.
+    pub fn too_many(m: impl Into<String>, retry_after_secs: u64) -> Self {
+        ApiError {
+            retry_after: Some(retry_after_secs.max(1)),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "TooManyRequests", m)
         }
     }
     pub fn bad_request(m: impl Into<String>) -> Self {
@@ -70,6 +80,7 @@ impl From<store::Error> for ApiError {
             E::Gone(_) => ApiError::new(StatusCode::GONE, "Expired", e.to_string()),
             E::Invalid(m) => ApiError::invalid(m.clone()),
             E::BadQuery(m) => ApiError::bad_request(m.clone()),
+            E::Busy => ApiError::too_many(e.to_string(), 1),
             _ => ApiError::internal(e),
         }
     }
@@ -92,6 +103,11 @@ impl IntoResponse for ApiError {
             "reason": self.reason,
             "code": self.code.as_u16(),
         });
-        (self.code, Json(body)).into_response()
+        let mut r = (self.code, Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        r
     }
 }

@@ -69,12 +69,9 @@ pub struct Pool {
 pub struct Busy;
 
 impl Busy {
+    /// 429 with `Retry-After: 1`.
     pub fn into_error(self, what: &str) -> ApiError {
-        ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "TooManyRequests",
-            format!("the server is busy {what}; retry in a second"),
-        )
+        ApiError::too_many(format!("the server is busy {what}; retry in a second"), 1)
     }
 }
 
@@ -132,6 +129,54 @@ impl Pool {
         })
         .await
         .map_err(|_| Busy)
+    }
+}
+
+// ---------------------------------------------------------------- gates
+
+/// A bounded number of holders at a time (large listings being built and sent); the others
+/// wait in a bounded queue for a while, and past that are shed with [`Busy`] (429 with
+/// `Retry-After`), never with a 5xx and never with memory growing with the number of
+/// clients.
+pub struct Gate {
+    permits: Arc<Semaphore>,
+    waiting: AtomicUsize,
+    max_waiting: usize,
+    max_wait: Duration,
+}
+
+impl Gate {
+    pub fn new(holders: usize, max_waiting: usize, max_wait: Duration) -> Gate {
+        Gate {
+            permits: Arc::new(Semaphore::new(holders)),
+            waiting: AtomicUsize::new(0),
+            max_waiting,
+            max_wait,
+        }
+    }
+
+    /// Full listings (LIST without a small limit, the start of a watch): each holds its
+    /// items' JSON until its answer is sent, so only a few are built at once. Two cores
+    /// serve two at a time at full speed; the queue evens out bursts of clients.
+    pub fn listings() -> &'static Gate {
+        static G: LazyLock<Gate> = LazyLock::new(|| Gate::new(4, 1024, Duration::from_secs(60)));
+        &G
+    }
+
+    /// Wait for a turn; [`Busy`] when the queue is full or the wait is over.
+    pub async fn enter(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Busy> {
+        if let Ok(p) = self.permits.clone().try_acquire_owned() {
+            return Ok(p);
+        }
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(Busy);
+        }
+        let _w = Waiting(&self.waiting);
+        match tokio::time::timeout(self.max_wait, self.permits.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Ok(p),
+            _ => Err(Busy),
+        }
     }
 }
 
@@ -644,5 +689,26 @@ mod tests {
         assert!(queued.await.unwrap().unwrap());
         assert_eq!(pool.waiting.load(Ordering::SeqCst), 0);
         assert!(pool.run(|| true).await.unwrap());
+    }
+
+    /// The gate lets its holders in, queues a bounded number of others, sheds the rest at
+    /// once and the queued ones after their wait, and its 429 carries Retry-After.
+    #[tokio::test]
+    async fn the_gate_queues_a_few_then_sheds_with_retry_after() {
+        let gate = Arc::new(Gate::new(1, 1, Duration::from_millis(200)));
+        let held = gate.enter().await.unwrap();
+        let g = gate.clone();
+        let queued = tokio::spawn(async move { g.enter().await.map(drop) });
+        while gate.waiting.load(Ordering::SeqCst) < 1 {
+            tokio::task::yield_now().await;
+        }
+        let shed = gate.enter().await.expect_err("the queue is full");
+        let r = axum::response::IntoResponse::into_response(shed.into_error("listing"));
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[axum::http::header::RETRY_AFTER], "1");
+        assert!(queued.await.unwrap().is_err(), "waited past max_wait");
+        drop(held);
+        assert!(gate.enter().await.is_ok());
+        assert_eq!(gate.waiting.load(Ordering::SeqCst), 0);
     }
 }

@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 use super::*;
+use crate::store::Store;
 
 const VMS: &str = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines";
 
@@ -34,7 +35,7 @@ async fn setup() -> T {
         )
         .await
         .unwrap();
-    super::ensure_namespaces(&store).await.unwrap();
+    store.ensure_namespaces().await.unwrap();
     let app = router(AppState::new(
         store.clone(),
         dir.path().to_path_buf(),
@@ -730,4 +731,272 @@ async fn refusals_are_status_objects_with_the_right_code() {
         1,
         "only the first VM was stored"
     );
+}
+
+#[tokio::test]
+async fn a_status_write_that_does_not_fit_the_typed_status_is_refused_naming_the_field() {
+    let t = setup().await;
+    let (code, _) = call(
+        &t,
+        "POST",
+        VMS,
+        Some("admin-tok"),
+        "application/json",
+        &vm("s1", json!({})),
+    )
+    .await;
+    assert_eq!(code, StatusCode::CREATED);
+    let path = format!("{VMS}/s1/status");
+    let (code, body) = call(
+        &t,
+        "PUT",
+        &path,
+        Some("admin-tok"),
+        "application/json",
+        &json!({"metadata": {"name": "s1"}, "status": {"printableStatus": 3}}).to_string(),
+    )
+    .await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let msg = body["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("status.printableStatus: invalid type: integer `3`"),
+        "{msg}"
+    );
+    // Nothing was stored.
+    let vm = t
+        .store
+        .get(crate::types::Kind::VirtualMachine, "default", "s1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(vm["status"]["printableStatus"] != 3, "{vm}");
+    // A status that fits is stored, fields this release does not know included.
+    let (code, body) = call(
+        &t,
+        "PUT",
+        &path,
+        Some("admin-tok"),
+        "application/json",
+        &json!({"metadata": {"name": "s1"}, "status": {"printableStatus": "Stopped", "fromANewerAgent": 1}}).to_string(),
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    assert_eq!(body["status"]["fromANewerAgent"], 1);
+
+    // The issue's own case: a VMI status with "phase": 3.
+    t.store
+        .create(
+            crate::types::Kind::VirtualMachineInstance,
+            json!({"metadata": {"name": "i1", "namespace": "default"},
+                   "spec": {"domain": {"devices": {}}}, "status": {"phase": "Running"}}),
+            false,
+        )
+        .await
+        .unwrap();
+    let (code, body) = call(
+        &t,
+        "PUT",
+        "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances/i1/status",
+        Some("admin-tok"),
+        "application/json",
+        &json!({"metadata": {"name": "i1"}, "status": {"phase": 3}}).to_string(),
+    )
+    .await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let msg = body["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("status.phase: invalid type: integer `3`"),
+        "{msg}"
+    );
+}
+
+async fn raw_get(t: &T, path: &str) -> (StatusCode, axum::http::HeaderMap, bytes::Bytes) {
+    let req = Request::builder()
+        .uri(path)
+        .header("authorization", "Bearer admin-tok")
+        .body(Body::empty())
+        .unwrap();
+    let resp = t.app.clone().oneshot(req).await.unwrap();
+    let (code, headers) = (resp.status(), resp.headers().clone());
+    (
+        code,
+        headers,
+        resp.into_body().collect().await.unwrap().to_bytes(),
+    )
+}
+
+/// A JSON LIST passes the stored JSON through; its bytes are what parsing every object and
+/// serializing the list made before (head, items, paging metadata), so clients see no
+/// difference.
+#[tokio::test]
+async fn list_bytes_equal_the_parsed_and_serialized_list() {
+    let t = setup().await;
+    for i in 0..7 {
+        let (code, _) = call(
+            &t,
+            "POST",
+            VMS,
+            Some("admin-tok"),
+            "application/json",
+            &vm(&format!("l{i}"), json!({"n": i.to_string()})),
+        )
+        .await;
+        assert_eq!(code, StatusCode::CREATED);
+    }
+    let (items, rv) = t
+        .store
+        .list(
+            crate::types::Kind::VirtualMachine,
+            Some("default"),
+            &crate::store::LabelSelector::default(),
+            &crate::store::FieldSelector::default(),
+        )
+        .await
+        .unwrap();
+    // What the handler serialized before (its struct, fields in this order).
+    #[derive(serde::Serialize)]
+    struct List<'a> {
+        #[serde(rename = "apiVersion")]
+        api_version: &'a str,
+        kind: &'a str,
+        metadata: Value,
+        items: &'a [Value],
+    }
+    let old = serde_json::to_vec(&List {
+        api_version: "kubevirt.io/v1",
+        kind: "VirtualMachineList",
+        metadata: json!({"resourceVersion": rv.to_string()}),
+        items: &items,
+    })
+    .unwrap();
+    let (code, headers, body) = raw_get(&t, VMS).await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        String::from_utf8_lossy(&old)
+    );
+    assert_eq!(headers["content-length"], old.len().to_string().as_str());
+    assert_eq!(headers["content-type"], "application/json");
+
+    // Pages: the same items, each page with the list's resourceVersion and a token.
+    let (_, _, p1) = raw_get(&t, &format!("{VMS}?limit=3")).await;
+    let p1: Value = serde_json::from_slice(&p1).unwrap();
+    assert_eq!(p1["items"], json!(items[..3]));
+    assert_eq!(p1["metadata"]["resourceVersion"], rv.to_string());
+    let cont = p1["metadata"]["continue"].as_str().unwrap();
+    t.store
+        .create(
+            crate::types::Kind::VirtualMachine,
+            serde_json::from_str(&vm("l9", json!({}))).unwrap(),
+            false,
+        )
+        .await
+        .unwrap();
+    let (_, _, p2) = raw_get(&t, &format!("{VMS}?limit=10&continue={cont}")).await;
+    let p2: Value = serde_json::from_slice(&p2).unwrap();
+    assert_eq!(p2["metadata"]["resourceVersion"], rv.to_string());
+    assert_eq!(p2["items"].as_array().unwrap()[..4], items[3..]);
+    assert_eq!(p2["items"][4]["metadata"]["name"], "l9");
+    assert!(p2["metadata"].get("continue").is_none());
+    let (code, _, _) = raw_get(&t, &format!("{VMS}?limit=1&continue=%21%21")).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+
+    // A Table still works (parsed, as before).
+    let req = Request::builder()
+        .uri(VMS)
+        .header("authorization", "Bearer admin-tok")
+        .header(
+            "accept",
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+        )
+        .body(Body::empty())
+        .unwrap();
+    let resp = t.app.clone().oneshot(req).await.unwrap();
+    let tb: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(tb["kind"], "Table");
+    assert_eq!(tb["rows"].as_array().unwrap().len(), 8);
+}
+
+/// Many watchers starting from a full listing at once: each gets every object once, then
+/// every change once, in order.
+#[tokio::test]
+async fn watch_fan_out_reaches_every_watcher() {
+    let t = setup().await;
+    for i in 0..30 {
+        t.store
+            .create(
+                crate::types::Kind::VirtualMachine,
+                serde_json::from_str(&vm(&format!("f{i:02}"), json!({}))).unwrap(),
+                false,
+            )
+            .await
+            .unwrap();
+    }
+    let watchers = 25;
+    let mut bodies = Vec::new();
+    for w in 0..watchers {
+        // Some with a label selector, which must still see only their objects.
+        let path = if w % 5 == 0 {
+            format!("{VMS}?watch=true&timeoutSeconds=3&labelSelector=pick%3Dyes")
+        } else {
+            format!("{VMS}?watch=true&timeoutSeconds=3")
+        };
+        let req = Request::builder()
+            .uri(path)
+            .header("authorization", "Bearer admin-tok")
+            .body(Body::empty())
+            .unwrap();
+        let resp = t.app.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        bodies.push(tokio::spawn(async move {
+            resp.into_body().collect().await.unwrap().to_bytes()
+        }));
+    }
+    for i in 0..10 {
+        let labels = if i % 2 == 0 {
+            json!({"pick": "yes"})
+        } else {
+            json!({})
+        };
+        t.store
+            .update(
+                crate::types::Kind::VirtualMachine,
+                "default",
+                "f00",
+                move |o| {
+                    o["metadata"]["labels"] = labels;
+                    o["metadata"]["annotations"] = json!({"i": i.to_string()});
+                    Ok(())
+                },
+            )
+            .await
+            .unwrap();
+    }
+    for (w, b) in bodies.into_iter().enumerate() {
+        let bytes = b.await.unwrap();
+        let lines: Vec<Value> = bytes
+            .split(|c| *c == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        let added = lines.iter().filter(|l| l["type"] == "ADDED").count();
+        let changes: Vec<&str> = lines
+            .iter()
+            .filter(|l| l["type"] == "MODIFIED")
+            .map(|l| {
+                l["object"]["metadata"]["annotations"]["i"]
+                    .as_str()
+                    .unwrap()
+            })
+            .collect();
+        if w % 5 == 0 {
+            assert_eq!(added, 0, "watcher {w}");
+            assert_eq!(changes, ["0", "2", "4", "6", "8"], "watcher {w}");
+        } else {
+            assert_eq!(added, 30, "watcher {w}");
+            let all: Vec<String> = (0..10).map(|i| i.to_string()).collect();
+            assert_eq!(changes, all, "watcher {w}");
+        }
+    }
 }

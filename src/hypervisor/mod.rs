@@ -1,0 +1,267 @@
+//! The hypervisor boundary: whole-domain operations behind the [`Hypervisor`] trait and the
+//! types they exchange, with an in-memory [`fake`] for unit tests. The libvirt
+//! implementation lives in [`crate::virt`], the only module that imports the `virt` crate;
+//! code below it (the CPU policy) reaches a host only through this trait.
+//!
+//! All trait methods block; async callers run them on `spawn_blocking`.
+
+pub mod fake;
+
+use serde::{Deserialize, Serialize};
+
+/// The XML namespace of the `<metadata>` element that marks domains edgevirt created.
+pub const METADATA_NS: &str = "https://edgevirt.io/xmlns/domain/1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The domain does not exist (any more).
+    #[error("domain {0} not found")]
+    NoDomain(String),
+    /// The guest agent is not connected or did not answer.
+    #[error("guest agent unavailable: {0}")]
+    AgentUnavailable(String),
+    #[error("libvirt: {0}")]
+    Libvirt(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A domain's run state, as libvirt reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DomainState {
+    Running,
+    Paused,
+    ShuttingDown,
+    ShutOff,
+    Crashed,
+    Other,
+}
+
+/// A domain edgevirt created, found by its metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnedDomain {
+    pub name: String,
+    pub install_id: String,
+    /// The node whose agent created it (empty for domains of older releases).
+    pub node: String,
+    pub vmi_uid: String,
+}
+
+/// An address libvirt knows for a guest interface.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestAddress {
+    pub interface: String,
+    pub mac: Option<String>,
+    pub ip: String,
+}
+
+/// Facts about the host libvirt runs on.
+#[derive(Clone, Debug, Default)]
+pub struct HostFacts {
+    pub memory_bytes: u64,
+    pub cpus: u32,
+    pub libvirt_version: String,
+    /// Domain types libvirt can create here, e.g. `kvm`, `qemu`.
+    pub domain_types: Vec<String>,
+}
+
+/// libvirt's verdict on a guest CPU against what a host's hypervisor can provide.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CpuCompare {
+    Identical,
+    Superset,
+    /// Not runnable there; libvirt's message names the missing features.
+    Incompatible(String),
+}
+
+/// Where a block migration sends QEMU's own streams: unix sockets that exist under the
+/// same paths on both hosts (on the source, the agent listens there and forwards each
+/// connection to the target, where QEMU listens under that path).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockCopy {
+    /// `unix:///...`: the guest's memory and device state.
+    pub memory_uri: String,
+    /// `unix:///...`: the target's NBD server, which receives the disks.
+    pub disks_uri: String,
+}
+
+/// Whole-domain operations on one hypervisor connection.
+pub trait Hypervisor: Send + Sync + 'static {
+    /// Start a transient domain from XML.
+    fn create(&self, xml: &str) -> Result<()>;
+    /// The domain's state, or `None` if it does not exist.
+    fn state(&self, name: &str) -> Result<Option<DomainState>>;
+    /// Every domain carrying edgevirt's metadata, of any installation.
+    fn owned_domains(&self) -> Result<Vec<OwnedDomain>>;
+    /// ACPI power button.
+    fn shutdown(&self, name: &str) -> Result<()>;
+    fn destroy(&self, name: &str) -> Result<()>;
+    fn suspend(&self, name: &str) -> Result<()>;
+    fn resume(&self, name: &str) -> Result<()>;
+    /// Reboot, through the guest agent when `agent` is true, else by ACPI.
+    fn reboot(&self, name: &str, agent: bool) -> Result<()>;
+    /// Run one guest-agent JSON command and return its JSON reply.
+    fn agent_command(&self, name: &str, cmd: &str, timeout_secs: i32) -> Result<String>;
+    /// Addresses from the libvirt network's DHCP leases.
+    fn lease_addresses(&self, name: &str) -> Result<Vec<GuestAddress>>;
+    /// Define and start a network from XML unless one of that name exists; start it if inactive.
+    fn ensure_network(&self, name: &str, xml: &str) -> Result<()>;
+    fn host_facts(&self) -> Result<HostFacts>;
+    /// The live domain XML.
+    fn xml(&self, name: &str) -> Result<String>;
+    /// Live-migrate the domain peer to peer to the libvirtd at `dest_uri`, as `dest_xml`
+    /// there. Without `block`, QEMU's memory stream is tunnelled through that libvirt
+    /// connection. With `block`, local disks are copied too (the top layer of each, onto
+    /// disks the target prepared): libvirt cannot tunnel that copy, so QEMU's memory and
+    /// disk streams go to the unix sockets `block` names, which the caller forwards.
+    /// `shared_storage`: the writable disks that are not copied are on a pool the operator
+    /// declared shared, which libvirt is told to trust. Returns when libvirt reports the
+    /// outcome.
+    fn migrate(
+        &self,
+        name: &str,
+        dest_uri: &str,
+        dest_xml: &str,
+        block: Option<&BlockCopy>,
+        shared_storage: bool,
+    ) -> Result<()> {
+        let _ = (name, dest_uri, dest_xml, block, shared_storage);
+        Err(Error::Libvirt("this backend cannot migrate".into()))
+    }
+    /// Abort the domain's running job (a migration).
+    fn abort_job(&self, name: &str) -> Result<()> {
+        let _ = name;
+        Err(Error::Libvirt("this backend has no jobs".into()))
+    }
+    /// The guest's pause at the switch-over of the last completed incoming migration, in ms.
+    fn completed_migration_downtime_ms(&self, name: &str) -> Result<Option<u64>> {
+        let _ = name;
+        Ok(None)
+    }
+    /// libvirt's domain capabilities XML for guests of domain type `virt_type` (`kvm`, `qemu`).
+    fn domain_capabilities(&self, virt_type: &str) -> Result<String>;
+    /// Compare a guest `<cpu>` definition with what this host's hypervisor can provide for
+    /// `virt_type` (libvirt's `virConnectCompareHypervisorCPU`).
+    fn compare_cpu(&self, virt_type: &str, cpu_xml: &str) -> Result<CpuCompare>;
+    /// The CPU every one of the given `<cpu>` definitions can run, as a `<cpu>` element
+    /// (libvirt's `virConnectBaselineHypervisorCPU`).
+    fn baseline_cpu(&self, virt_type: &str, cpu_xmls: &[String]) -> Result<String>;
+    /// Call `on_event` whenever libvirt reports a lifecycle event (started, suspended,
+    /// resumed, stopped, ...) for the domain. Backends without events do nothing; callers
+    /// keep polling as a fallback either way.
+    fn watch_lifecycle(&self, _name: &str, _on_event: Box<dyn Fn() + Send + Sync>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// One `<disk>` of a domain's XML: its target device, source file, and whether the guest
+/// may write to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DomainDisk {
+    pub target: String,
+    pub file: String,
+    pub readonly: bool,
+}
+
+/// The file-backed disks of a domain's XML.
+pub fn domain_disks(xml: &str) -> Vec<DomainDisk> {
+    use quick_xml::events::Event;
+    let mut reader = quick_xml::Reader::from_str(xml);
+    let (mut out, mut cur): (Vec<DomainDisk>, Option<DomainDisk>) = (Vec::new(), None);
+    let attr = |e: &quick_xml::events::BytesStart, k: &[u8]| {
+        e.attributes()
+            .flatten()
+            .find(|a| a.key.local_name().as_ref() == k)
+            .and_then(|a| a.unescape_value().ok().map(|v| v.to_string()))
+    };
+    loop {
+        match reader.read_event() {
+            Ok(Event::Start(e)) if e.local_name().as_ref() == b"disk" => {
+                cur = Some(DomainDisk {
+                    target: String::new(),
+                    file: String::new(),
+                    readonly: false,
+                });
+            }
+            Ok(Event::Start(e)) | Ok(Event::Empty(e)) => {
+                if let Some(d) = cur.as_mut() {
+                    match e.local_name().as_ref() {
+                        b"source" => d.file = attr(&e, b"file").unwrap_or_default(),
+                        b"target" => d.target = attr(&e, b"dev").unwrap_or_default(),
+                        b"readonly" => d.readonly = true,
+                        _ => {}
+                    }
+                }
+            }
+            Ok(Event::End(e)) if e.local_name().as_ref() == b"disk" => {
+                out.extend(cur.take().filter(|d| !d.file.is_empty()));
+            }
+            Ok(Event::Eof) | Err(_) => break,
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Parse edgevirt's metadata element out of a domain's XML metadata text.
+pub fn parse_metadata(name: &str, xml: &str) -> Option<OwnedDomain> {
+    use quick_xml::events::Event;
+    let mut reader = quick_xml::Reader::from_str(xml);
+    let (mut install, mut uid, mut node) = (None, None, String::new());
+    loop {
+        match reader.read_event() {
+            Ok(Event::Start(e)) | Ok(Event::Empty(e)) if e.local_name().as_ref() == b"instance" => {
+                for a in e.attributes().flatten() {
+                    let v = a.unescape_value().ok()?.to_string();
+                    match a.key.local_name().as_ref() {
+                        b"install" => install = Some(v),
+                        b"vmi-uid" => uid = Some(v),
+                        b"node" => node = v,
+                        _ => {}
+                    }
+                }
+            }
+            Ok(Event::Eof) | Err(_) => break,
+            _ => {}
+        }
+    }
+    Some(OwnedDomain {
+        name: name.to_string(),
+        install_id: install?,
+        node,
+        vmi_uid: uid?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn disks_of_a_domain() {
+        let xml = "<domain><devices>\
+            <disk type='file' device='disk'><driver name='qemu' type='qcow2' cache='none'/>\
+              <source file='/srv/pool/default/data.qcow2'/><backingStore/>\
+              <target dev='vda' bus='virtio'/><alias name='ua-data'/></disk>\
+            <disk type='file' device='cdrom'><source file='/var/lib/edgevirt/run/u/ci.iso'/>\
+              <target dev='sda' bus='sata'/><readonly/></disk>\
+            <disk type='file' device='cdrom'><target dev='sdb' bus='sata'/><readonly/></disk>\
+            </devices></domain>";
+        let d = super::domain_disks(xml);
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert_eq!(
+            (d[0].target.as_str(), d[0].file.as_str(), d[0].readonly),
+            ("vda", "/srv/pool/default/data.qcow2", false)
+        );
+        assert_eq!((d[1].target.as_str(), d[1].readonly), ("sda", true));
+    }
+
+    #[test]
+    fn metadata_round_trip() {
+        let xml = r#"<ev:instance xmlns:ev="https://edgevirt.io/xmlns/domain/1" install="i1" vmi-uid="u1" node="n1" namespace="default" name="a"/>"#;
+        let d = super::parse_metadata("dom", xml).unwrap();
+        assert_eq!(
+            (d.install_id.as_str(), d.vmi_uid.as_str(), d.node.as_str()),
+            ("i1", "u1", "n1")
+        );
+        assert!(super::parse_metadata("dom", "<other/>").is_none());
+    }
+}

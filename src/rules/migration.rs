@@ -1,0 +1,256 @@
+//! Live-migratability and the migration's phase list: what the controller checks before it
+//! schedules a migration, what the agent reports as the VMI's LiveMigratable condition, and
+//! how both sides move a migration's phase.
+
+use crate::types::Meta;
+use crate::types::annotations::BLOCK_MIGRATION_ANNOTATION;
+use crate::types::kubevirt::{
+    MigrationMethod, MigrationPhase, PhaseTransition, VirtualMachineInstance,
+    VirtualMachineInstanceMigration, VirtualMachineInstanceMigrationStatus, Volume,
+};
+use crate::types::now;
+
+/// Whether an instance can live-migrate, as KubeVirt's `calculateLiveMigrationCondition`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Migratability {
+    pub ok: bool,
+    /// KubeVirt's reason: `DisksNotLiveMigratable`, `InterfaceNotLiveMigratable`, ...
+    pub reason: String,
+    pub message: String,
+    /// `LiveMigration` (nothing to copy) or `BlockMigration` (local disks are copied).
+    pub method: MigrationMethod,
+}
+
+/// Compute the LiveMigratable condition from the instance's spec, as KubeVirt's
+/// `calculateLiveMigrationCondition`. `persistentVolumeClaim` disks live on the shared
+/// storage pool (like a ReadWriteMany PVC): the target opens the same files. Disks built
+/// from images (`containerDisk`, `dataVolume`) are copies on the node's local disk: they
+/// move only by block migration, which copies them while the guest runs. KubeVirt
+/// block-migrates such disks unasked; edgevirt copies them only when asked (the copy takes
+/// as long as the disk is big, and the link may be a branch office's): the annotation
+/// `edgevirt.io/block-migration: "true"` on the VMI makes it LiveMigratable with method
+/// BlockMigration, and the same annotation on one migration asks for it once (see
+/// [`migration_method`]). An instance with both kinds cannot be block-migrated: libvirt
+/// would copy its shared disks onto themselves. NoCloud disks are made anew on the target.
+/// edgevirt has no disk hotplug yet, so HotplugNotLiveMigratable does not arise.
+pub fn live_migratable(vmi: &VirtualMachineInstance) -> Migratability {
+    let block = vmi.annotation(BLOCK_MIGRATION_ANNOTATION) == Some("true");
+    for i in &vmi.spec.domain.devices.interfaces {
+        if i.bridge.is_some() {
+            return Migratability {
+                ok: false,
+                reason: "InterfaceNotLiveMigratable".into(),
+                message: format!(
+                    "cannot migrate VMI which does not use masquerade to connect to the pod \
+                     network (interface {})",
+                    i.name
+                ),
+                method: MigrationMethod::LiveMigration,
+            };
+        }
+    }
+    let (local, shared) = (local_disks(vmi), shared_disks(vmi));
+    if local.is_empty() {
+        return Migratability {
+            ok: true,
+            reason: String::new(),
+            message: String::new(),
+            method: MigrationMethod::LiveMigration,
+        };
+    }
+    if !shared.is_empty() {
+        return Migratability {
+            ok: false,
+            reason: "DisksNotLiveMigratable".into(),
+            message: format!(
+                "cannot migrate VMI: disks {} are on this node's local storage and disks {} on \
+                 the shared pool; a block migration would copy the shared ones onto \
+                 themselves, so move the local disks to the shared pool \
+                 (persistentVolumeClaim) first",
+                local.join(", "),
+                shared.join(", ")
+            ),
+            method: MigrationMethod::LiveMigration,
+        };
+    }
+    if block {
+        return Migratability {
+            ok: true,
+            reason: String::new(),
+            message: format!(
+                "local disks {} are copied (block migration)",
+                local.join(", ")
+            ),
+            method: MigrationMethod::BlockMigration,
+        };
+    }
+    Migratability {
+        ok: false,
+        reason: "DisksNotLiveMigratable".into(),
+        message: format!(
+            "cannot migrate VMI: disks {} are on this node's local storage, not shared; \
+             ask for block migration to copy them (edgevirt vm migrate --block, or the \
+             annotation {BLOCK_MIGRATION_ANNOTATION}: \"true\" on the migration), or put \
+             them on the shared pool (persistentVolumeClaim)",
+            local.join(", ")
+        ),
+        method: MigrationMethod::LiveMigration,
+    }
+}
+
+/// Names of the volumes of a VMI that `is` picks.
+fn volumes_with(vmi: &VirtualMachineInstance, is: fn(&Volume) -> bool) -> Vec<String> {
+    vmi.spec
+        .volumes
+        .iter()
+        .filter(|v| is(v))
+        .map(|v| v.name.clone())
+        .collect()
+}
+
+/// Volumes copied onto the node's local disk from images.
+fn local_disks(vmi: &VirtualMachineInstance) -> Vec<String> {
+    volumes_with(vmi, |v| {
+        v.container_disk.is_some() || v.data_volume.is_some()
+    })
+}
+
+/// Volumes on the shared storage pool.
+pub fn shared_disks(vmi: &VirtualMachineInstance) -> Vec<String> {
+    volumes_with(vmi, |v| v.persistent_volume_claim.is_some())
+}
+
+/// How one migration moves its instance: `Ok("LiveMigration" | "BlockMigration")`, or why
+/// it cannot. A migration annotated `edgevirt.io/block-migration: "true"` copies local
+/// disks even when the instance itself does not ask for it (unless it has shared ones).
+pub fn migration_method(
+    vmi: &VirtualMachineInstance,
+    migration: &VirtualMachineInstanceMigration,
+) -> Result<MigrationMethod, Migratability> {
+    let m = live_migratable(vmi);
+    if m.ok {
+        return Ok(m.method);
+    }
+    let asked = migration.annotation(BLOCK_MIGRATION_ANNOTATION) == Some("true");
+    if asked && m.reason == "DisksNotLiveMigratable" && shared_disks(vmi).is_empty() {
+        return Ok(MigrationMethod::BlockMigration);
+    }
+    Err(m)
+}
+
+/// Set a migration's phase, adding it to KubeVirt's phase transition list; a phase it is
+/// already in changes nothing.
+pub fn set_phase(st: &mut VirtualMachineInstanceMigrationStatus, p: MigrationPhase) {
+    if st.phase.as_ref() == Some(&p) {
+        return;
+    }
+    st.phase = Some(p.clone());
+    st.phase_transition_timestamps.push(PhaseTransition {
+        phase: p,
+        phase_transition_timestamp: now(),
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::types::Typed;
+
+    fn vmi_of(v: &Value) -> VirtualMachineInstance {
+        VirtualMachineInstance::from_value(v.clone()).unwrap()
+    }
+
+    fn migration_of(m: &Value) -> VirtualMachineInstanceMigration {
+        let mut m = m.clone();
+        m["spec"] = json!({"vmiName": "x"});
+        VirtualMachineInstanceMigration::from_value(m).unwrap()
+    }
+
+    #[test]
+    fn local_disks_move_only_by_block_migration_when_asked() {
+        let vmi = |annotations: Value, volume: Value| {
+            json!({"metadata": {"annotations": annotations}, "spec": {
+                "domain": {"devices": {"interfaces": [{"name": "default", "masquerade": {}}]}},
+                "volumes": [volume]}})
+        };
+        let live_migratable = |v: &Value| live_migratable(&vmi_of(v));
+        let migration_method =
+            |v: &Value, m: &Value| migration_method(&vmi_of(v), &migration_of(m));
+        let local = json!({"name": "data", "containerDisk": {"image": "img"}});
+        let cloud = json!({"name": "ci", "cloudInitNoCloud": {"userData": "#cloud-config"}});
+        let plain = json!({"metadata": {}});
+        let asked = json!({"metadata": {"annotations": {"edgevirt.io/block-migration": "true"}}});
+
+        // A local disk: not live-migratable, and the message says how to ask for the copy.
+        let m = live_migratable(&vmi(json!({}), local.clone()));
+        assert!(!m.ok);
+        assert_eq!(m.reason, "DisksNotLiveMigratable");
+        assert!(
+            m.message.contains("data") && m.message.contains("--block"),
+            "{m:?}"
+        );
+        assert_eq!(
+            migration_method(&vmi(json!({}), local.clone()), &plain)
+                .unwrap_err()
+                .reason,
+            "DisksNotLiveMigratable"
+        );
+        // Asked on the migration: copied, this once.
+        assert_eq!(
+            migration_method(&vmi(json!({}), local.clone()), &asked),
+            Ok(MigrationMethod::BlockMigration)
+        );
+        // Asked on the instance: live-migratable by block migration.
+        let annotated = vmi(json!({"edgevirt.io/block-migration": "true"}), local);
+        let m = live_migratable(&annotated);
+        assert!(m.ok, "{m:?}");
+        assert_eq!(m.method, MigrationMethod::BlockMigration);
+        assert_eq!(
+            migration_method(&annotated, &plain),
+            Ok(MigrationMethod::BlockMigration)
+        );
+        // Nothing local: a plain live migration whatever was asked.
+        assert_eq!(
+            migration_method(&vmi(json!({}), cloud.clone()), &asked),
+            Ok(MigrationMethod::LiveMigration)
+        );
+        // Asking for block migration does not move a bridge interface.
+        let mut bridged = vmi(json!({}), cloud);
+        bridged["spec"]["domain"]["devices"]["interfaces"] = json!([{"name": "br", "bridge": {}}]);
+        assert_eq!(
+            migration_method(&bridged, &asked).unwrap_err().reason,
+            "InterfaceNotLiveMigratable"
+        );
+    }
+
+    #[test]
+    fn shared_pool_disks_migrate_without_a_copy() {
+        let vmi =
+            |volumes: Value| json!({"metadata": {}, "spec": {"domain": {}, "volumes": volumes}});
+        let live_migratable = |v: &Value| live_migratable(&vmi_of(v));
+        let migration_method =
+            |v: &Value, m: &Value| migration_method(&vmi_of(v), &migration_of(m));
+        let claim = json!({"name": "data", "persistentVolumeClaim": {"claimName": "data"}});
+        let local = json!({"name": "root", "containerDisk": {"image": "img"}});
+        let asked = json!({"metadata": {"annotations": {"edgevirt.io/block-migration": "true"}}});
+
+        let m = live_migratable(&vmi(json!([claim.clone()])));
+        assert!(m.ok, "{m:?}");
+        assert_eq!(m.method, MigrationMethod::LiveMigration);
+        // A claim next to a local disk: a block migration would copy the claim onto itself, so
+        // it is refused even when asked, and the message names both kinds.
+        let mixed = vmi(json!([claim, local]));
+        let m = live_migratable(&mixed);
+        assert_eq!((m.ok, m.reason.as_str()), (false, "DisksNotLiveMigratable"));
+        assert!(
+            m.message.contains("root") && m.message.contains("data"),
+            "{m:?}"
+        );
+        assert_eq!(
+            migration_method(&mixed, &asked).unwrap_err().reason,
+            "DisksNotLiveMigratable"
+        );
+    }
+}

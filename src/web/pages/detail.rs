@@ -1,0 +1,325 @@
+//! A VM's detail page and its polled status.
+
+use askama::Template;
+use axum::extract::{Extension, Path, State};
+use axum::response::Response;
+use serde_json::{Value, json};
+
+use super::{
+    Chrome, condition_status, labels_text, load_vm, or_dash, printable_status, render, vmi_ip,
+    vmi_status,
+};
+use crate::types::kubevirt::{
+    self, ConditionType, Phase, VirtualMachine, VirtualMachineInstance, Volume,
+};
+use crate::types::{Kind, Meta, Typed};
+use crate::vnc::VncState;
+use crate::web::{S, WebUser};
+
+pub struct StatusView {
+    status: String,
+    phase: String,
+    node: String,
+    ip: String,
+    ready: String,
+    live_migratable: String,
+    guest_os: String,
+    viewers: String,
+    conditions: Vec<(String, String, String, String)>,
+}
+
+pub struct SpecView {
+    run_strategy: String,
+    cpus: String,
+    memory: String,
+    disks: String,
+    networks: String,
+    labels: String,
+}
+
+pub struct EventRow {
+    rv: u64,
+    kind: &'static str,
+    change: String,
+    status: String,
+}
+
+#[derive(Template)]
+#[template(path = "vm_detail.html")]
+struct DetailTpl {
+    c: Chrome,
+    ns: String,
+    name: String,
+    st: StatusView,
+    spec: SpecView,
+    events: Vec<EventRow>,
+    yaml: String,
+}
+
+#[derive(Template)]
+#[template(path = "vm_status.html")]
+struct StatusTpl {
+    st: StatusView,
+}
+
+fn status_view(
+    st: &VncState,
+    vm: &VirtualMachine,
+    vmi: Option<&VirtualMachineInstance>,
+) -> StatusView {
+    let key = (vm.namespace().to_string(), vm.name().to_string());
+    let viewers = st.consoles.state(&key);
+    let viewers = viewers["viewers"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|v| {
+                    format!(
+                        "{} ({}{})",
+                        v["user"].as_str().unwrap_or(""),
+                        v["kind"].as_str().unwrap_or(""),
+                        if v["control"] == json!(true) && v["kind"] == "vnc" {
+                            ", in control"
+                        } else {
+                            ""
+                        }
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    let status = vmi.map(vmi_status);
+    StatusView {
+        status: or_dash(printable_status(vm)),
+        phase: status
+            .map(|s| or_dash(s.phase.as_ref().map_or("", Phase::as_str)))
+            .unwrap_or("-".into()),
+        node: status
+            .map(|s| or_dash(s.node_name.as_deref().unwrap_or_default()))
+            .unwrap_or("-".into()),
+        ip: vmi.map(vmi_ip).map(|x| or_dash(&x)).unwrap_or("-".into()),
+        ready: status
+            .and_then(|s| condition_status(&s.conditions, ConditionType::Ready))
+            .unwrap_or("-".into()),
+        live_migratable: status
+            .and_then(|s| kubevirt::condition(&s.conditions, &ConditionType::LiveMigratable))
+            .map(|c| match c.reason.as_deref() {
+                Some(r) if !r.is_empty() => format!("{} ({r})", c.status),
+                _ => c.status.to_string(),
+            })
+            .unwrap_or("-".into()),
+        guest_os: status
+            .map(|s| {
+                let g = s.guest_os_info.clone().unwrap_or_default();
+                let pretty = g.pretty_name.or(g.name).unwrap_or_default();
+                let kernel = g.kernel_release.unwrap_or_default();
+                or_dash(format!("{pretty} {kernel}").trim())
+            })
+            .unwrap_or("-".into()),
+        viewers: or_dash(&viewers),
+        conditions: status
+            .map(|s| {
+                s.conditions
+                    .iter()
+                    .map(|c| {
+                        (
+                            c.type_.to_string(),
+                            c.status.to_string(),
+                            c.reason.clone().unwrap_or_default(),
+                            c.message.clone().unwrap_or_default(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// The kind of a volume's source, as its field is named (`containerDisk`, ...).
+fn volume_source(v: &Volume) -> &'static str {
+    // In the order of the field names, as the page listed them when it read JSON.
+    if v.cloud_init_no_cloud.is_some() {
+        "cloudInitNoCloud"
+    } else if v.container_disk.is_some() {
+        "containerDisk"
+    } else if v.data_volume.is_some() {
+        "dataVolume"
+    } else if v.persistent_volume_claim.is_some() {
+        "persistentVolumeClaim"
+    } else {
+        ""
+    }
+}
+
+fn spec_view(vm: &VirtualMachine) -> SpecView {
+    let t = &vm.spec.template.spec;
+    let cpu = t.domain.cpu.clone().unwrap_or_default();
+    let n = |x: Option<u32>| u64::from(x.unwrap_or(1));
+    let memory = t.domain.memory.as_ref().and_then(|m| m.guest.as_deref());
+    let requested = t
+        .domain
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.get("memory"))
+        .map(String::as_str);
+    SpecView {
+        run_strategy: match (vm.spec.run_strategy, vm.spec.running) {
+            // The variants are named as the API spells them.
+            (Some(s), _) => format!("{s:?}"),
+            (None, Some(r)) => format!("running: {r}"),
+            (None, None) => "-".into(),
+        },
+        cpus: (n(cpu.cores) * n(cpu.sockets) * n(cpu.threads)).to_string(),
+        memory: or_dash(memory.or(requested).unwrap_or_default()),
+        disks: or_dash(
+            &t.volumes
+                .iter()
+                .map(|v| format!("{} ({})", v.name, volume_source(v)))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        networks: or_dash(
+            &t.networks
+                .iter()
+                .map(|n| n.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        labels: or_dash(&labels_text(vm)),
+    }
+}
+
+/// What a past version of a VM or its instance showed as its status.
+fn history_status(kind: Kind, body: Value) -> String {
+    let status = match kind {
+        Kind::VirtualMachine => VirtualMachine::from_value(body)
+            .ok()
+            .and_then(|vm| vm.status?.printable_status),
+        _ => VirtualMachineInstance::from_value(body)
+            .ok()
+            .and_then(|i| i.status?.phase)
+            .map(|p| p.to_string()),
+    };
+    or_dash(status.as_deref().unwrap_or_default())
+}
+
+pub async fn vm_detail(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    let (raw, vm, vmi) = match load_vm(&st, &ns, &name).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let mut events = vec![];
+    for kind in [Kind::VirtualMachine, Kind::VirtualMachineInstance] {
+        if let Ok(h) = st.store.object_history(kind, &ns, &name, 15).await {
+            for (rv, change, body) in h {
+                events.push(EventRow {
+                    rv,
+                    kind: if kind == Kind::VirtualMachine {
+                        "VM"
+                    } else {
+                        "VMI"
+                    },
+                    change,
+                    status: history_status(kind, body),
+                });
+            }
+        }
+    }
+    events.sort_by_key(|e| std::cmp::Reverse(e.rv));
+    events.truncate(20);
+    // The YAML is the VM as stored, fields this release does not model included.
+    let mut clean = raw;
+    if let Some(m) = clean.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("managedFields");
+    }
+    render(&DetailTpl {
+        c: Chrome::new(&u, name.clone()),
+        st: status_view(&st, &vm, vmi.as_ref()),
+        spec: spec_view(&vm),
+        events,
+        yaml: serde_yaml_ng::to_string(&clean).unwrap_or_default(),
+        ns,
+        name,
+    })
+}
+
+pub async fn vm_status(State(st): S, Path((ns, name)): Path<(String, String)>) -> Response {
+    match load_vm(&st, &ns, &name).await {
+        Ok((_, vm, vmi)) => render(&StatusTpl {
+            st: status_view(&st, &vm, vmi.as_ref()),
+        }),
+        Err(r) => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn vm(spec: Value) -> VirtualMachine {
+        VirtualMachine::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": "a", "namespace": "ns", "labels": {"b": "2", "a": "1"}},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_spec_shows_as_it_did_from_json() {
+        let v = vm(json!({
+            "runStrategy": "RerunOnFailure",
+            "aFieldOfANewerRelease": true,
+            "template": {"spec": {
+                "domain": {"cpu": {"cores": 2, "threads": 2}, "devices": {},
+                           "resources": {"requests": {"memory": "1Gi"}}},
+                "volumes": [{"name": "root", "containerDisk": {"image": "img"}},
+                            {"name": "ci", "cloudInitNoCloud": {"userData": "x"}},
+                            {"name": "data", "persistentVolumeClaim": {"claimName": "d"}}],
+                "networks": [{"name": "default", "pod": {}}, {"name": "second"}],
+            }},
+        }));
+        let s = spec_view(&v);
+        assert_eq!(s.run_strategy, "RerunOnFailure");
+        assert_eq!(s.cpus, "4");
+        assert_eq!(s.memory, "1Gi");
+        assert_eq!(
+            s.disks,
+            "root (containerDisk), ci (cloudInitNoCloud), data (persistentVolumeClaim)"
+        );
+        assert_eq!(s.networks, "default, second");
+        assert_eq!(s.labels, "a=1, b=2");
+
+        let bare = spec_view(&vm(json!({"running": false, "template": {"spec": {
+            "domain": {"memory": {"guest": "512Mi"}, "devices": {}}}}})));
+        assert_eq!(bare.run_strategy, "running: false");
+        assert_eq!(bare.cpus, "1");
+        assert_eq!(bare.memory, "512Mi");
+        assert_eq!((bare.disks.as_str(), bare.networks.as_str()), ("-", "-"));
+    }
+
+    #[test]
+    fn history_shows_the_status_of_each_version_or_a_dash() {
+        let vm = json!({"metadata": {"name": "a"}, "spec": {"template": {"spec": {"domain": {}}}},
+                        "status": {"printableStatus": "Starting"}});
+        assert_eq!(history_status(Kind::VirtualMachine, vm), "Starting");
+        let vmi = json!({"metadata": {"name": "a"}, "spec": {"domain": {}},
+                         "status": {"phase": "Scheduled", "newerField": 1}});
+        assert_eq!(
+            history_status(Kind::VirtualMachineInstance, vmi),
+            "Scheduled"
+        );
+        let young = json!({"metadata": {"name": "a"}, "spec": {"domain": {}}});
+        assert_eq!(history_status(Kind::VirtualMachineInstance, young), "-");
+        // A version that does not decode shows no status rather than failing the page.
+        let odd = json!({"metadata": {"name": "a"}, "status": {"phase": 3}});
+        assert_eq!(history_status(Kind::VirtualMachineInstance, odd), "-");
+    }
+}

@@ -1,0 +1,127 @@
+//! Editing a VM's YAML and the action buttons.
+
+use askama::Template;
+use axum::Form;
+use axum::extract::{Extension, Path, State};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use serde::Deserialize;
+
+use super::{
+    Chrome, YamlForm, detail_url, error_page, load_raw_vm, parse_pasted_yaml, render,
+    render_status, url_encode, vm_path,
+};
+use crate::http::auth::Principal;
+use crate::web::{Api, S, WebUser, api_message};
+
+#[derive(Template)]
+#[template(path = "vm_edit.html")]
+struct EditTpl {
+    c: Chrome,
+    ns: String,
+    name: String,
+    yaml: String,
+}
+
+pub async fn edit_vm(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    let mut vm = match load_raw_vm(&st, &ns, &name).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if let Some(o) = vm.as_object_mut() {
+        o.remove("status");
+    }
+    render(&EditTpl {
+        c: Chrome::new(&u, format!("Edit {name}")),
+        yaml: serde_yaml_ng::to_string(&vm).unwrap_or_default(),
+        ns,
+        name,
+    })
+}
+
+pub async fn save_vm(
+    Extension(u): Extension<WebUser>,
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    Path((ns, name)): Path<(String, String)>,
+    Form(form): Form<YamlForm>,
+) -> Response {
+    let (code, msg) = match parse_pasted_yaml(form.yaml.clone()).await {
+        Ok(v) => {
+            let (code, r) = api
+                .call(
+                    &p,
+                    Method::PUT,
+                    &vm_path(&ns, &name),
+                    "application/json",
+                    v.to_string(),
+                )
+                .await;
+            if code.is_success() {
+                return Redirect::to(&detail_url(&ns, &name)).into_response();
+            }
+            (code, api_message(&r))
+        }
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            format!("the YAML does not parse: {e}"),
+        ),
+    };
+    let mut c = Chrome::new(&u, format!("Edit {name}"));
+    c.error = Some(msg);
+    render_status(
+        code,
+        &EditTpl {
+            c,
+            ns,
+            name,
+            yaml: form.yaml,
+        },
+    )
+}
+
+#[derive(Deserialize)]
+pub struct ActionForm {
+    action: String,
+}
+
+pub async fn vm_action(
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    Path((ns, name)): Path<(String, String)>,
+    Form(f): Form<ActionForm>,
+) -> Response {
+    let (method, uri) = match f.action.as_str() {
+        "delete" => (Method::DELETE, vm_path(&ns, &name)),
+        a @ ("start" | "stop" | "restart") => (
+            Method::PUT,
+            format!(
+                "/apis/subresources.kubevirt.io/v1/namespaces/{}/virtualmachines/{}/{a}",
+                url_encode(&ns),
+                url_encode(&name)
+            ),
+        ),
+        a @ ("pause" | "unpause" | "softreboot") => (
+            Method::PUT,
+            format!(
+                "/apis/subresources.kubevirt.io/v1/namespaces/{}/virtualmachineinstances/{}/{a}",
+                url_encode(&ns),
+                url_encode(&name)
+            ),
+        ),
+        other => return error_page(StatusCode::BAD_REQUEST, &format!("no action {other:?}")),
+    };
+    let (code, v) = api.call(&p, method, &uri, "application/json", "{}").await;
+    if !code.is_success() {
+        return error_page(code, &api_message(&v));
+    }
+    if f.action == "delete" {
+        Redirect::to("/ui/vms").into_response()
+    } else {
+        Redirect::to(&detail_url(&ns, &name)).into_response()
+    }
+}

@@ -1,0 +1,289 @@
+//! Page handlers and their templates, one file per part of the dashboard. Reads go to the
+//! store directly (fast lists); changes go through the API in-process as the logged-in user.
+//! What several parts share (the page frame, error pages, loading a VM, small formatters)
+//! lives here; the parts do not import each other.
+
+// Helpers return a finished error page as their Err: it is built once per failed request,
+// so its size does not matter.
+#![allow(clippy::result_large_err)]
+
+use askama::Template;
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
+use kube::Resource;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::WebUser;
+use crate::http::AppState;
+use crate::http::auth::Role;
+use crate::types::kubevirt::{
+    self, Condition, ConditionType, VirtualMachine, VirtualMachineInstance,
+    VirtualMachineInstanceStatus,
+};
+use crate::types::{Kind, Typed};
+
+mod admin;
+mod consoles;
+mod create;
+mod detail;
+mod edit;
+mod login;
+mod overview;
+mod vm_list;
+
+pub use admin::{admin, clear_lockouts, create_token, create_user, delete_token, delete_user};
+pub use consoles::{console, serial};
+pub use create::{create_from_form, create_from_yaml, new_vm};
+pub use detail::{vm_detail, vm_status};
+pub use edit::{edit_vm, save_vm, vm_action};
+pub use login::{login, login_page, logout};
+pub use overview::overview;
+pub use vm_list::{vm_list, vm_rows};
+
+/// What every page's frame shows.
+pub struct Chrome {
+    pub title: String,
+    pub user: String,
+    pub role: &'static str,
+    pub csrf: String,
+    pub is_admin: bool,
+    pub can_operate: bool,
+    pub error: Option<String>,
+    pub notice: Option<String>,
+}
+
+impl Chrome {
+    fn new(u: &WebUser, title: impl Into<String>) -> Self {
+        Chrome {
+            title: title.into(),
+            user: u.name.clone(),
+            role: role_name(u.role),
+            csrf: u.csrf.clone(),
+            is_admin: u.role == Role::Admin,
+            can_operate: matches!(u.role, Role::Admin | Role::Operator),
+            error: None,
+            notice: None,
+        }
+    }
+}
+
+fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Admin => "admin",
+        Role::Operator => "operator",
+        Role::Viewer => "viewer",
+        Role::Agent => "agent",
+    }
+}
+
+fn render<T: Template>(t: &T) -> Response {
+    match t.render() {
+        Ok(html) => Html(html).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "rendering a page failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "rendering the page failed",
+            )
+                .into_response()
+        }
+    }
+}
+
+fn render_status<T: Template>(code: StatusCode, t: &T) -> Response {
+    let mut r = render(t);
+    *r.status_mut() = code;
+    r
+}
+
+#[derive(Template)]
+#[template(path = "error.html")]
+struct ErrorTpl<'a> {
+    code: u16,
+    message: &'a str,
+}
+
+pub fn error_page(code: StatusCode, message: &str) -> Response {
+    render_status(
+        code,
+        &ErrorTpl {
+            code: code.as_u16(),
+            message,
+        },
+    )
+}
+
+pub fn url_encode(s: &str) -> String {
+    serde_urlencoded::to_string([("", s)])
+        .map(|e| e.trim_start_matches('=').to_string())
+        .unwrap_or_default()
+}
+
+fn or_dash(x: &str) -> String {
+    if x.is_empty() { "-".into() } else { x.into() }
+}
+
+fn human_bytes(b: u64) -> String {
+    const GI: f64 = (1u64 << 30) as f64;
+    const MI: f64 = (1u64 << 20) as f64;
+    if b as f64 >= GI {
+        format!("{:.1} GiB", b as f64 / GI)
+    } else {
+        format!("{:.0} MiB", b as f64 / MI)
+    }
+}
+
+/// The status of the condition of a type (`True`, `False`, ...), if there is one.
+fn condition_status(conditions: &[Condition], t: ConditionType) -> Option<String> {
+    kubevirt::condition(conditions, &t).map(|c| c.status.to_string())
+}
+
+/// An object's labels as `k=v, k=v`.
+fn labels_text<K: Resource>(o: &K) -> String {
+    o.meta()
+        .labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// When an object was created, as stored (RFC 3339), empty if it does not say.
+fn created<K: Resource>(o: &K) -> String {
+    o.meta()
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| serde_json::to_value(t).ok())
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// A VM's `printableStatus`, empty when it has none yet.
+fn printable_status(vm: &VirtualMachine) -> &str {
+    vm.status
+        .as_ref()
+        .and_then(|s| s.printable_status.as_deref())
+        .unwrap_or_default()
+}
+
+/// What the pages show of an instance's status: an instance without one shows as empty.
+fn vmi_status(vmi: &VirtualMachineInstance) -> &VirtualMachineInstanceStatus {
+    static NONE: std::sync::LazyLock<VirtualMachineInstanceStatus> =
+        std::sync::LazyLock::new(VirtualMachineInstanceStatus::default);
+    vmi.status.as_ref().unwrap_or(&NONE)
+}
+
+/// Every stored object of a kind.
+async fn all<T: Typed>(st: &AppState) -> Result<Vec<T>, Response> {
+    st.store
+        .all::<T>()
+        .await
+        .map_err(|e| error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()))
+}
+
+/// The instance's addresses, as `kubectl get vmi -o wide` lists them.
+fn vmi_ip(vmi: &VirtualMachineInstance) -> String {
+    vmi_status(vmi)
+        .interfaces
+        .iter()
+        .filter_map(|i| i.ip_address.as_deref())
+        .filter(|ip| !ip.is_empty())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn vm_path(ns: &str, name: &str) -> String {
+    format!(
+        "/apis/kubevirt.io/v1/namespaces/{}/virtualmachines/{}",
+        url_encode(ns),
+        url_encode(name)
+    )
+}
+
+fn detail_url(ns: &str, name: &str) -> String {
+    format!("/ui/vms/{}/{}", url_encode(ns), url_encode(name))
+}
+
+#[derive(Deserialize)]
+pub struct YamlForm {
+    #[serde(default)]
+    yaml: String,
+}
+
+/// Pasted YAML is parsed as the API parses YAML bodies: within limits, off the async workers.
+async fn parse_pasted_yaml(yaml: String) -> Result<Value, String> {
+    crate::http::throttle::Pool::parsing()
+        .run(move || crate::http::body::parse_yaml(&yaml))
+        .await
+        .unwrap_or_else(|_| Err("the server is busy; try again in a second".into()))
+}
+
+/// A VM as stored, every field as it is (for the YAML the pages show and edit).
+async fn load_raw_vm(st: &AppState, ns: &str, name: &str) -> Result<Value, Response> {
+    st.store
+        .get(Kind::VirtualMachine, ns, name)
+        .await
+        .map_err(|e| error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()))?
+        .ok_or_else(|| error_page(StatusCode::NOT_FOUND, &format!("no VM {ns}/{name}")))
+}
+
+/// A VM as stored, typed, and its instance if it has one.
+async fn load_vm(
+    st: &AppState,
+    ns: &str,
+    name: &str,
+) -> Result<(Value, VirtualMachine, Option<VirtualMachineInstance>), Response> {
+    let internal = |e: String| error_page(StatusCode::INTERNAL_SERVER_ERROR, &e);
+    let raw = load_raw_vm(st, ns, name).await?;
+    let vm = VirtualMachine::from_value(raw.clone()).map_err(|e| internal(e.0))?;
+    let vmi = st
+        .store
+        .get_typed::<VirtualMachineInstance>(ns, name)
+        .await
+        .map_err(|e| internal(e.to_string()))?;
+    Ok((raw, vm, vmi))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn instance_fields_read_typed() {
+        let vmi = VirtualMachineInstance::from_value(json!({
+            "metadata": {"name": "a", "namespace": "ns", "creationTimestamp": "2026-01-02T03:04:05Z"},
+            "spec": {"domain": {}},
+            "status": {
+                "interfaces": [{"ipAddress": "10.0.0.2"}, {"ipAddress": ""}, {"name": "x"},
+                               {"ipAddress": "fd00::2"}],
+                "conditions": [{"type": "Ready", "status": "False", "reason": "Booting"},
+                               {"type": "SomethingNewer", "status": "True"}],
+            },
+        }))
+        .unwrap();
+        assert_eq!(vmi_ip(&vmi), "10.0.0.2, fd00::2");
+        let c = &vmi_status(&vmi).conditions;
+        assert_eq!(
+            condition_status(c, ConditionType::Ready).as_deref(),
+            Some("False")
+        );
+        assert_eq!(
+            condition_status(c, ConditionType::Other("SomethingNewer".into())).as_deref(),
+            Some("True")
+        );
+        assert_eq!(condition_status(c, ConditionType::LiveMigratable), None);
+        assert_eq!(created(&vmi), "2026-01-02T03:04:05Z");
+
+        let bare = VirtualMachineInstance::from_value(
+            json!({"metadata": {"name": "b"}, "spec": {"domain": {}}}),
+        )
+        .unwrap();
+        assert_eq!(vmi_ip(&bare), "");
+        assert!(vmi_status(&bare).phase.is_none());
+        assert_eq!(created(&bare), "");
+    }
+}

@@ -1,0 +1,49 @@
+//! edgevirt's test kit, shared by the integration tests (`tests/`) and the benchmarks
+//! (`benches/`) as a dev-dependency, so neither includes the other's files by path.
+//!
+//! - [`serve`]: one way to start `edgevirt serve` and know it is ready: the kernel picks the
+//!   port (`--listen …:0`), the kit reads the bound address of the process's listening socket
+//!   from `/proc` and polls `/healthz` until it answers. Nothing is read from serve's output,
+//!   and it works for any release of the binary (the upgrade test starts an old one).
+//! - [`Appliance`]: serve on a fresh data dir against the real libvirtd, with the test
+//!   guest; removes the launchers and domains it created when dropped.
+//! - [`Vm`]: the typed `kubevirt.io/v1` VirtualMachine builder every fixture comes from.
+//! - [`hostile`]: the hostile-request cases of the hardening test and benchmark.
+//! - host helpers: [`virsh`], [`domstate`], [`domid`], [`guest_uptime`], [`wait_for`],
+//!   [`serial_echo`].
+
+mod appliance;
+pub mod hostile;
+pub mod serve;
+mod vm;
+
+pub use appliance::*;
+pub use vm::Vm;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The `edgevirt` binary cargo built next to the running test or benchmark
+/// (`target/<profile>/edgevirt`; tests and benches run from `target/<profile>/deps/`).
+pub fn exe() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let me = std::env::current_exe().expect("the running executable");
+        let exe = me
+            .parent()
+            .and_then(Path::parent)
+            .map(|d| d.join("edgevirt"))
+            .expect("tests and benches run from target/<profile>/deps");
+        assert!(
+            exe.exists(),
+            "no edgevirt binary at {} (cargo builds it for tests and benches of this package)",
+            exe.display()
+        );
+        exe
+    })
+}
+
+/// The repository's root.
+pub fn repo_root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}

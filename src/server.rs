@@ -66,6 +66,9 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
                 _ = term.recv() => {},
             }
             tracing::info!("signal received; shutting down (VMs keep running)");
+            // Said here, before anything winds down: from a task woken by the cancel, it
+            // could be lost when the runtime ends first. (A no-op without NOTIFY_SOCKET.)
+            let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
             cancel.cancel();
         });
     }
@@ -106,7 +109,8 @@ fn return_large_frees_to_the_os() {
 }
 
 /// Under systemd (`Type=notify`): say READY=1 now, then WATCHDOG=1 at half the watchdog
-/// interval from this runtime, and STOPPING=1 on the way out. Nothing without NOTIFY_SOCKET.
+/// interval from this runtime until the cancel (STOPPING=1 is said by the signal handler in
+/// `run`). Nothing without NOTIFY_SOCKET.
 fn systemd_notify(cancel: CancellationToken) {
     use sd_notify::NotifyState;
     if std::env::var_os("NOTIFY_SOCKET").is_none() {
@@ -117,18 +121,14 @@ fn systemd_notify(cancel: CancellationToken) {
     }
     let every = sd_notify::watchdog_enabled().map(|d| d / 2);
     tokio::spawn(async move {
-        if let Some(every) = every {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    _ = tick.tick() => { let _ = sd_notify::notify(&[NotifyState::Watchdog]); }
-                }
+        let Some(every) = every else { return };
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tick.tick() => { let _ = sd_notify::notify(&[NotifyState::Watchdog]); }
             }
-        } else {
-            cancel.cancelled().await;
         }
-        let _ = sd_notify::notify(&[NotifyState::Stopping]);
     });
 }
 

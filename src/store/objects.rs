@@ -172,6 +172,9 @@ impl Store {
     pub async fn list_raw(&self, kind: Kind, q: &ListQuery<'_>) -> Result<RawList> {
         let labels = q.labels.filter(|l| !l.is_empty());
         let fields = q.fields.filter(|f| !f.is_empty());
+        if labels.is_none() && fields.is_none() {
+            return self.list_whole(kind, q).await;
+        }
         let node = fields.and_then(FieldSelector::node_name);
         let limit = q.limit.filter(|l| *l > 0);
         // One statement reads the counter with the rows: a statement sees one snapshot, so
@@ -260,6 +263,82 @@ impl Store {
                 rv as u64
             }
         };
+        Ok(out)
+    }
+
+    /// A listing with no selector to apply, built by SQLite itself: one statement reads the
+    /// counter, the rows' stored JSON already joined with commas and their byte lengths
+    /// (where each item starts), so a listing costs one result row however many items it
+    /// has, not one row handed across threads per item. A page reads one row more than
+    /// asked: whether there is a next one.
+    ///
+    /// The aggregates take the rows in the order the inner SELECT hands them out (key
+    /// order: it walks the primary key), with no sort of their own. SQLite does not promise
+    /// that order to `group_concat` without an ORDER BY inside it, but one there sorts the
+    /// whole listing again and doubles its cost; `store::tests::listings_keep_key_order`
+    /// writes rows out of key order and fails if a SQLite update ever changes it.
+    async fn list_whole(&self, kind: Kind, q: &ListQuery<'_>) -> Result<RawList> {
+        let limit = q.limit.filter(|l| *l > 0);
+        let mut sql = String::from(
+            "SELECT (SELECT value FROM counters WHERE name = 'resourceVersion'), \
+             group_concat(octet_length(body), ','), group_concat(body, ',') \
+             FROM (SELECT body FROM objects WHERE kind = ?",
+        );
+        if q.namespace.is_some() {
+            sql.push_str(" AND namespace = ?");
+        }
+        match (q.after, q.namespace) {
+            (Some(_), Some(_)) => sql.push_str(" AND name > ?"),
+            (Some(_), None) => sql.push_str(" AND (namespace, name) > (?, ?)"),
+            (None, _) => {}
+        }
+        sql.push_str(" ORDER BY namespace, name LIMIT ?)");
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(kind.name());
+        if let Some(ns) = q.namespace {
+            query = query.bind(ns);
+        }
+        match (q.after, q.namespace) {
+            (Some((_, name)), Some(_)) => query = query.bind(name),
+            (Some((ns, name)), None) => query = query.bind(ns).bind(name),
+            (None, _) => {}
+        }
+        // SQLite: a negative LIMIT is none.
+        query = query.bind(limit.map_or(-1, |l| l as i64 + 1));
+        let row = query.fetch_one(&self.reader).await?;
+        let rv: i64 = row.try_get(0)?;
+        let lengths: Option<&str> = row.try_get(1)?;
+        let buf: Option<String> = row.try_get(2)?;
+        let mut out = RawList {
+            rv: rv as u64,
+            buf: buf.unwrap_or_default(),
+            ..RawList::default()
+        };
+        let mut at = 0;
+        for len in lengths.unwrap_or("").split(',').filter(|l| !l.is_empty()) {
+            let len: usize = len
+                .parse()
+                .map_err(|_| Error::Db(format!("item length {len:?} in a listing")))?;
+            out.starts.push(at);
+            at += len + 1;
+        }
+        if at.saturating_sub(1) != out.buf.len() {
+            return Err(Error::Db(format!(
+                "a listing of {} bytes whose items add up to {}",
+                out.buf.len(),
+                at.saturating_sub(1)
+            )));
+        }
+        if let Some(l) = limit
+            && out.starts.len() > l
+        {
+            // The extra row only said there is more: drop it (and its comma). The page
+            // ends on its last item's key, read from that item as the key columns were
+            // when it was written.
+            out.buf.truncate(out.starts[l] - 1);
+            out.starts.truncate(l);
+            let last: Value = serde_json::from_str(out.iter().last().unwrap_or("{}"))?;
+            out.more = Some(ns_name(kind, &last)?);
+        }
         Ok(out)
     }
 

@@ -166,9 +166,9 @@ impl Store {
     }
 
     /// A listing in key order (namespace, name) with each object's stored JSON as is,
-    /// consistent with one resourceVersion. Rows are read one at a time from the database
-    /// into one buffer, and parsed only when a selector has to look inside them; a page
-    /// (`limit`, `after`) reads only its own rows from the index.
+    /// consistent with one resourceVersion; a page (`limit`, `after`) starts at its key in
+    /// the index. Without selectors SQLite builds it ([`Store::list_whole`]); with them, rows
+    /// are read one at a time, parsed for the selectors, and kept until the page is full.
     pub async fn list_raw(&self, kind: Kind, q: &ListQuery<'_>) -> Result<RawList> {
         let labels = q.labels.filter(|l| !l.is_empty());
         let fields = q.fields.filter(|f| !f.is_empty());
@@ -186,19 +186,8 @@ impl Store {
         if node.is_some() {
             sql.push_str(" AND node_name = ?");
         }
-        if q.namespace.is_some() {
-            sql.push_str(" AND namespace = ?");
-        }
-        match (q.after, q.namespace) {
-            (Some(_), Some(_)) => sql.push_str(" AND name > ?"),
-            (Some(_), None) => sql.push_str(" AND (namespace, name) > (?, ?)"),
-            (None, _) => {}
-        }
+        key_range_sql(q, &mut sql);
         sql.push_str(" ORDER BY namespace, name");
-        // Without selectors to apply here, the database stops at the page's end.
-        if limit.is_some() && labels.is_none() && fields.is_none() {
-            sql.push_str(" LIMIT ?");
-        }
         let mut conn = self.reader.acquire().await?;
         let mut out = RawList::default();
         let mut rv = None;
@@ -207,22 +196,7 @@ impl Store {
             if let Some(node) = node {
                 query = query.bind(node);
             }
-            if let Some(ns) = q.namespace {
-                query = query.bind(ns);
-            }
-            match (q.after, q.namespace) {
-                (Some((_, name)), Some(_)) => query = query.bind(name),
-                (Some((ns, name)), None) => query = query.bind(ns).bind(name),
-                (None, _) => {}
-            }
-            if let Some(l) = limit
-                && labels.is_none()
-                && fields.is_none()
-            {
-                // One more than asked: whether there is a next page.
-                query = query.bind((l + 1) as i64);
-            }
-            let mut rows = query.fetch(&mut *conn);
+            let mut rows = bind_key_range(query, q).fetch(&mut *conn);
             // The last row handed out, kept whole: its key is read only if a page ends there.
             let mut last: Option<sqlx::sqlite::SqliteRow> = None;
             while let Some(row) = rows.try_next().await? {
@@ -230,13 +204,9 @@ impl Store {
                     rv = Some(row.try_get::<i64, _>(0)?);
                 }
                 let body: &str = row.try_get(3)?;
-                if labels.is_some() || fields.is_some() {
-                    let v: Value = serde_json::from_str(body)?;
-                    if !(labels.is_none_or(|l| l.matches(&v))
-                        && fields.is_none_or(|f| f.matches(&v)))
-                    {
-                        continue;
-                    }
+                let v: Value = serde_json::from_str(body)?;
+                if !(labels.is_none_or(|l| l.matches(&v)) && fields.is_none_or(|f| f.matches(&v))) {
+                    continue;
                 }
                 if let Some(l) = limit
                     && out.len() == l
@@ -284,27 +254,14 @@ impl Store {
              group_concat(octet_length(body), ','), group_concat(body, ',') \
              FROM (SELECT body FROM objects WHERE kind = ?",
         );
-        if q.namespace.is_some() {
-            sql.push_str(" AND namespace = ?");
-        }
-        match (q.after, q.namespace) {
-            (Some(_), Some(_)) => sql.push_str(" AND name > ?"),
-            (Some(_), None) => sql.push_str(" AND (namespace, name) > (?, ?)"),
-            (None, _) => {}
-        }
+        key_range_sql(q, &mut sql);
         sql.push_str(" ORDER BY namespace, name LIMIT ?)");
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(kind.name());
-        if let Some(ns) = q.namespace {
-            query = query.bind(ns);
-        }
-        match (q.after, q.namespace) {
-            (Some((_, name)), Some(_)) => query = query.bind(name),
-            (Some((ns, name)), None) => query = query.bind(ns).bind(name),
-            (None, _) => {}
-        }
+        let query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(kind.name());
         // SQLite: a negative LIMIT is none.
-        query = query.bind(limit.map_or(-1, |l| l as i64 + 1));
-        let row = query.fetch_one(&self.reader).await?;
+        let row = bind_key_range(query, q)
+            .bind(limit.map_or(-1, |l| l as i64 + 1))
+            .fetch_one(&self.reader)
+            .await?;
         let rv: i64 = row.try_get(0)?;
         let lengths: Option<&str> = row.try_get(1)?;
         let buf: Option<String> = row.try_get(2)?;
@@ -619,6 +576,33 @@ pub fn rv_of(obj: &Value) -> Option<u64> {
     obj["metadata"]["resourceVersion"]
         .as_str()
         .and_then(|s| s.parse().ok())
+}
+
+/// The conditions of a listing's key range after `WHERE kind = ?`: its namespace, and the
+/// key a page starts after. [`bind_key_range`] binds their values in the same order.
+fn key_range_sql(q: &ListQuery<'_>, sql: &mut String) {
+    if q.namespace.is_some() {
+        sql.push_str(" AND namespace = ?");
+    }
+    match (q.after, q.namespace) {
+        (Some(_), Some(_)) => sql.push_str(" AND name > ?"),
+        (Some(_), None) => sql.push_str(" AND (namespace, name) > (?, ?)"),
+        (None, _) => {}
+    }
+}
+
+fn bind_key_range<'q>(
+    mut query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+    q: &ListQuery<'q>,
+) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
+    if let Some(ns) = q.namespace {
+        query = query.bind(ns);
+    }
+    match (q.after, q.namespace) {
+        (Some((_, name)), Some(_)) => query.bind(name),
+        (Some((ns, name)), None) => query.bind(ns).bind(name),
+        (None, _) => query,
+    }
 }
 
 fn ns_name(kind: Kind, obj: &Value) -> Result<(String, String)> {

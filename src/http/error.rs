@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::store;
-use crate::types::Invalid;
+use crate::types::{FieldErrors, Invalid};
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -16,6 +16,8 @@ pub struct ApiError {
     pub message: String,
     /// Seconds for a `Retry-After` header (429 when shedding load).
     pub retry_after: Option<u64>,
+    /// The Status's `details` (the object and, for 422, every field at fault).
+    pub details: Option<serde_json::Value>,
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
@@ -27,6 +29,20 @@ impl ApiError {
             reason,
             message: message.into(),
             retry_after: None,
+            details: None,
+        }
+    }
+    /// 422 naming every field at fault in `details.causes`, as Kubernetes does; kubectl
+    /// prints each on its own line under `The <kind> "<name>" is invalid`.
+    pub fn invalid_fields(group: &str, kind: &str, name: &str, e: FieldErrors) -> Self {
+        let causes: Vec<serde_json::Value> = e
+            .errors
+            .iter()
+            .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+            .collect();
+        ApiError {
+            details: Some(json!({"name": name, "group": group, "kind": kind, "causes": causes})),
+            ..Self::invalid(e.to_string())
         }
     }
     /// 429 with `Retry-After`: the server sheds load; the client should come back.
@@ -94,7 +110,7 @@ impl From<Invalid> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({
+        let mut body = json!({
             "kind": "Status",
             "apiVersion": "v1",
             "metadata": {},
@@ -103,6 +119,9 @@ impl IntoResponse for ApiError {
             "reason": self.reason,
             "code": self.code.as_u16(),
         });
+        if let Some(details) = self.details {
+            body["details"] = details;
+        }
         let mut r = (self.code, Json(body)).into_response();
         if let Some(secs) = self.retry_after {
             r.headers_mut()

@@ -1000,3 +1000,66 @@ async fn watch_fan_out_reaches_every_watcher() {
         }
     }
 }
+
+#[tokio::test]
+async fn one_refusal_names_every_field_at_fault() {
+    let t = setup().await;
+    let mut v: Value = serde_json::from_str(&vm("three", json!({}))).unwrap();
+    let spec = &mut v["spec"]["template"]["spec"];
+    spec["dnsPolicy"] = json!("None");
+    spec["domain"]["bogusField"] = json!(1);
+    spec["domain"]["devices"]["rng"] = json!({});
+    let (code, s) = call(
+        &t,
+        "POST",
+        VMS,
+        Some("admin-tok"),
+        "application/json",
+        &v.to_string(),
+    )
+    .await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{s}");
+    assert_eq!(s["reason"], "Invalid");
+    assert_eq!(s["details"]["kind"], "VirtualMachine", "{s}");
+    assert_eq!(s["details"]["name"], "three", "{s}");
+    assert_eq!(s["details"]["group"], "kubevirt.io", "{s}");
+    let mut causes: Vec<(String, String)> = s["details"]["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            assert!(c["message"].as_str().is_some_and(|m| !m.is_empty()), "{c}");
+            (
+                c["field"].as_str().unwrap().to_string(),
+                c["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    causes.sort();
+    assert_eq!(
+        causes,
+        [
+            (
+                "spec.template.spec.dnsPolicy".into(),
+                "FieldValueForbidden".into()
+            ),
+            (
+                "spec.template.spec.domain.bogusField".into(),
+                "FieldValueInvalid".into()
+            ),
+            (
+                "spec.template.spec.domain.devices.rng".into(),
+                "FieldValueForbidden".into()
+            ),
+        ]
+    );
+    // Each also in the one-line message, for clients that print only that.
+    let msg = s["message"].as_str().unwrap();
+    for f in ["dnsPolicy", "domain.bogusField", "devices.rng"] {
+        assert!(msg.contains(f), "{f} not in {msg}");
+    }
+    let stored = t
+        .store
+        .get(crate::types::Kind::VirtualMachine, "default", "three");
+    assert!(stored.await.unwrap().is_none());
+}

@@ -28,6 +28,7 @@ pub mod annotations {
     pub const BLOCK_MIGRATION_ANNOTATION: &str = "edgevirt.io/block-migration";
 }
 pub mod kubevirt;
+pub mod schema;
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -297,120 +298,105 @@ pub fn check_labels_and_annotations(meta: &Value) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// KubeVirt fields that edgevirt knows of but does not implement yet, so a refusal can say so.
-const KUBEVIRT_UNSUPPORTED: &[&str] = &[
-    "dataVolumeTemplates",
-    "instancetype",
-    "preference",
-    "liveUpdateFeatures",
-    "updateVolumesStrategy",
-    "affinity",
-    "tolerations",
-    "topologySpreadConstraints",
-    "evictionStrategy",
-    "livenessProbe",
-    "readinessProbe",
-    "accessCredentials",
-    "dnsConfig",
-    "dnsPolicy",
-    "priorityClassName",
-    "schedulerName",
-    "startStrategy",
-    "subdomain",
-    "architecture",
-    "gpus",
-    "hostDevices",
-    "filesystems",
-    "watchdog",
-    "inputs",
-    "sound",
-    "tpm",
-    "rng",
-    "blockMultiQueue",
-    "networkInterfaceMultiqueue",
-    "useVirtioTransitional",
-    "clientPassthrough",
-    "downwardMetrics",
-    "features",
-    "clock",
-    "ioThreadsPolicy",
-    "chassis",
-    "launchSecurity",
-    "hugepages",
-    "hostDisk",
-    "cloudInitConfigDrive",
-    "configMap",
-    "secret",
-    "serviceAccount",
-    "sysprep",
-    "emptyDisk",
-    "ephemeral",
-    "memoryDump",
-    "downwardAPI",
-    "multus",
-    "sriov",
-    "macvtap",
-    "passt",
-    "slirp",
-    "lun",
-    "dedicatedCpuPlacement",
-    "isolateEmulatorThread",
-    "numa",
-    "realtime",
-    "maxSockets",
-    "cache",
-    "io",
-    "dedicatedIOThread",
-    "shareable",
-    "errorPolicy",
-    "blockSize",
-    "tag",
-    "ports",
-    "pciAddress",
-    "dhcpOptions",
-    "binding",
-    "acpiTable",
-    "hostname",
-    "uuid",
-    "serial",
-    "vmNetworkCIDR",
-    "limits",
-];
+/// One problem with one field of an object a client wrote (Kubernetes' `StatusCause`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldError {
+    /// The field from the object's root, e.g. `spec.template.spec.domain.devices.rng`.
+    pub field: String,
+    /// Kubernetes' cause type: `FieldValueInvalid`, `FieldValueTypeInvalid`,
+    /// `FieldValueForbidden`.
+    pub reason: &'static str,
+    /// What is wrong, without the field (kubectl prints `field: message`).
+    pub message: String,
+    /// The same for the one-line message of the refusal, with the field.
+    line: String,
+}
 
-/// Decode a kind's spec from JSON for admission, naming the offending field on failure.
+/// Every problem found in one object's spec, so that one refusal names them all.
+#[derive(Debug)]
+pub struct FieldErrors {
+    pub kind: String,
+    pub errors: Vec<FieldError>,
+}
+
+impl std::fmt::Display for FieldErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let lines: Vec<&str> = self.errors.iter().map(|e| e.line.as_str()).collect();
+        write!(f, "{}: {}", self.kind, lines.join("; "))
+    }
+}
+
+impl From<FieldErrors> for Invalid {
+    fn from(e: FieldErrors) -> Invalid {
+        Invalid(e.to_string())
+    }
+}
+
+/// Decode a kind's spec from JSON for admission, naming every offending field.
 /// The types themselves decode tolerantly (a peer of another release may send fields this
 /// one does not know); here, where a user's object is checked, every field the types do
-/// not know is refused, all of them in one message, and a KubeVirt field edgevirt does not
-/// implement yet is named as such.
-pub fn decode<T: DeserializeOwned>(kind: &str, value: Value) -> Result<T, Invalid> {
+/// not know is refused, all of them at once: as "not supported yet" when KubeVirt's schema
+/// has the field at that place ([`schema`]), as "unknown" when it does not. A value of the
+/// wrong type is named too, with the fields found unknown before it.
+pub fn decode<T: DeserializeOwned>(kind: &str, value: Value) -> Result<T, FieldErrors> {
     let mut unknown: Vec<String> = Vec::new();
     let mut track = serde_path_to_error::Track::new();
     let de = serde_path_to_error::Deserializer::new(value, &mut track);
+    // serde_ignored writes a step through an `Option` as `?`: the field's path has none.
     let decoded: Result<T, _> = serde_ignored::deserialize(de, |path| {
-        unknown.push(path.to_string());
+        let path = path.to_string();
+        let steps: Vec<&str> = path.split('.').filter(|s| *s != "?").collect();
+        unknown.push(steps.join("."));
     });
-    let t = decoded.map_err(|e| {
-        let path = track.path().to_string();
-        Invalid(format!("{kind}: {path}: {e}"))
-    })?;
-    if unknown.is_empty() {
-        return Ok(t);
-    }
-    let reasons: Vec<String> = unknown
+    let root = schema::spec_definition(kind);
+    let mut errors: Vec<FieldError> = unknown
         .iter()
         .map(|at| {
-            let field = at.rsplit('.').next().unwrap_or(at);
-            if KUBEVIRT_UNSUPPORTED.contains(&field) {
-                format!(
-                    "field {at} is a KubeVirt field that edgevirt does not support yet; \
-                     remove it to create this object here"
-                )
+            if root.is_some_and(|r| schema::has_field(r, at)) {
+                FieldError {
+                    field: format!("spec.{at}"),
+                    reason: "FieldValueForbidden",
+                    message: "a KubeVirt field that edgevirt does not support yet; remove it \
+                              to create this object here"
+                        .into(),
+                    line: format!(
+                        "field {at} is a KubeVirt field that edgevirt does not support yet; \
+                         remove it to create this object here"
+                    ),
+                }
             } else {
-                format!("unknown field {at}")
+                FieldError {
+                    field: format!("spec.{at}"),
+                    reason: "FieldValueInvalid",
+                    message: "unknown field: KubeVirt's schema has no such field here".into(),
+                    line: format!("unknown field {at}"),
+                }
             }
         })
         .collect();
-    Err(Invalid(format!("{kind}: {}", reasons.join("; "))))
+    match decoded {
+        Ok(t) if errors.is_empty() => Ok(t),
+        Ok(_) => Err(FieldErrors {
+            kind: kind.to_string(),
+            errors,
+        }),
+        Err(e) => {
+            let path = track.path().to_string();
+            errors.push(FieldError {
+                field: match path.as_str() {
+                    "" | "." => "spec".to_string(),
+                    p => format!("spec.{p}"),
+                },
+                reason: "FieldValueTypeInvalid",
+                message: e.to_string(),
+                line: format!("{path}: {e}"),
+            });
+            Err(FieldErrors {
+                kind: kind.to_string(),
+                errors,
+            })
+        }
+    }
 }
 
 /// Parse a Kubernetes quantity (`512Mi`, `2G`, `1`, `1.5Gi`, `1e9`, `500m`) into a whole
@@ -583,22 +569,51 @@ mod tests {
         let spec = serde_json::json!({"template": {"spec": {"domain": {"devices": {"gpus": []}}}}});
         let e = decode::<kubevirt::VirtualMachineSpec>("VirtualMachine", spec).unwrap_err();
         assert!(
-            e.0.contains("gpus") && e.0.contains("does not support"),
+            e.to_string().contains("gpus") && e.to_string().contains("does not support"),
             "{e}"
         );
         let spec = serde_json::json!({"template": {"spec": {"domain": {"bogus": 1}}}});
         let e = decode::<kubevirt::VirtualMachineSpec>("VirtualMachine", spec).unwrap_err();
         assert_eq!(
-            e.0,
+            e.to_string(),
             "VirtualMachine: unknown field template.spec.domain.bogus"
         );
-        // Every unknown field at once, not one per try.
+        // A KubeVirt field at a place where KubeVirt does not have it is unknown too.
+        let spec = serde_json::json!({"template": {"spec": {"rng": {}, "domain": {}}}});
+        let e = decode::<kubevirt::VirtualMachineSpec>("VirtualMachine", spec).unwrap_err();
+        assert_eq!(e.errors[0].reason, "FieldValueInvalid", "{e}");
+        // Every problem at once, not one per try, each with its field from the root.
         let spec = serde_json::json!({"template": {"spec": {"dnsPolicy": "None",
             "domain": {"devices": {"rng": {}, "disks": [{"name": "d", "bogus": 1}]}}}}});
         let e = decode::<kubevirt::VirtualMachineSpec>("VirtualMachine", spec).unwrap_err();
-        for field in ["dnsPolicy", "devices.rng", "disks.0.bogus"] {
-            assert!(e.0.contains(field), "{field} not named: {e}");
+        let fields: Vec<(&str, &str)> = e
+            .errors
+            .iter()
+            .map(|c| (c.field.as_str(), c.reason))
+            .collect();
+        for want in [
+            ("spec.template.spec.dnsPolicy", "FieldValueForbidden"),
+            (
+                "spec.template.spec.domain.devices.rng",
+                "FieldValueForbidden",
+            ),
+            (
+                "spec.template.spec.domain.devices.disks.0.bogus",
+                "FieldValueInvalid",
+            ),
+        ] {
+            assert!(fields.contains(&want), "{want:?} not in {fields:?}");
         }
+        // A value of the wrong type is named with the unknown fields seen before it.
+        let spec = serde_json::json!({"template": {"spec": {"bogus": 1, "domain": {"cpu": {"cores": "two"}}}}});
+        let e = decode::<kubevirt::VirtualMachineSpec>("VirtualMachine", spec).unwrap_err();
+        let reasons: Vec<&str> = e.errors.iter().map(|c| c.reason).collect();
+        assert_eq!(
+            reasons,
+            ["FieldValueInvalid", "FieldValueTypeInvalid"],
+            "{e}"
+        );
+        assert_eq!(e.errors[1].field, "spec.template.spec.domain.cpu.cores");
         // The types themselves decode what a newer peer sends.
         let spec = serde_json::json!({"template": {"spec": {"newField": 1, "domain": {}}}});
         assert!(serde_json::from_value::<kubevirt::VirtualMachineSpec>(spec).is_ok());

@@ -1,0 +1,274 @@
+//! Where KubeVirt's published schema has which field, so that a field edgevirt does not
+//! implement is called "not supported yet" when KubeVirt has it at that place, and "unknown"
+//! only when KubeVirt does not (a typo, or a field from somewhere else).
+//!
+//! `kubevirt-fields.txt` is derived from KubeVirt's OpenAPI document
+//! (`../shared/kubevirt/swagger.json`, at the commit its README names): one line per
+//! definition reachable from the VM, VMI and migration specs, the definition's name and then
+//! its fields, `field=definition` where the field holds an object of another definition (or a
+//! list or map of them). The test `the_field_file_matches_kubevirts_schema` keeps it in step
+//! and rewrites it when run with `EDGEVIRT_WRITE_KUBEVIRT_FIELDS=1`.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+const FIELDS: &str = include_str!("kubevirt-fields.txt");
+
+/// A definition's fields, each with the definition of its value when that is an object.
+type Fields = HashMap<&'static str, Option<&'static str>>;
+
+fn definitions() -> &'static HashMap<&'static str, Fields> {
+    static DEFS: OnceLock<HashMap<&'static str, Fields>> = OnceLock::new();
+    DEFS.get_or_init(|| {
+        FIELDS
+            .lines()
+            .filter_map(|line| {
+                let mut words = line.split_whitespace();
+                let name = words.next()?;
+                let fields = words
+                    .map(|w| match w.split_once('=') {
+                        Some((field, def)) => (field, Some(def)),
+                        None => (w, None),
+                    })
+                    .collect();
+                Some((name, fields))
+            })
+            .collect()
+    })
+}
+
+/// The schema definition of the spec of a kind, where its fields start.
+pub fn spec_definition(kind: &str) -> Option<&'static str> {
+    match kind {
+        "VirtualMachine" => Some("v1.VirtualMachineSpec"),
+        "VirtualMachineInstance" => Some("v1.VirtualMachineInstanceSpec"),
+        "VirtualMachineInstanceMigration" => Some("v1.VirtualMachineInstanceMigrationSpec"),
+        _ => None,
+    }
+}
+
+/// Whether KubeVirt's schema has the field at `path` (dot-separated, list positions as
+/// numbers, as serde reports them) inside an object of definition `root`.
+pub fn has_field(root: &str, path: &str) -> bool {
+    let defs = definitions();
+    let mut def = root;
+    let mut fields = path
+        .split('.')
+        .filter(|s| !s.is_empty() && !s.bytes().all(|b| b.is_ascii_digit()))
+        .peekable();
+    while let Some(field) = fields.next() {
+        let Some(found) = defs.get(def).and_then(|d| d.get(field)) else {
+            return false;
+        };
+        if fields.peek().is_none() {
+            return true;
+        }
+        match found {
+            Some(next) => def = next,
+            // A field whose value is not an object of a known definition has nothing below.
+            None => return false,
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use serde_json::Value;
+    use std::collections::BTreeMap;
+
+    /// KubeVirt's OpenAPI document, from `../shared/kubevirt` beside the repository.
+    pub(crate) fn swagger() -> Value {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/kubevirt/swagger.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// The definition a property's value is an object of: itself, as list items or as map
+    /// values.
+    fn value_definition(prop: &Value) -> Option<String> {
+        [
+            &prop["$ref"],
+            &prop["items"]["$ref"],
+            &prop["additionalProperties"]["$ref"],
+        ]
+        .into_iter()
+        .find_map(|r| r.as_str())
+        .map(|r| r.rsplit('/').next().unwrap_or(r).to_string())
+    }
+
+    /// A definition as found: the kind whose spec reaches it first, the path there (list
+    /// positions as `0`), and its fields with the definitions of their values.
+    type Found = (String, String, BTreeMap<String, Option<String>>);
+
+    /// Every definition reachable from the three specs.
+    pub(crate) fn reachable(swagger: &Value) -> BTreeMap<String, Found> {
+        let defs = &swagger["definitions"];
+        let mut out = BTreeMap::new();
+        let mut todo: std::collections::VecDeque<(String, String, String)> = [
+            "VirtualMachine",
+            "VirtualMachineInstance",
+            "VirtualMachineInstanceMigration",
+        ]
+        .into_iter()
+        .map(|k| {
+            (
+                spec_definition(k).unwrap().to_string(),
+                k.to_string(),
+                String::new(),
+            )
+        })
+        .collect();
+        while let Some((name, kind, at)) = todo.pop_front() {
+            if out.contains_key(&name) {
+                continue;
+            }
+            let mut fields = BTreeMap::new();
+            if let Some(props) = defs[&name]["properties"].as_object() {
+                for (field, prop) in props {
+                    let def = value_definition(prop);
+                    if let Some(d) = &def {
+                        let list = if prop["type"] == "array" { ".0" } else { "" };
+                        let below = if at.is_empty() {
+                            format!("{field}{list}")
+                        } else {
+                            format!("{at}.{field}{list}")
+                        };
+                        todo.push_back((d.clone(), kind.clone(), below));
+                    }
+                    fields.insert(field.clone(), def);
+                }
+            }
+            out.insert(name, (kind, at, fields));
+        }
+        out
+    }
+
+    fn field_file(swagger: &Value) -> String {
+        let mut text = String::new();
+        for (name, (_, _, fields)) in reachable(swagger) {
+            text.push_str(&name);
+            for (field, def) in fields {
+                text.push(' ');
+                text.push_str(&field);
+                if let Some(d) = def {
+                    text.push('=');
+                    text.push_str(&d);
+                }
+            }
+            text.push('\n');
+        }
+        text
+    }
+
+    #[test]
+    fn the_field_file_matches_kubevirts_schema() {
+        let want = field_file(&swagger());
+        if std::env::var_os("EDGEVIRT_WRITE_KUBEVIRT_FIELDS").is_some() {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("src/types/kubevirt-fields.txt");
+            std::fs::write(&path, &want).unwrap();
+        }
+        assert!(
+            FIELDS == want,
+            "src/types/kubevirt-fields.txt is not what ../shared/kubevirt/swagger.json gives; \
+             run this test with EDGEVIRT_WRITE_KUBEVIRT_FIELDS=1 to rewrite it"
+        );
+    }
+
+    #[test]
+    fn fields_are_found_where_kubevirt_has_them() {
+        let vm = spec_definition("VirtualMachine").unwrap();
+        assert!(has_field(vm, "template.spec.domain.devices.rng"));
+        assert!(has_field(
+            vm,
+            "template.spec.domain.devices.disks.0.disk.bus"
+        ));
+        assert!(has_field(vm, "dataVolumeTemplates"));
+        // Real KubeVirt fields, but not at these places.
+        assert!(!has_field(vm, "template.spec.rng"));
+        assert!(!has_field(vm, "template.spec.domain.devices.disks.0.bus"));
+        assert!(!has_field(vm, "template.spec.domain.bogus"));
+        assert!(!has_field(vm, "runStrategy.x"));
+        let vmi = spec_definition("VirtualMachineInstance").unwrap();
+        assert!(has_field(vmi, "domain.ioThreads"));
+        assert!(!has_field(vmi, "template"));
+    }
+
+    /// A spec with `null` at `path` (list positions as one-item lists).
+    fn spec_with(path: &str) -> Value {
+        fn put(at: &mut Value, segs: &[&str]) {
+            let Some((first, rest)) = segs.split_first() else {
+                return;
+            };
+            let next = if rest.is_empty() {
+                Value::Null
+            } else if rest[0].bytes().all(|b| b.is_ascii_digit()) {
+                serde_json::json!([{}])
+            } else {
+                serde_json::json!({})
+            };
+            if first.bytes().all(|b| b.is_ascii_digit()) {
+                put(&mut at[0], rest);
+                return;
+            }
+            if at.get(*first).is_none() {
+                at[*first] = next;
+            }
+            put(&mut at[*first], rest);
+        }
+        let mut v = serde_json::json!({});
+        let segs: Vec<&str> = path.split('.').collect();
+        put(&mut v, &segs);
+        v
+    }
+
+    /// Every field of KubeVirt's VM, VMI and migration specs, set where KubeVirt has it:
+    /// edgevirt either takes it (or refuses its value) or calls it "not supported yet",
+    /// never "unknown".
+    #[test]
+    fn no_kubevirt_field_is_called_unknown() {
+        use crate::types::kubevirt::{
+            VirtualMachineInstanceMigrationSpec, VirtualMachineInstanceSpec, VirtualMachineSpec,
+        };
+        let (mut checked, mut unsupported) = (0, 0);
+        let mut wrong = Vec::new();
+        for (def, (kind, at, fields)) in reachable(&swagger()) {
+            for field in fields.keys() {
+                let path = if at.is_empty() {
+                    field.clone()
+                } else {
+                    format!("{at}.{field}")
+                };
+                let spec = spec_with(&path);
+                let errors = match kind.as_str() {
+                    "VirtualMachine" => {
+                        crate::types::decode::<VirtualMachineSpec>(&kind, spec).err()
+                    }
+                    "VirtualMachineInstance" => {
+                        crate::types::decode::<VirtualMachineInstanceSpec>(&kind, spec).err()
+                    }
+                    _ => crate::types::decode::<VirtualMachineInstanceMigrationSpec>(&kind, spec)
+                        .err(),
+                };
+                checked += 1;
+                let want = format!("spec.{path}");
+                for e in errors.iter().flat_map(|e| &e.errors) {
+                    if e.field == want && e.reason == "FieldValueForbidden" {
+                        unsupported += 1;
+                    }
+                    if e.reason == "FieldValueInvalid" {
+                        wrong.push(format!("{kind} {want} ({def}): {}", e.field));
+                    }
+                }
+            }
+        }
+        eprintln!("{checked} KubeVirt fields set; {unsupported} refused as not supported yet");
+        assert!(checked > 500, "only {checked} fields found in the schema");
+        assert!(unsupported > 0);
+        assert!(wrong.is_empty(), "called unknown:\n{}", wrong.join("\n"));
+    }
+}

@@ -26,9 +26,11 @@ async fn vm_lifecycle_on_a_real_guest() {
     );
     a.import("test-disk", &disk).await;
     // A cloud-init NoCloud volume too (no disk entry: it is attached as the next virtio disk).
+    // And KubeVirt's `devices.rng`, which QEMU must start with.
     let yaml = Vm::guest("life")
         .container_disk("test-disk")
         .cloud_init("#cloud-config\nhostname: life-ci\n")
+        .with(|v| Vm::domain_of(v)["devices"]["rng"] = json!({}))
         .yaml();
     let (code, v) = a.post_yaml(VMS, &yaml).await;
     assert_eq!(code, 201, "{v}");
@@ -82,6 +84,10 @@ async fn vm_lifecycle_on_a_real_guest() {
         .join("data.qcow2");
     assert!(overlay.exists(), "no overlay at {}", overlay.display());
     let (_, xml) = virsh(&["dumpxml", &dom]);
+    assert!(
+        xml.contains("<rng model='virtio'>") && xml.contains("/dev/urandom</backend>"),
+        "no virtio RNG in {xml}"
+    );
     let iso = xml
         .split("<source file='")
         .filter_map(|s| s.split('\'').next())

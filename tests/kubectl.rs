@@ -132,7 +132,7 @@ async fn suite(which: &str, bin: PathBuf) {
             .with(|v| {
                 v["spec"]["template"]["spec"]["dnsPolicy"] = json!("None");
                 Vm::domain_of(v)["bogusField"] = json!(1);
-                Vm::domain_of(v)["devices"]["rng"] = json!({});
+                Vm::domain_of(v)["devices"]["gpus"] = json!([]);
             })
             .yaml(),
     )
@@ -147,7 +147,7 @@ async fn suite(which: &str, bin: PathBuf) {
     for field in [
         "spec.template.spec.dnsPolicy: a KubeVirt field that edgevirt does not support yet",
         "spec.template.spec.domain.bogusField: unknown field",
-        "spec.template.spec.domain.devices.rng: a KubeVirt field that edgevirt does not support yet",
+        "spec.template.spec.domain.devices.gpus: a KubeVirt field that edgevirt does not support yet",
     ] {
         assert!(
             o.stderr.contains(field),

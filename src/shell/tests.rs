@@ -1008,7 +1008,7 @@ async fn one_refusal_names_every_field_at_fault() {
     let spec = &mut v["spec"]["template"]["spec"];
     spec["dnsPolicy"] = json!("None");
     spec["domain"]["bogusField"] = json!(1);
-    spec["domain"]["devices"]["rng"] = json!({});
+    spec["domain"]["devices"]["gpus"] = json!([]);
     let (code, s) = call(
         &t,
         "POST",
@@ -1048,14 +1048,14 @@ async fn one_refusal_names_every_field_at_fault() {
                 "FieldValueInvalid".into()
             ),
             (
-                "spec.template.spec.domain.devices.rng".into(),
+                "spec.template.spec.domain.devices.gpus".into(),
                 "FieldValueForbidden".into()
             ),
         ]
     );
     // Each also in the one-line message, for clients that print only that.
     let msg = s["message"].as_str().unwrap();
-    for f in ["dnsPolicy", "domain.bogusField", "devices.rng"] {
+    for f in ["dnsPolicy", "domain.bogusField", "devices.gpus"] {
         assert!(msg.contains(f), "{f} not in {msg}");
     }
     let stored = t

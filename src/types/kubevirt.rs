@@ -230,7 +230,15 @@ pub struct Devices {
     pub autoattach_graphics_device: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoattach_serial_console: Option<bool>,
+    /// A virtio random number generator fed from the host's `/dev/urandom`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rng: Option<Rng>,
 }
+
+/// KubeVirt's `devices.rng`: no settings; its presence adds the device.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct Rng {}
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]

@@ -301,7 +301,7 @@ pub fn check_labels_and_annotations(meta: &Value) -> Result<(), Invalid> {
 /// One problem with one field of an object a client wrote (Kubernetes' `StatusCause`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FieldError {
-    /// The field from the object's root, e.g. `spec.template.spec.domain.devices.rng`.
+    /// The field from the object's root, e.g. `spec.template.spec.domain.devices.gpus`.
     pub field: String,
     /// Kubernetes' cause type: `FieldValueInvalid`, `FieldValueTypeInvalid`,
     /// `FieldValueForbidden`.
@@ -584,7 +584,7 @@ mod tests {
         assert_eq!(e.errors[0].reason, "FieldValueInvalid", "{e}");
         // Every problem at once, not one per try, each with its field from the root.
         let spec = serde_json::json!({"template": {"spec": {"dnsPolicy": "None",
-            "domain": {"devices": {"rng": {}, "disks": [{"name": "d", "bogus": 1}]}}}}});
+            "domain": {"devices": {"gpus": [], "disks": [{"name": "d", "bogus": 1}]}}}}});
         let e = decode::<kubevirt::VirtualMachineSpec>("VirtualMachine", spec).unwrap_err();
         let fields: Vec<(&str, &str)> = e
             .errors
@@ -594,7 +594,7 @@ mod tests {
         for want in [
             ("spec.template.spec.dnsPolicy", "FieldValueForbidden"),
             (
-                "spec.template.spec.domain.devices.rng",
+                "spec.template.spec.domain.devices.gpus",
                 "FieldValueForbidden",
             ),
             (

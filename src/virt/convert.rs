@@ -111,6 +111,7 @@ struct DomainXml<'a> {
     nics: Vec<NicXml>,
     serial: bool,
     serial_socket: Option<String>,
+    rng: bool,
     vnc_socket: Option<String>,
 }
 
@@ -470,6 +471,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
         nics,
         serial: spec.domain.devices.autoattach_serial_console != Some(false),
         serial_socket: ctx.serial_socket.clone(),
+        rng: spec.domain.devices.rng.is_some(),
         vnc_socket: if spec.domain.devices.autoattach_graphics_device == Some(false) {
             None
         } else {

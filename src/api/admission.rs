@@ -73,9 +73,7 @@ pub async fn admit(
         obj["metadata"]["namespace"] = json!(ns);
     }
     crate::types::check_labels_and_annotations(&obj["metadata"])?;
-    let api_version = kind.api_version();
-    let group = api_version.split('/').next().unwrap_or_default();
-    let refused = |e| ApiError::invalid_fields(group, kind.name(), &name, e);
+    let refused = |e| ApiError::invalid_fields(kind.group(), kind.name(), &name, e);
     let spec = obj.get("spec").cloned().unwrap_or(Value::Null);
     match kind {
         Kind::VirtualMachine => {

@@ -308,8 +308,23 @@ pub struct FieldError {
     pub reason: &'static str,
     /// What is wrong, without the field (kubectl prints `field: message`).
     pub message: String,
-    /// The same for the one-line message of the refusal, with the field.
-    line: String,
+}
+
+/// Why a KubeVirt field edgevirt lacks is refused.
+const NOT_SUPPORTED: &str =
+    "a KubeVirt field that edgevirt does not support yet; remove it to create this object here";
+
+impl FieldError {
+    /// The problem as the one-line message of the refusal says it, with the field from
+    /// the spec (`.` for the spec itself).
+    fn line(&self) -> String {
+        let at = self.field.strip_prefix("spec.").unwrap_or(".");
+        match self.reason {
+            "FieldValueForbidden" => format!("field {at} is {}", self.message),
+            "FieldValueInvalid" => format!("unknown field {at}"),
+            _ => format!("{at}: {}", self.message),
+        }
+    }
 }
 
 /// Every problem found in one object's spec, so that one refusal names them all.
@@ -321,7 +336,7 @@ pub struct FieldErrors {
 
 impl std::fmt::Display for FieldErrors {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let lines: Vec<&str> = self.errors.iter().map(|e| e.line.as_str()).collect();
+        let lines: Vec<String> = self.errors.iter().map(FieldError::line).collect();
         write!(f, "{}: {}", self.kind, lines.join("; "))
     }
 }
@@ -352,50 +367,37 @@ pub fn decode<T: DeserializeOwned>(kind: &str, value: Value) -> Result<T, FieldE
     let mut errors: Vec<FieldError> = unknown
         .iter()
         .map(|at| {
-            if root.is_some_and(|r| schema::has_field(r, at)) {
-                FieldError {
-                    field: format!("spec.{at}"),
-                    reason: "FieldValueForbidden",
-                    message: "a KubeVirt field that edgevirt does not support yet; remove it \
-                              to create this object here"
-                        .into(),
-                    line: format!(
-                        "field {at} is a KubeVirt field that edgevirt does not support yet; \
-                         remove it to create this object here"
-                    ),
-                }
+            let (reason, message) = if root.is_some_and(|r| schema::has_field(r, at)) {
+                ("FieldValueForbidden", NOT_SUPPORTED.to_string())
             } else {
-                FieldError {
-                    field: format!("spec.{at}"),
-                    reason: "FieldValueInvalid",
-                    message: "unknown field: KubeVirt's schema has no such field here".into(),
-                    line: format!("unknown field {at}"),
-                }
+                (
+                    "FieldValueInvalid",
+                    "unknown field: KubeVirt's schema has no such field here".to_string(),
+                )
+            };
+            FieldError {
+                field: format!("spec.{at}"),
+                reason,
+                message,
             }
         })
         .collect();
+    if let Err(e) = &decoded {
+        errors.push(FieldError {
+            field: match track.path().to_string().as_str() {
+                "" | "." => "spec".to_string(),
+                p => format!("spec.{p}"),
+            },
+            reason: "FieldValueTypeInvalid",
+            message: e.to_string(),
+        });
+    }
     match decoded {
         Ok(t) if errors.is_empty() => Ok(t),
-        Ok(_) => Err(FieldErrors {
+        _ => Err(FieldErrors {
             kind: kind.to_string(),
             errors,
         }),
-        Err(e) => {
-            let path = track.path().to_string();
-            errors.push(FieldError {
-                field: match path.as_str() {
-                    "" | "." => "spec".to_string(),
-                    p => format!("spec.{p}"),
-                },
-                reason: "FieldValueTypeInvalid",
-                message: e.to_string(),
-                line: format!("{path}: {e}"),
-            });
-            Err(FieldErrors {
-                kind: kind.to_string(),
-                errors,
-            })
-        }
     }
 }
 

@@ -573,6 +573,16 @@ async fn watchers_share_one_listing() {
 /// multi-byte text in them: listings without a selector (built by SQLite's `group_concat`)
 /// hand them out in key order, each item whole, and pages of every size join up to the
 /// full listing; a listing through a selector (read row by row) agrees.
+/// Every VM in `ns` (all namespaces when None) that `labels` selects.
+async fn vms_in(s: &Store, ns: Option<&str>, labels: &LabelSelector) -> RawList {
+    let q = ListQuery {
+        namespace: ns,
+        labels: Some(labels),
+        ..Default::default()
+    };
+    s.list_raw(Kind::VirtualMachine, &q).await.unwrap()
+}
+
 #[tokio::test]
 async fn listings_keep_key_order() {
     let (_d, s) = store().await;
@@ -607,17 +617,7 @@ async fn listings_keep_key_order() {
     let everything = LabelSelector::parse("").unwrap();
     let any_app = LabelSelector::parse("app").unwrap();
     for ns in [None, Some("a-ns")] {
-        let whole = s
-            .list_raw(
-                Kind::VirtualMachine,
-                &ListQuery {
-                    namespace: ns,
-                    labels: Some(&everything),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
+        let whole = vms_in(&s, ns, &everything).await;
         let keys: Vec<_> = whole.iter().map(key).collect();
         let mut sorted = keys.clone();
         sorted.sort();
@@ -627,17 +627,7 @@ async fn listings_keep_key_order() {
             format!("[{}]", whole.items_json()).len(),
             whole.items_json().len() + 2
         );
-        let row_by_row = s
-            .list_raw(
-                Kind::VirtualMachine,
-                &ListQuery {
-                    namespace: ns,
-                    labels: Some(&any_app),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
+        let row_by_row = vms_in(&s, ns, &any_app).await;
         assert_eq!(row_by_row.items_json(), whole.items_json());
         for limit in [1, 3, 25, 40, 41] {
             let (mut joined, mut after) = (Vec::new(), None::<(String, String)>);

@@ -76,9 +76,10 @@ for p in "${PACKAGES[@]}"; do
 done
 # npm: build.rs fetches noVNC and xterm.js (pinned in web/package-lock.json) with it.
 command -v npm >/dev/null 2>&1 || missing+=(npm)
-# Test-only tools (browser test, websockify baseline of the console benchmark).
+# Test-only tools (browser test, websockify baseline of the console benchmark, the OCI
+# registry and image tools of the containerDisk tests).
 if [ "${EDGEVIRT_TEST_PACKAGES:-0}" = 1 ]; then
-    for p in chromium chromium-driver websockify python3-venv lintian; do
+    for p in chromium chromium-driver websockify python3-venv lintian docker-registry skopeo apache2-utils; do
         [ -n "$(installed_version "$p")" ] || missing+=("$p")
     done
 fi

@@ -43,6 +43,10 @@ pub struct Settings {
     pub cpu_model: String,
     /// The shared storage pool this host mounts: name and path (`shared_pool`).
     pub shared_pool: Option<(String, PathBuf)>,
+    /// Registry mirrors for container disks (`registry_mirrors`).
+    pub registry_mirrors: crate::registry::Mirrors,
+    /// How long an unused container disk stays cached (`image_gc_grace`).
+    pub image_gc_grace: Duration,
 }
 
 /// What the first start writes for the administrator.
@@ -184,6 +188,8 @@ fn agent_config(
         nat_network: s.nat_network.clone(),
         nat_prefix: s.nat_prefix.clone(),
         shared_pool: s.shared_pool.clone(),
+        registry_mirrors: s.registry_mirrors.clone(),
+        image_gc_grace: s.image_gc_grace,
     })
 }
 

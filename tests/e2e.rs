@@ -77,12 +77,22 @@ async fn vm_lifecycle_on_a_real_guest() {
     assert_eq!(vm["status"]["printableStatus"], "Running");
     let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
     assert_eq!(domstate(&dom).as_deref(), Some("running"));
+    // A containerDisk is ephemeral, as in KubeVirt: its overlay lives in the instance's run
+    // dir, not with the VM's persistent volumes.
     let overlay = a
         .dir
-        .join("volumes")
-        .join(vm["metadata"]["uid"].as_str().unwrap())
-        .join("data.qcow2");
+        .join("run/vmi")
+        .join(vmi["metadata"]["uid"].as_str().unwrap())
+        .join("disk-data.qcow2");
     assert!(overlay.exists(), "no overlay at {}", overlay.display());
+    assert!(
+        !a.dir
+            .join("volumes")
+            .join(vm["metadata"]["uid"].as_str().unwrap())
+            .join("data.qcow2")
+            .exists(),
+        "a containerDisk made a persistent volume"
+    );
     let (_, xml) = virsh(&["dumpxml", &dom]);
     assert!(
         xml.contains("<rng model='virtio'>") && xml.contains("/dev/urandom</backend>"),

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use edgevirt::types::kubevirt::VirtualMachine;
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
@@ -202,6 +203,47 @@ async fn kube_client_crud_watch_and_gone() {
         Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{e:?}"),
         other => panic!("a viewer created a VM: {other:?}"),
     }
+    // Secrets (what a containerDisk's imagePullSecret names): stringData is kept as base64
+    // data, an admin reads them back, a viewer reads none.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let config = r#"{"auths":{"registry.local:5000":{"auth":"dTpw"}}}"#;
+    let mut s = Secret::default();
+    s.metadata.name = Some("pull".into());
+    s.type_ = Some("kubernetes.io/dockerconfigjson".into());
+    s.string_data = Some([(".dockerconfigjson".to_string(), config.to_string())].into());
+    secrets.create(&PostParams::default(), &s).await.unwrap();
+    let back = secrets.get("pull").await.unwrap();
+    assert_eq!(back.string_data, None, "stringData is folded into data");
+    assert_eq!(
+        back.data
+            .as_ref()
+            .and_then(|d| d.get(".dockerconfigjson"))
+            .map(|b| b.0.clone()),
+        Some(config.as_bytes().to_vec())
+    );
+    s.metadata.name = Some("broken".into());
+    s.string_data = Some([(".dockerconfigjson".to_string(), "{nope".to_string())].into());
+    match secrets.create(&PostParams::default(), &s).await {
+        Err(kube::Error::Api(e)) => {
+            assert_eq!(e.code, 422, "{e:?}");
+            assert!(e.message.contains(".dockerconfigjson"), "{}", e.message);
+        }
+        other => panic!("a broken docker config was stored: {other:?}"),
+    }
+    let ro_secrets: Api<Secret> = Api::namespaced(client_for(&a, &viewer).await, "default");
+    for r in [
+        ro_secrets.get("pull").await.map(|_| ()),
+        ro_secrets.list(&ListParams::default()).await.map(|_| ()),
+    ] {
+        match r {
+            Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{e:?}"),
+            other => panic!("a viewer read a Secret: {other:?}"),
+        }
+    }
+    secrets
+        .delete("pull", &DeleteParams::default())
+        .await
+        .unwrap();
     let bad: Api<VirtualMachine> = Api::namespaced(client_for(&a, "wrong-token").await, "default");
     match bad.list(&ListParams::default()).await {
         Err(kube::Error::Api(e)) => assert_eq!(e.code, 401, "{e:?}"),

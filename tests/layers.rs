@@ -23,6 +23,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     ("CPU policy, API client", &["cpu", "client"]),
     ("libvirt backend", &["virt"]),
+    ("OCI registries", &["registry"]),
     ("launcher", &["launcher"]),
     ("roles", &["controller", "agent"]),
     ("HTTP plumbing", &["http"]),

@@ -250,6 +250,13 @@ impl ControlPlane for FakeControlPlane {
     fn get_image<'a>(&'a self, name: &'a str) -> R<'a, Image> {
         Box::pin(async move { anyhow::bail!("no image {name} in the fake") })
     }
+    fn pull_secret<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+    ) -> R<'a, crate::registry::DockerConfig> {
+        Box::pin(async move { anyhow::bail!("no secret {ns}/{name} in the fake") })
+    }
     fn tunnel<'a>(&'a self, path: &'a str) -> R<'a, Ws> {
         // No peer ever pairs: the tunnel side waits until its task is stopped.
         Box::pin(async move {

@@ -54,6 +54,10 @@ pub struct Config {
     pub nat_prefix: String,
     /// The shared storage pool this host mounts: name and path.
     pub shared_pool: Option<(String, PathBuf)>,
+    /// Registry mirrors for container disks (`HOST=URL`, containerd's mirror idea).
+    pub registry_mirrors: crate::registry::Mirrors,
+    /// How long a container disk no VM uses stays in the node's cache.
+    pub image_gc_grace: Duration,
 }
 
 /// State the sync loop keeps between ticks (all of it can be rebuilt after a restart).
@@ -83,6 +87,10 @@ pub struct Agent {
     pub migrations: Mutex<migrate::Tasks>,
     /// Where a block migration's unix sockets live ([`migrate::migration_socket_dir`]).
     pub migration_dir: PathBuf,
+    /// Container disks pulled from registries, one per manifest digest.
+    pub disks: crate::registry::Cache,
+    /// Instances whose disks failed to prepare: uid → (next try, tries so far).
+    pub prepare_retry: Mutex<HashMap<String, (Instant, u32)>>,
 }
 
 impl Agent {
@@ -98,12 +106,20 @@ impl Agent {
     pub fn volumes_dir(&self, owner_uid: &str) -> PathBuf {
         self.cfg.data_dir.join("volumes").join(owner_uid)
     }
+    /// The container-disk cache ([`crate::registry::Cache`]).
+    pub fn container_disks_dir(&self) -> PathBuf {
+        container_disks_dir(&self.cfg.data_dir)
+    }
     pub fn log_dir(&self) -> PathBuf {
         self.cfg.data_dir.join("log")
     }
 }
 
 pub use crate::rules::paths::vmi_run_dir;
+
+fn container_disks_dir(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("images/registry")
+}
 
 /// Pick the accelerator: `kvm` when asked or when `/dev/kvm` is usable and libvirt offers it.
 pub fn resolve_accel(wanted: &str, domain_types: &[String]) -> anyhow::Result<String> {
@@ -197,6 +213,11 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         incoming: Mutex::new(Default::default()),
         migrations: Mutex::new(Default::default()),
         migration_dir: migrate::migration_socket_dir(),
+        disks: crate::registry::Cache::new(
+            container_disks_dir(&cfg.data_dir),
+            cfg.registry_mirrors.clone(),
+        ),
+        prepare_retry: Default::default(),
     });
     prepare::ensure_network(&agent).await?;
     register(&agent, &facts).await?;
@@ -229,6 +250,9 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
                 Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
                 Ok(()) => {}
             }
+        }
+        if n.is_multiple_of(60) {
+            sync::collect_container_disks(&agent).await;
         }
         if let Err(e) = sync::sync_all(&agent, n.is_multiple_of(5)).await {
             tracing::warn!(error = %e, "sync failed");

@@ -21,6 +21,7 @@ use super::relay::Ws;
 use crate::client::Client;
 use crate::launcher::client::LauncherError;
 use crate::launcher::protocol::{Request, Status};
+use crate::registry::DockerConfig;
 use crate::types::object::{apply_change, empty};
 use crate::types::{Invalid, Typed, VirtualMachine, VirtualMachineInstance};
 use crate::types::{VirtualMachineInstanceMigration, edgevirt::Image};
@@ -96,6 +97,8 @@ pub trait ControlPlane: Send + Sync {
     /// Merge-patch a migration's status (`{"status": {...}}`).
     fn patch_migration_status<'a>(&'a self, ns: &'a str, name: &'a str, patch: Value) -> R<'a, ()>;
     fn get_image<'a>(&'a self, name: &'a str) -> R<'a, Image>;
+    /// The registry credentials of a `kubernetes.io/dockerconfigjson` Secret.
+    fn pull_secret<'a>(&'a self, ns: &'a str, name: &'a str) -> R<'a, DockerConfig>;
     /// One side of a migration tunnel through the controller's relay.
     fn tunnel<'a>(&'a self, path: &'a str) -> R<'a, Ws>;
 }
@@ -185,6 +188,22 @@ pub fn decode_list<T: Typed>(list: Value) -> Listed<T> {
         }
     }
     out
+}
+
+/// The docker config of a `kubernetes.io/dockerconfigjson` Secret object.
+pub fn secret_docker_config(s: &Value) -> Result<DockerConfig, String> {
+    use base64::Engine as _;
+    if s["type"] != "kubernetes.io/dockerconfigjson" {
+        return Err(format!(
+            "type is {}, not kubernetes.io/dockerconfigjson",
+            s["type"]
+        ));
+    }
+    let raw = s["data"][".dockerconfigjson"]
+        .as_str()
+        .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok())
+        .ok_or("no base64 .dockerconfigjson in data")?;
+    DockerConfig::parse(&raw)
 }
 
 /// Decode a list's items; an item that does not decode is skipped and said (one bad object
@@ -293,6 +312,16 @@ impl ControlPlane for Http {
                 .get(&format!("/apis/edgevirt.io/v1/images/{name}"))
                 .await?;
             Ok(serde_json::from_value(v)?)
+        })
+    }
+    fn pull_secret<'a>(&'a self, ns: &'a str, name: &'a str) -> R<'a, DockerConfig> {
+        Box::pin(async move {
+            let path = format!("/api/v1/namespaces/{ns}/secrets/{name}");
+            let Some(s) = self.0.get_opt(&path).await? else {
+                anyhow::bail!("imagePullSecret {ns}/{name} does not exist");
+            };
+            secret_docker_config(&s)
+                .map_err(|e| anyhow::anyhow!("imagePullSecret {ns}/{name}: {e}"))
         })
     }
     fn tunnel<'a>(&'a self, path: &'a str) -> R<'a, Ws> {

@@ -12,6 +12,7 @@ use serde_json::json;
 
 use super::ports::Stored;
 use super::{Agent, Config};
+use crate::registry::{PullPolicy, Source};
 use crate::types::annotations::VOLUMES_NODE_ANNOTATION;
 use crate::types::{Meta, VirtualMachineInstance};
 use crate::virt::convert::{self, ResolvedDisk};
@@ -127,6 +128,61 @@ pub async fn claim_disk(agent: &Agent, ns: &str, claim: &str) -> anyhow::Result<
     Ok((path, format.to_string()))
 }
 
+/// The file in a VMI's run dir naming the cached container disks (digests) it uses.
+pub const CONTAINER_DISKS_FILE: &str = "container-disks";
+
+/// A disk file on this node's own storage, writable.
+fn local_disk(path: &Path) -> ResolvedDisk {
+    ResolvedDisk {
+        path: path.to_string_lossy().into_owned(),
+        format: "qcow2".into(),
+        shared: false,
+        readonly: false,
+    }
+}
+
+/// A qcow2 overlay at `overlay` on the image `base`, unless it exists; whether it was made.
+async fn make_overlay(base: &Path, format: &str, overlay: &Path) -> anyhow::Result<bool> {
+    if overlay.exists() {
+        return Ok(false);
+    }
+    let tmp = overlay.with_extension("tmp");
+    run_tool(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            format,
+            "-b",
+            &base.to_string_lossy(),
+            &tmp.to_string_lossy(),
+        ],
+    )
+    .await?;
+    tokio::fs::rename(&tmp, overlay).await?;
+    Ok(true)
+}
+
+/// A registry container disk in this node's cache, pulled as its `imagePullPolicy` says, with
+/// the credentials of its `imagePullSecret`.
+async fn pull_container_disk(
+    agent: &Agent,
+    ns: &str,
+    image: &str,
+    cd: &crate::types::kubevirt::ContainerDisk,
+) -> anyhow::Result<crate::registry::Disk> {
+    let policy = PullPolicy::resolve(cd.image_pull_policy.as_deref(), image)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let auths = match &cd.image_pull_secret {
+        Some(secret) => agent.cp.pull_secret(ns, secret).await?,
+        None => Default::default(),
+    };
+    Ok(agent.disks.pull(image, policy, &auths).await?)
+}
+
 async fn run_tool(cmd: &str, args: &[&str]) -> anyhow::Result<()> {
     let out = tokio::process::Command::new(cmd)
         .args(args)
@@ -165,46 +221,30 @@ pub async fn prepare(
 
     let mut disks = BTreeMap::new();
     let mut made_volume = false;
+    let mut pulled = Vec::new();
     for v in &spec.volumes {
-        let image = v
-            .container_disk
-            .as_ref()
-            .map(|c| c.image.clone())
-            .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()));
-        if let Some(image) = image {
-            let (base, format) = local_image(agent, &image).await?;
+        crate::types::check_name("volume name", &v.name)?;
+        if let Some(cd) = &v.container_disk {
+            // Ephemeral, as in KubeVirt: the overlay lives with this instance and goes with
+            // it; a restart (a new instance) starts again from the image.
+            let (base, format) = match Source::of(&cd.image) {
+                Source::Imported(name) => local_image(agent, &name).await?,
+                Source::Registry(image) => {
+                    let disk = pull_container_disk(agent, &ns, &image, cd).await?;
+                    pulled.push(disk.digest);
+                    (disk.path, disk.format)
+                }
+            };
+            let overlay = run_dir.join(format!("disk-{}.qcow2", v.name));
+            make_overlay(&base, &format, &overlay).await?;
+            disks.insert(v.name.clone(), local_disk(&overlay));
+        } else if let Some(dv) = &v.data_volume {
+            // Persistent: the volume belongs to the VM and outlives its instances.
+            let (base, format) = local_image(agent, &dv.name).await?;
             tokio::fs::create_dir_all(&vol_dir).await?;
-            crate::types::check_name("volume name", &v.name)?;
             let overlay = vol_dir.join(format!("{}.qcow2", v.name));
-            if !overlay.exists() {
-                let tmp = vol_dir.join(format!(".{}.qcow2.tmp", v.name));
-                run_tool(
-                    "qemu-img",
-                    &[
-                        "create",
-                        "-q",
-                        "-f",
-                        "qcow2",
-                        "-F",
-                        &format,
-                        "-b",
-                        &base.to_string_lossy(),
-                        &tmp.to_string_lossy(),
-                    ],
-                )
-                .await?;
-                tokio::fs::rename(&tmp, &overlay).await?;
-                made_volume = true;
-            }
-            disks.insert(
-                v.name.clone(),
-                ResolvedDisk {
-                    path: overlay.to_string_lossy().into_owned(),
-                    format: "qcow2".into(),
-                    shared: false,
-                    readonly: false,
-                },
-            );
+            made_volume |= make_overlay(&base, &format, &overlay).await?;
+            disks.insert(v.name.clone(), local_disk(&overlay));
         } else if let Some(ci) = &v.cloud_init_no_cloud {
             let iso = cloud_init_iso(&run_dir, &uid, &name, &v.name, ci).await?;
             disks.insert(
@@ -229,6 +269,8 @@ pub async fn prepare(
             );
         }
     }
+    // What this instance uses of the container-disk cache, for its garbage collection.
+    tokio::fs::write(run_dir.join(CONTAINER_DISKS_FILE), pulled.join("\n")).await?;
     if made_volume {
         let patch =
             json!({"metadata": {"annotations": {VOLUMES_NODE_ANNOTATION: agent.cfg.node_name}}});

@@ -122,8 +122,18 @@ pub(super) async fn sync_vmi(
                 start_launcher(agent, &uid, &dom, &agent.run_dir(&uid).join("domain.xml")).await;
             }
             (None, Phase::Scheduled) if started.is_none() => {
-                let xml = prepare(agent, stored).await?;
-                start_launcher(agent, &uid, &dom, &xml).await;
+                if let Some(at) = agent.prepare_retry.lock().await.get(&uid)
+                    && Instant::now() < at.0
+                {
+                    return Ok(());
+                }
+                match prepare(agent, stored).await {
+                    Ok(xml) => {
+                        agent.prepare_retry.lock().await.remove(&uid);
+                        start_launcher(agent, &uid, &dom, &xml).await;
+                    }
+                    Err(e) => return prepare_failed(agent, stored, &uid, e).await,
+                }
             }
             (None, Phase::Scheduled) => {
                 return set_final(
@@ -294,6 +304,7 @@ fn running_status(
             "",
         ),
     );
+    conds.retain(|c| c.type_ != ConditionType::Synchronized);
     let m = crate::rules::migration::live_migratable(vmi);
     set_condition(
         conds,
@@ -311,6 +322,48 @@ fn running_status(
         });
     }
     st
+}
+
+/// A VMI whose disks could not be prepared (an image that did not pull, most often) stays
+/// Scheduled, says why in its `Synchronized` condition (reason `ErrImagePull` for a pull, as
+/// KubeVirt's), and is tried again after a back-off that doubles up to five minutes.
+async fn prepare_failed(
+    agent: &Agent,
+    stored: &Stored<VirtualMachineInstance>,
+    uid: &str,
+    e: anyhow::Error,
+) -> anyhow::Result<()> {
+    let vmi = &stored.obj;
+    let tries = {
+        let mut retry = agent.prepare_retry.lock().await;
+        let n = retry.get(uid).map_or(0, |r| r.1) + 1;
+        let wait = Duration::from_secs(5 << n.min(6)).min(Duration::from_secs(300));
+        retry.insert(uid.to_string(), (Instant::now() + wait, n));
+        n
+    };
+    let pull = e.downcast_ref::<crate::registry::PullError>().is_some();
+    let reason = if pull {
+        "ErrImagePull"
+    } else {
+        "FailedPrepare"
+    };
+    let msg = format!("{e:#}");
+    tracing::warn!(namespace = %vmi.namespace(), name = %vmi.name(), %reason, tries, error = %msg,
+        "cannot prepare the VMI's disks; trying again later");
+    let before = vmi.status.clone();
+    let mut st = before.clone().unwrap_or_default();
+    set_condition(
+        &mut st.conditions,
+        Condition::new(ConditionType::Synchronized, false, reason, &msg),
+    );
+    if Some(&st) == before.as_ref() {
+        return Ok(());
+    }
+    let body = stored.status_change(&before, &Some(st));
+    agent
+        .cp
+        .put_vmi_status(vmi.namespace(), vmi.name(), body)
+        .await
 }
 
 /// Move a VMI to a final phase.
@@ -397,6 +450,7 @@ async fn finish_deletion(
     agent.starting.lock().await.remove(uid);
     let _ = tokio::fs::remove_dir_all(agent.run_dir(uid)).await;
     let _ = tokio::fs::remove_file(crate::launcher::socket_path(&agent.launchers_dir(), uid)).await;
+    collect_container_disks(agent).await;
     agent
         .cp
         .patch_vmi(
@@ -407,6 +461,22 @@ async fn finish_deletion(
         .await?;
     tracing::info!(domain = %dom, "VMI released");
     Ok(())
+}
+
+/// Remove the cached container disks no instance on this node uses and none has pulled
+/// for the grace period (so a VM restarted soon finds its image still here).
+pub async fn collect_container_disks(agent: &Agent) {
+    let mut in_use = std::collections::BTreeSet::new();
+    let vmi_dirs = crate::rules::paths::vmi_run_dir(&agent.cfg.data_dir, "");
+    if let Ok(mut dirs) = tokio::fs::read_dir(&vmi_dirs).await {
+        while let Ok(Some(e)) = dirs.next_entry().await {
+            let list = e.path().join(super::prepare::CONTAINER_DISKS_FILE);
+            if let Ok(text) = tokio::fs::read_to_string(list).await {
+                in_use.extend(text.lines().filter(|l| !l.is_empty()).map(String::from));
+            }
+        }
+    }
+    agent.disks.gc(&in_use, agent.cfg.image_gc_grace).await;
 }
 
 /// An object's finalizers without `f`.

@@ -52,6 +52,8 @@ fn world() -> World {
         nat_network: "evnet".into(),
         nat_prefix: "10.77.0".into(),
         shared_pool: None,
+        registry_mirrors: Default::default(),
+        image_gc_grace: std::time::Duration::ZERO,
     };
     let agent = Arc::new(Agent {
         api: crate::client::Client::new(&cfg.controller_url, "t", None, false).unwrap(),
@@ -68,6 +70,8 @@ fn world() -> World {
         incoming: Mutex::new(Default::default()),
         migrations: Mutex::new(Default::default()),
         migration_dir: dir.path().join("migration"),
+        disks: crate::registry::Cache::new(dir.path().join("images/registry"), Default::default()),
+        prepare_retry: Default::default(),
     });
     World {
         agent,

@@ -5,6 +5,7 @@
 use serde_json::{Value, json};
 
 use crate::http::error::{ApiError, ApiResult};
+use crate::registry::{self, PullPolicy, Source};
 use crate::store::Store;
 use crate::types::kubevirt::{
     VirtualMachineInstanceMigrationSpec, VirtualMachineInstanceSpec, VirtualMachineSpec,
@@ -142,6 +143,7 @@ pub async fn admit(
             obj["spec"] = canon;
         }
         Kind::Node => {}
+        Kind::Secret => check_secret(&mut obj)?,
         Kind::Namespace => {
             if let Some(o) = obj.as_object_mut() {
                 o.remove("spec");
@@ -159,7 +161,7 @@ pub async fn admit(
     }
     match existing {
         // Status is written through the status subresource only.
-        Some(old) if !matches!(kind, Kind::Node | Kind::Namespace) => {
+        Some(old) if !matches!(kind, Kind::Node | Kind::Namespace | Kind::Secret) => {
             if let Some(s) = old.get("status") {
                 obj["status"] = s.clone();
             }
@@ -177,6 +179,82 @@ pub async fn admit(
     }
     check_size(&obj)?;
     Ok(obj)
+}
+
+/// A Secret as Kubernetes keeps it: `stringData` folded into `data` (base64), every `data`
+/// value base64, and the keys its type needs; a `kubernetes.io/dockerconfigjson` secret's
+/// config must parse, so a bad one is refused here rather than at a VM's start.
+fn check_secret(obj: &mut Value) -> ApiResult<()> {
+    use base64::Engine as _;
+    let b64 = &base64::engine::general_purpose::STANDARD;
+    let o = obj
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("a Secret is a JSON object"))?;
+    o.remove("spec");
+    o.remove("status");
+    let ty = match o.get("type") {
+        None | Some(Value::Null) => "Opaque".to_string(),
+        Some(Value::String(t)) => t.clone(),
+        Some(_) => return Err(ApiError::invalid("type: must be a string")),
+    };
+    o.insert("type".into(), json!(ty));
+    let mut data = match o.remove("data") {
+        None | Some(Value::Null) => serde_json::Map::new(),
+        Some(Value::Object(m)) => m,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "data: must be a map of key to base64 value",
+            ));
+        }
+    };
+    for (k, v) in &data {
+        let ok = v.as_str().is_some_and(|s| b64.decode(s).is_ok());
+        if !ok {
+            return Err(ApiError::invalid(format!("data[{k:?}]: must be base64")));
+        }
+    }
+    match o.remove("stringData") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => {
+            for (k, v) in m {
+                let s = v.as_str().ok_or_else(|| {
+                    ApiError::invalid(format!("stringData[{k:?}]: must be a string"))
+                })?;
+                data.insert(k, json!(b64.encode(s)));
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stringData: must be a map of key to string",
+            ));
+        }
+    }
+    for k in data.keys() {
+        let ok = !k.is_empty()
+            && k.len() <= 253
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+        if !ok {
+            return Err(ApiError::invalid(format!(
+                "data[{k:?}]: a key is letters, digits, '-', '_' and '.'"
+            )));
+        }
+    }
+    if ty == "kubernetes.io/dockerconfigjson" {
+        let raw = data
+            .get(".dockerconfigjson")
+            .and_then(Value::as_str)
+            .and_then(|s| b64.decode(s).ok())
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "data[\".dockerconfigjson\"]: required for type kubernetes.io/dockerconfigjson",
+                )
+            })?;
+        crate::registry::DockerConfig::parse(&raw)
+            .map_err(|e| ApiError::invalid(format!("data[\".dockerconfigjson\"]: {e}")))?;
+    }
+    o.insert("data".into(), Value::Object(data));
+    Ok(())
 }
 
 /// Checked here too (the store holds every write to it) so a dry run says so.
@@ -211,7 +289,49 @@ async fn check_vmi_spec(
     at: &str,
 ) -> ApiResult<()> {
     convert::validate(spec).map_err(|e| ApiError::invalid(format!("{at}: {}", e.0)))?;
+    // A registry reference is pulled by the node at start: here only its syntax and pull
+    // policy can be checked.
+    for (i, v) in spec.volumes.iter().enumerate() {
+        if let Some(cd) = &v.container_disk
+            && let Source::Registry(image) = Source::of(&cd.image)
+        {
+            let field = format!("{at}.volumes[{i}].containerDisk");
+            registry::check_reference(&image)
+                .map_err(|e| ApiError::invalid(format!("{field}.image: {e}")))?;
+            PullPolicy::resolve(cd.image_pull_policy.as_deref(), &image)
+                .map_err(|e| ApiError::invalid(format!("{field}.imagePullPolicy: {e}")))?;
+            if let Some(secret) = &cd.image_pull_secret {
+                check_name(&format!("{field}.imagePullSecret"), secret)
+                    .map_err(|e| ApiError::invalid(e.0))?;
+            }
+        }
+    }
+    if let Some(c) = spec
+        .domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.kernel_boot.as_ref())
+        .and_then(|k| k.container.as_ref())
+    {
+        for (field, path) in [
+            ("kernelPath", &c.kernel_path),
+            ("initrdPath", &c.initrd_path),
+        ] {
+            if let Some(p) = path
+                && matches!(Source::of(p), Source::Registry(_))
+            {
+                return Err(ApiError::invalid(format!(
+                    "{at}.domain.firmware.kernelBoot.container.{field}: {p:?}: a kernel or \
+                     initrd inside a container image is not supported yet; name an image \
+                     imported with `edgevirt image import`"
+                )));
+            }
+        }
+    }
     for image in referenced_images(spec) {
+        if matches!(Source::of(&image), Source::Registry(_)) {
+            continue;
+        }
         if store.get(Kind::Image, "", &image).await?.is_none() {
             return Err(ApiError::invalid(format!(
                 "{at}: image {image:?} does not exist; import it first with \

@@ -44,6 +44,15 @@ fn resource(kind: Kind) -> Resource {
                 status: false,
             };
         }
+        Kind::Secret => {
+            return Resource {
+                kind,
+                singular: "secret".into(),
+                short_names: vec![],
+                categories: vec![],
+                status: false,
+            };
+        }
     };
     Resource {
         kind,

@@ -79,6 +79,8 @@ where
         // Every resource path goes to one handler, which parses the path and the method.
         .route("/api/{version}/{plural}", collection())
         .route("/api/{version}/{plural}/{name}", object())
+        .route("/api/{version}/namespaces/{ns}/{plural}", collection())
+        .route("/api/{version}/namespaces/{ns}/{plural}/{name}", object())
         .route("/apis/{group}/{version}/{plural}", collection())
         .route(
             "/apis/{group}/{version}/namespaces/{ns}/{plural}",

@@ -39,7 +39,7 @@ fn schema(kind: Kind) -> Value {
         }
         Kind::Node => Some(edgevirt::Node::crd()),
         Kind::Image => Some(edgevirt::Image::crd()),
-        Kind::Namespace => None,
+        Kind::Namespace | Kind::Secret => None,
     };
     let mut s = crd
         .and_then(|c| c.spec.versions[0].schema.clone())
@@ -88,6 +88,10 @@ fn description(kind: Kind) -> &'static str {
         Kind::Node => "Node is a host running the edgevirt agent.",
         Kind::Image => "Image is a disk, kernel or initrd image imported into edgevirt.",
         Kind::Namespace => "Namespace is a name scope for VMs, as in Kubernetes.",
+        Kind::Secret => {
+            "Secret holds credentials, as in Kubernetes: a `kubernetes.io/dockerconfigjson` \
+             secret gives a containerDisk's imagePullSecret its registry login."
+        }
     }
 }
 

@@ -455,6 +455,8 @@ impl Verb {
     /// node runs); only an administrator deletes a node.
     fn access(self, kind: Kind) -> &'static [Access] {
         match (self, kind) {
+            // As Kubernetes' `view` role: secrets are not for viewers.
+            (Verb::List | Verb::Get, Kind::Secret) => &[Access::Operate, Access::AgentWrite],
             (Verb::List | Verb::Get, _) => &[Access::Read],
             (Verb::Delete, Kind::Node) => &[Access::Admin],
             (Verb::Create | Verb::Replace | Verb::Patch, Kind::Node) => &[Access::AgentWrite],

@@ -73,6 +73,12 @@ fn make_columns(kind: Kind) -> Vec<Column> {
                 col("Age", "date", ".metadata.creationTimestamp", 0),
             ];
         }
+        Kind::Secret => {
+            return vec![
+                col("Type", "string", ".type", 0),
+                col("Age", "date", ".metadata.creationTimestamp", 0),
+            ];
+        }
     };
     crd.spec.versions[0]
         .additional_printer_columns

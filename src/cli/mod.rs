@@ -125,6 +125,20 @@ struct ServeArgs {
     /// mount the same filesystem use the same NAME.
     #[arg(long, env = "EDGEVIRT_SHARED_POOL")]
     shared_pool: Option<String>,
+    /// A registry mirror for container disks, as HOST=URL (repeat it, or separate with
+    /// commas): images named `HOST/...` are pulled from URL first, then from HOST itself, as
+    /// containerd's mirror setting does. `quay.io=http://10.0.0.5:5000` serves a site without
+    /// internet from its own registry; an http:// URL is spoken to without TLS. Pulls go
+    /// through the proxy in HTTPS_PROXY / HTTP_PROXY / NO_PROXY.
+    #[arg(
+        long = "registry-mirror",
+        env = "EDGEVIRT_REGISTRY_MIRRORS",
+        value_delimiter = ','
+    )]
+    registry_mirrors: Vec<String>,
+    /// Seconds a container disk that no VM on this node uses stays in the cache [default: 3600].
+    #[arg(long, env = "EDGEVIRT_IMAGE_GC_GRACE")]
+    image_gc_grace: Option<u64>,
     /// Seconds a console ticket stays valid (tests shorten it).
     #[arg(
         long,
@@ -158,6 +172,8 @@ struct FileSettings {
     nat_prefix: Option<String>,
     cpu_model: Option<String>,
     shared_pool: Option<String>,
+    registry_mirrors: Option<Vec<String>>,
+    image_gc_grace: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -280,6 +296,13 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
         .or(f.shared_pool)
         .map(|p| parse_shared_pool(&p))
         .transpose()?;
+    let mirrors = if a.registry_mirrors.is_empty() {
+        f.registry_mirrors.unwrap_or_default()
+    } else {
+        a.registry_mirrors
+    };
+    let registry_mirrors =
+        crate::registry::Mirrors::parse(&mirrors).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(server::Settings {
         role: a.role.or(f.role).unwrap_or(Role::All),
         data_dir: a
@@ -313,6 +336,10 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
         console_ticket_ttl: std::time::Duration::from_secs(a.console_ticket_ttl.max(1)),
         cpu_model,
         shared_pool,
+        registry_mirrors,
+        image_gc_grace: std::time::Duration::from_secs(
+            a.image_gc_grace.or(f.image_gc_grace).unwrap_or(3600),
+        ),
     })
 }
 

@@ -113,7 +113,7 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                         Kind::VirtualMachineInstanceMigration => {
                             queue.push(&(Kind::VirtualMachineInstanceMigration, ns, name));
                         }
-                        Kind::Image | Kind::Namespace => {}
+                        Kind::Image | Kind::Namespace | Kind::Secret => {}
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => resync(&ctx, &queue).await,

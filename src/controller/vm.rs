@@ -250,8 +250,14 @@ pub fn printable_status(vm_deleting: bool, vmi: Option<&VirtualMachineInstance>)
         .iter()
         .any(|c| c.type_ == ConditionType::PodScheduled && c.status == ConditionStatus::False);
     let paused = condition_true(v.conditions(), &ConditionType::Paused);
+    let pull_failed = v.conditions().iter().any(|c| {
+        c.type_ == ConditionType::Synchronized
+            && c.status == ConditionStatus::False
+            && c.reason.as_deref() == Some("ErrImagePull")
+    });
     match v.phase() {
         Phase::Pending | Phase::Scheduling if unschedulable => "ErrorUnschedulable",
+        Phase::Scheduled if pull_failed => "ErrImagePull",
         Phase::Pending | Phase::Scheduling | Phase::Scheduled => "Starting",
         Phase::Running if paused => "Paused",
         Phase::Running => "Running",

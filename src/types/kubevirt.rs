@@ -380,10 +380,25 @@ pub struct PersistentVolumeClaimSource {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct ContainerDisk {
-    /// The name of an imported image.
+    /// An OCI image in a registry holding the disk under `/disk/` (KubeVirt's containerDisk
+    /// layout), pulled by the node that runs the VM; or the plain name of an image imported
+    /// with `edgevirt image import`. Its writes go when the instance ends.
     pub image: String,
+    /// Always, IfNotPresent or Never; Always for a `:latest` or untagged image, else
+    /// IfNotPresent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<String>,
+    /// A `kubernetes.io/dockerconfigjson` Secret in the VM's namespace with the registry's
+    /// credentials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secret: Option<String>,
+}
+
+/// Whether a `containerDisk.image` names an OCI image in a registry (it has a registry host,
+/// a repository path, a tag or a digest) rather than an image imported into edgevirt (a
+/// plain DNS-1123 name, as before registries existed, so those names keep working).
+pub fn names_registry_image(image: &str) -> bool {
+    image.contains(['/', ':', '@'])
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -601,6 +616,8 @@ crate::open_enum! {
         AgentConnected => "AgentConnected",
         Paused => "Paused",
         PodScheduled => "PodScheduled",
+        /// A VMI's: false while the node cannot prepare it (an image that does not pull).
+        Synchronized => "Synchronized",
         /// A migration's: it failed.
         Failed => "Failed",
     }

@@ -96,16 +96,20 @@ pub enum Kind {
     Image,
     /// Core `v1` namespaces: a name scope, as in Kubernetes; `default` always exists.
     Namespace,
+    /// Core `v1` secrets: registry credentials a containerDisk's `imagePullSecret` names.
+    /// Only operators, administrators and agents read them.
+    Secret,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::VirtualMachine,
         Kind::VirtualMachineInstance,
         Kind::VirtualMachineInstanceMigration,
         Kind::Node,
         Kind::Image,
         Kind::Namespace,
+        Kind::Secret,
     ];
 
     pub fn name(self) -> &'static str {
@@ -116,6 +120,7 @@ impl Kind {
             Kind::Node => "Node",
             Kind::Image => "Image",
             Kind::Namespace => "Namespace",
+            Kind::Secret => "Secret",
         }
     }
 
@@ -127,6 +132,7 @@ impl Kind {
             Kind::Node => "nodes",
             Kind::Image => "images",
             Kind::Namespace => "namespaces",
+            Kind::Secret => "secrets",
         }
     }
 
@@ -136,7 +142,7 @@ impl Kind {
             | Kind::VirtualMachineInstance
             | Kind::VirtualMachineInstanceMigration => "kubevirt.io",
             Kind::Node | Kind::Image => "edgevirt.io",
-            Kind::Namespace => "",
+            Kind::Namespace | Kind::Secret => "",
         }
     }
 
@@ -161,6 +167,7 @@ impl Kind {
             Kind::VirtualMachine
                 | Kind::VirtualMachineInstance
                 | Kind::VirtualMachineInstanceMigration
+                | Kind::Secret
         )
     }
 

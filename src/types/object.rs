@@ -82,7 +82,7 @@ pub fn check_status(kind: Kind, status: &Value) -> Result<(), Invalid> {
         }
         Kind::Node => fits::<edgevirt::NodeStatus>(status),
         Kind::Image => fits::<edgevirt::ImageStatus>(status),
-        Kind::Namespace => Ok(()),
+        Kind::Namespace | Kind::Secret => Ok(()),
     }
 }
 

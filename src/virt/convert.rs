@@ -8,7 +8,7 @@ use askama::Template;
 
 use crate::cpu::model::{GuestCpu, Mode};
 use crate::types::edgevirt::CpuFeaturePolicy;
-use crate::types::kubevirt::VirtualMachineInstanceSpec;
+use crate::types::kubevirt::{VirtualMachineInstanceSpec, names_registry_image};
 use crate::types::{Invalid, parse_quantity};
 
 /// A disk the agent prepared on its node for one volume.
@@ -237,8 +237,12 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
                 ))
             })?;
         }
+        // A registry reference is checked as one by admission and pulled by the node.
         for image in [
-            v.container_disk.as_ref().map(|c| &c.image),
+            v.container_disk
+                .as_ref()
+                .map(|c| &c.image)
+                .filter(|i| !names_registry_image(i)),
             v.data_volume.as_ref().map(|d| &d.name),
         ]
         .into_iter()

@@ -555,6 +555,93 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             .msg("metadata.labels"),
     );
 
+    // ---- container disks from registries: references and pull policies are checked at
+    // admission (the node pulls them later), and Secrets are checked as they are written.
+    let volumes = |v: &mut Value, cd: Value| {
+        v["spec"]["template"]["spec"]["volumes"] = json!([{"name": "data", "containerDisk": cd}]);
+        domain(v)["devices"]["disks"] = json!([{"name": "data", "disk": {}}]);
+    };
+    for (name, cd, needle) in [
+        (
+            "containerDisk-bad-reference",
+            json!({"image": "quay.io/a b:c"}),
+            "image reference",
+        ),
+        (
+            "containerDisk-100KiB-reference",
+            json!({"image": format!("quay.io/{}:1", "a".repeat(100 * KIB))}),
+            "image",
+        ),
+        (
+            "containerDisk-bad-digest",
+            json!({"image": "quay.io/a/b@sha256:xyz"}),
+            "image",
+        ),
+        (
+            "containerDisk-pull-policy-Sometimes",
+            json!({"image": "quay.io/a/b:1", "imagePullPolicy": "Sometimes"}),
+            "imagePullPolicy",
+        ),
+        (
+            "containerDisk-pull-secret-path",
+            json!({"image": "quay.io/a/b:1", "imagePullSecret": "../../etc/shadow"}),
+            "imagePullSecret",
+        ),
+    ] {
+        c.push(
+            post(name)
+                .json(&vm("hostile-cd", |v| volumes(v, cd)))
+                .expect(&[422])
+                .msg(needle),
+        );
+    }
+    let secrets = format!("{ns}/secrets");
+    let secret = |name: &str, mut body: Value| {
+        body["apiVersion"] = json!("v1");
+        body["kind"] = json!("Secret");
+        body["metadata"] = json!({"name": format!("hostile-{}", name.to_lowercase())});
+        Case::new(name, Method::POST, secrets.clone()).json(&body)
+    };
+    c.push(
+        secret(
+            "secret-dockerconfigjson-not-json",
+            json!({"type": "kubernetes.io/dockerconfigjson",
+                   "stringData": {".dockerconfigjson": "{not json"}}),
+        )
+        .expect(&[422])
+        .msg("dockerconfigjson"),
+    );
+    c.push(
+        secret(
+            "secret-dockerconfigjson-missing",
+            json!({"type": "kubernetes.io/dockerconfigjson", "data": {}}),
+        )
+        .expect(&[422])
+        .msg("dockerconfigjson"),
+    );
+    c.push(
+        secret("secret-data-not-base64", json!({"data": {"k": "!!!"}}))
+            .expect(&[422])
+            .msg("base64"),
+    );
+    c.push(
+        secret("secret-key-slash", json!({"stringData": {"../k": "v"}}))
+            .expect(&[422])
+            .msg("key"),
+    );
+    c.push(
+        secret("secret-data-array", json!({"data": ["a"]}))
+            .expect(&[422])
+            .msg("data"),
+    );
+    c.push(
+        secret(
+            "secret-8MiB-value",
+            json!({"stringData": {"k": "x".repeat(8 * MIB)}}),
+        )
+        .expect(&[413]),
+    );
+
     // ---- 5. selectors, 6. query parameters (reads)
     for sel in [
         "!!", "((((!!==", "a=b=c", "a in (b", "=x", "a b", "!a=b", "a=(b)",

@@ -9,11 +9,13 @@
 //!   guest; removes the launchers and domains it created when dropped.
 //! - [`Vm`]: the typed `kubevirt.io/v1` VirtualMachine builder every fixture comes from.
 //! - [`hostile`]: the hostile-request cases of the hardening test and benchmark.
+//! - [`registry`]: a real OCI registry on loopback and containerDisk images pushed to it.
 //! - host helpers: [`virsh`], [`domstate`], [`domid`], [`guest_uptime`], [`wait_for`],
 //!   [`serial_echo`].
 
 mod appliance;
 pub mod hostile;
+pub mod registry;
 pub mod serve;
 mod vm;
 

@@ -236,8 +236,15 @@ fn refuses_paths_and_missing_memory() {
     .unwrap();
     assert!(validate(&spec).unwrap_err().0.contains("required"));
     let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(
-        "domain: {memory: {guest: 64Mi}, devices: {}}\nvolumes: [{name: a, containerDisk: {image: /etc/passwd}}]",
+        "domain: {memory: {guest: 64Mi}, devices: {}}\nvolumes: [{name: a, dataVolume: {name: /etc/passwd}}]",
     )
     .unwrap();
     assert!(validate(&spec).unwrap_err().0.contains("never to paths"));
+    // A containerDisk that looks like a path is a registry reference to the backend:
+    // admission refuses it as a path (`registry::check_reference`).
+    let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(
+        "domain: {memory: {guest: 64Mi}, devices: {}}\nvolumes: [{name: a, containerDisk: {image: quay.io/a/b:1}}]",
+    )
+    .unwrap();
+    assert_eq!(validate(&spec).map_err(|e| e.0), Ok(()));
 }

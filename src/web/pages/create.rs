@@ -187,6 +187,7 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, String> {
             container_disk: Some(ContainerDisk {
                 image: f.image.clone(),
                 image_pull_policy: None,
+                image_pull_secret: None,
             }),
             ..Default::default()
         });

@@ -231,8 +231,10 @@ pub async fn prepare(
                 Source::Imported(name) => local_image(agent, &name).await?,
                 Source::Registry(image) => {
                     let disk = pull_container_disk(agent, &ns, &image, cd).await?;
-                    pulled.push(disk.digest);
-                    (disk.path, disk.format)
+                    let found = (disk.path.clone(), disk.format.clone());
+                    // Kept (pinned against garbage collection) until recorded below.
+                    pulled.push(disk);
+                    found
                 }
             };
             let overlay = run_dir.join(format!("disk-{}.qcow2", v.name));
@@ -270,7 +272,9 @@ pub async fn prepare(
         }
     }
     // What this instance uses of the container-disk cache, for its garbage collection.
-    tokio::fs::write(run_dir.join(CONTAINER_DISKS_FILE), pulled.join("\n")).await?;
+    let digests: Vec<&str> = pulled.iter().map(|d| d.digest.as_str()).collect();
+    tokio::fs::write(run_dir.join(CONTAINER_DISKS_FILE), digests.join("\n")).await?;
+    drop(pulled);
     if made_volume {
         let patch =
             json!({"metadata": {"annotations": {VOLUMES_NODE_ANNOTATION: agent.cfg.node_name}}});

@@ -169,12 +169,55 @@ struct Endpoint {
 }
 
 /// A container disk on this node: the file QEMU opens (read-only, under an overlay), its
-/// format, and the manifest digest it came from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// format, and the manifest digest it came from. While a `Disk` lives, garbage collection
+/// leaves its file alone (the instance that pulled it has not recorded it yet).
+#[derive(Clone, Debug)]
 pub struct Disk {
     pub path: PathBuf,
     pub format: String,
     pub digest: String,
+    _pin: Arc<Pin>,
+}
+
+impl PartialEq for Disk {
+    fn eq(&self, o: &Disk) -> bool {
+        (&self.path, &self.format, &self.digest) == (&o.path, &o.format, &o.digest)
+    }
+}
+
+/// Digests pulled and not yet recorded by their instance, with how many holders.
+type Pins = Arc<std::sync::Mutex<BTreeMap<String, usize>>>;
+
+#[derive(Debug)]
+struct Pin {
+    pins: Pins,
+    digest: String,
+}
+
+impl Pin {
+    fn new(pins: &Pins, digest: &str) -> Arc<Pin> {
+        *pins
+            .lock()
+            .expect("pins lock")
+            .entry(digest.to_string())
+            .or_default() += 1;
+        Arc::new(Pin {
+            pins: pins.clone(),
+            digest: digest.to_string(),
+        })
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        let mut pins = self.pins.lock().expect("pins lock");
+        if let Some(n) = pins.get_mut(&self.digest) {
+            *n -= 1;
+            if *n == 0 {
+                pins.remove(&self.digest);
+            }
+        }
+    }
 }
 
 /// Why a pull failed, in words for the VMI's status.
@@ -199,6 +242,7 @@ pub struct Cache {
     mirrors: Mirrors,
     /// One pull at a time per reference: a second VM of the same image waits and reuses it.
     locks: tokio::sync::Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pins: Pins,
 }
 
 /// The media types of layers a container disk can carry.
@@ -217,6 +261,7 @@ impl Cache {
             dir,
             mirrors,
             locks: Default::default(),
+            pins: Default::default(),
         }
     }
 
@@ -235,6 +280,7 @@ impl Cache {
                 path,
                 format: format.to_string(),
                 digest: digest.to_string(),
+                _pin: Pin::new(&self.pins, digest),
             })
         })
     }
@@ -405,6 +451,7 @@ impl Cache {
                 path,
                 format,
                 digest: digest.to_string(),
+                _pin: Pin::new(&self.pins, digest),
             });
         }
         Err(content(
@@ -435,7 +482,8 @@ impl Cache {
                 .ok()
                 .and_then(|t| SystemTime::now().duration_since(t).ok())
                 .unwrap_or_default();
-            if in_use.contains(&digest) || idle < grace {
+            let pinned = self.pins.lock().expect("pins lock").contains_key(&digest);
+            if in_use.contains(&digest) || pinned || idle < grace {
                 continue;
             }
             if tokio::fs::remove_file(e.path()).await.is_ok() {

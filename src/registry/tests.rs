@@ -217,3 +217,23 @@ async fn gc_keeps_disks_in_use_or_recently_used() {
     assert!(!dir.path().join(format!("{b}.raw")).exists());
     assert!(!dir.path().join("refs").join(&b).exists());
 }
+
+#[tokio::test]
+async fn gc_leaves_a_disk_alone_while_its_pull_is_not_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::new(dir.path().to_path_buf(), Mirrors::default());
+    let hex = "d".repeat(64);
+    std::fs::write(dir.path().join(format!("{hex}.qcow2")), b"x").unwrap();
+    let image = format!("registry:5000/a/b@sha256:{hex}");
+    let none = DockerConfig::default();
+    let disk = cache.pull(&image, PullPolicy::Never, &none).await.unwrap();
+    let copy = disk.clone();
+    drop(disk);
+    // Held (a copy counts): nothing uses it on record, yet it stays.
+    assert!(cache.gc(&BTreeSet::new(), Duration::ZERO).await.is_empty());
+    drop(copy);
+    assert_eq!(
+        cache.gc(&BTreeSet::new(), Duration::ZERO).await,
+        [format!("sha256:{hex}")]
+    );
+}

@@ -27,8 +27,10 @@ async fn vm_lifecycle_on_a_real_guest() {
     a.import("test-disk", &disk).await;
     // A cloud-init NoCloud volume too (no disk entry: it is attached as the next virtio disk).
     // And KubeVirt's `devices.rng`, which QEMU must start with.
+    // The disk is a dataVolume: it belongs to the VM and outlives its instances (rename
+    // keeps it below). A containerDisk's ephemeral overlay is checked with the registries.
     let yaml = Vm::guest("life")
-        .container_disk("test-disk")
+        .disk("data", json!({"dataVolume": {"name": "test-disk"}}))
         .cloud_init("#cloud-config\nhostname: life-ci\n")
         .with(|v| Vm::domain_of(v)["devices"]["rng"] = json!({}))
         .yaml();
@@ -77,22 +79,12 @@ async fn vm_lifecycle_on_a_real_guest() {
     assert_eq!(vm["status"]["printableStatus"], "Running");
     let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
     assert_eq!(domstate(&dom).as_deref(), Some("running"));
-    // A containerDisk is ephemeral, as in KubeVirt: its overlay lives in the instance's run
-    // dir, not with the VM's persistent volumes.
     let overlay = a
         .dir
-        .join("run/vmi")
-        .join(vmi["metadata"]["uid"].as_str().unwrap())
-        .join("disk-data.qcow2");
+        .join("volumes")
+        .join(vm["metadata"]["uid"].as_str().unwrap())
+        .join("data.qcow2");
     assert!(overlay.exists(), "no overlay at {}", overlay.display());
-    assert!(
-        !a.dir
-            .join("volumes")
-            .join(vm["metadata"]["uid"].as_str().unwrap())
-            .join("data.qcow2")
-            .exists(),
-        "a containerDisk made a persistent volume"
-    );
     let (_, xml) = virsh(&["dumpxml", &dom]);
     assert!(
         xml.contains("<rng model='virtio'>") && xml.contains("/dev/urandom</backend>"),
@@ -673,4 +665,214 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
     vm["spec"]["runStrategy"] = json!("Always");
     let (code, v) = a.put_json(&format!("{VMS}/good"), &vm).await;
     assert_eq!(code, 409, "{v}");
+}
+
+/// The node's container-disk cache: the disks pulled, by manifest digest.
+fn cached_disks(data_dir: &std::path::Path) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(data_dir.join("images/registry"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".qcow2") || n.ends_with(".raw"))
+                .filter(|n| !n.starts_with('.'))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// What the guest reads at the start of its first disk, past its page cache.
+fn read_vda(dom: &str, n: usize) -> Option<String> {
+    let read = format!("echo 3 > /proc/sys/vm/drop_caches && head -c {n} /dev/vda");
+    guest_exec(dom, "/bin/sh", &["-c", &read])
+}
+
+#[tokio::test]
+#[ignore = "needs root, libvirtd, the test guest and docker-registry: run scripts/test.sh"]
+async fn container_disks_come_from_registries_and_forget_their_writes() {
+    // Two real registries on loopback, under the names the VMs use, through the mirror
+    // setting: one open, one that wants a login.
+    let open = Registry::start(None);
+    let private = Registry::start(Some(("puller", "pull-secret-pw")));
+    let scratch = tempfile::tempdir().unwrap();
+    let blank = scratch.path().join("blank.qcow2");
+    assert!(
+        std::process::Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2"])
+            .arg(&blank)
+            .arg("32M")
+            .status()
+            .unwrap()
+            .success()
+    );
+    let pushed = open.push_disk("edgevirt/blank:v1", &blank, "disk.qcow2");
+    private.push_disk("edgevirt/blank:v1", &blank, "disk.qcow2");
+    let mirrors = [
+        format!("registry.test:5000=http://{}", open.host),
+        format!("private.test:5000=http://{}", private.host),
+    ];
+    let a = Appliance::start(&[
+        "--registry-mirror",
+        &mirrors[0],
+        "--registry-mirror",
+        &mirrors[1],
+        "--image-gc-grace",
+        "0",
+    ])
+    .await;
+    a.import_guest().await;
+    a.import("test-disk", &blank).await;
+
+    // A containerDisk VM and a dataVolume VM; each writes a marker to its disk.
+    let image = "registry.test:5000/edgevirt/blank:v1";
+    let eph = Vm::guest("eph")
+        .memory("128Mi")
+        .container_disk(image)
+        .yaml();
+    let keep = Vm::guest("keep")
+        .memory("128Mi")
+        .disk("data", json!({"dataVolume": {"name": "test-disk"}}))
+        .yaml();
+    for yaml in [&eph, &keep] {
+        let (code, v) = a.post_yaml(VMS, yaml).await;
+        assert_eq!(code, 201, "{v}");
+    }
+    let hex = pushed.manifest.trim_start_matches("sha256:");
+    let mut uids = Vec::new();
+    for name in ["eph", "keep"] {
+        let vmi = a.wait_running(name, None, BOOT).await;
+        let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+        let marker = format!("edgevirt-{name}-{}", std::process::id());
+        let write = format!("printf {marker} > /dev/vda && sync && echo written");
+        wait_for(&format!("{name}: marker written"), BOOT, || async {
+            guest_exec(&dom, "/bin/sh", &["-c", &write]).filter(|o| o.contains("written"))
+        })
+        .await;
+        assert_eq!(read_vda(&dom, marker.len()).as_deref(), Some(&*marker));
+        uids.push((
+            name,
+            vmi["metadata"]["uid"].as_str().unwrap().to_string(),
+            marker,
+        ));
+    }
+    // Pulled once, kept by its manifest digest; the instance's overlay lives in its run dir.
+    assert_eq!(cached_disks(&a.dir), [format!("{hex}.qcow2")]);
+    let (_, xml) = virsh(&["dumpxml", &domain_of(&a, "eph").await]);
+    assert!(
+        xml.contains(&format!("run/vmi/{}/disk-data.qcow2", uids[0].1)),
+        "{xml}"
+    );
+
+    // A restart: the containerDisk boots the image afresh, the dataVolume keeps its write.
+    for (name, _, _) in &uids {
+        assert_eq!(a.action(name, "restart").await, 202, "{name}");
+    }
+    for (name, uid, marker) in &uids {
+        let vmi = a.wait_running(name, Some(uid), BOOT).await;
+        let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+        let got = wait_for(
+            &format!("{name}: disk read after restart"),
+            BOOT,
+            || async { read_vda(&dom, marker.len()) },
+        )
+        .await;
+        if *name == "eph" {
+            assert_ne!(
+                got, *marker,
+                "a containerDisk kept its write across a restart"
+            );
+            assert!(got.bytes().all(|b| b == 0), "{got:?}");
+        } else {
+            assert_eq!(got, *marker, "a dataVolume lost its write across a restart");
+        }
+    }
+
+    // A registry that wants credentials: without imagePullSecret the VM says why it does not
+    // start; with the Secret it runs.
+    let private_image = "private.test:5000/edgevirt/blank:v1";
+    let (code, v) = a
+        .post_yaml(
+            VMS,
+            &Vm::guest("nocreds")
+                .memory("128Mi")
+                .container_disk(private_image)
+                .yaml(),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    let vmi = wait_for("nocreds: ErrImagePull", BOOT, || async {
+        a.vmi("nocreds").await.filter(|v| {
+            v["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Synchronized" && c["reason"] == "ErrImagePull")
+            })
+        })
+    })
+    .await;
+    let msg = vmi["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Synchronized")
+        .unwrap()["message"]
+        .to_string();
+    assert!(
+        msg.contains(private_image) && msg.contains("Not authorized"),
+        "{msg}"
+    );
+    assert_eq!(vmi["status"]["phase"], "Scheduled", "{vmi}");
+    wait_for("nocreds: printableStatus ErrImagePull", BOOT, || async {
+        a.vm("nocreds")
+            .await
+            .filter(|v| v["status"]["printableStatus"] == "ErrImagePull")
+    })
+    .await;
+    let config = json!({"auths": {"private.test:5000": {"username": "puller", "password": "pull-secret-pw"}}});
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "private-pull"},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": config.to_string()},
+    });
+    let (code, v) = a
+        .call(
+            reqwest::Method::POST,
+            "/api/v1/namespaces/default/secrets",
+            Some(("application/json", secret.to_string().into_bytes())),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    let (code, v) = a
+        .post_yaml(
+            VMS,
+            &Vm::guest("withcreds")
+                .memory("128Mi")
+                .disk(
+                    "data",
+                    json!({"containerDisk": {"image": private_image, "imagePullSecret": "private-pull"}}),
+                )
+                .yaml(),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    a.wait_running("withcreds", None, BOOT).await;
+
+    // With every VM gone, the cache empties (image_gc_grace is 0 here).
+    for name in ["eph", "keep", "nocreds", "withcreds"] {
+        let (code, v) = a.delete(&format!("{VMS}/{name}")).await;
+        assert_eq!(code, 200, "{name}: {v}");
+    }
+    wait_for("VMs gone and the cache empty", BOOT, || async {
+        (a.our_domains().is_empty() && cached_disks(&a.dir).is_empty()).then_some(())
+    })
+    .await;
+}
+
+/// The libvirt domain of a VM's instance.
+async fn domain_of(a: &Appliance, name: &str) -> String {
+    a.vmi(name).await.unwrap()["status"]["domainName"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }

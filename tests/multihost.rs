@@ -134,30 +134,7 @@ impl Host {
 
     /// Run a program in the guest through its guest agent; its stdout.
     fn guest_exec(&self, dom: &str, path: &str, args: &[&str]) -> Option<String> {
-        let cmd = json!({"execute": "guest-exec", "arguments": {"path": path, "arg": args, "capture-output": true}}).to_string();
-        let (ok, out) = self.virsh(&["qemu-agent-command", dom, &cmd]);
-        if !ok {
-            return None;
-        }
-        let pid = serde_json::from_str::<Value>(&out).ok()?["return"]["pid"].as_i64()?;
-        for _ in 0..100 {
-            let status =
-                format!(r#"{{"execute":"guest-exec-status","arguments":{{"pid":{pid}}}}}"#);
-            let (ok, out) = self.virsh(&["qemu-agent-command", dom, &status]);
-            if !ok {
-                return None;
-            }
-            let v: Value = serde_json::from_str(&out).ok()?;
-            if v["return"]["exited"] == true {
-                use base64::Engine;
-                let data = base64::engine::general_purpose::STANDARD
-                    .decode(v["return"]["out-data"].as_str().unwrap_or(""))
-                    .ok()?;
-                return String::from_utf8(data).ok();
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        None
+        guest_exec_with(|a| self.virsh(a), dom, path, args)
     }
 
     /// Seconds since the guest booted, through its guest agent.

@@ -56,15 +56,21 @@ pub fn domid(dom: &str) -> Option<String> {
     ok.then_some(out)
 }
 
-/// Seconds since the guest booted, read through the guest agent (`cat /proc/uptime`).
-pub fn guest_uptime(dom: &str) -> Option<f64> {
-    let cmd = r#"{"execute":"guest-exec","arguments":{"path":"/bin/cat","arg":["/proc/uptime"],"capture-output":true}}"#;
-    let (ok, out) = virsh(&["qemu-agent-command", dom, cmd]);
+/// Run a program in a guest through its guest agent, with `virsh` (this host's, or a test
+/// host's in its namespace); its stdout, once it exited.
+pub fn guest_exec_with(
+    virsh: impl Fn(&[&str]) -> (bool, String),
+    dom: &str,
+    path: &str,
+    args: &[&str],
+) -> Option<String> {
+    let cmd = json!({"execute": "guest-exec", "arguments": {"path": path, "arg": args, "capture-output": true}}).to_string();
+    let (ok, out) = virsh(&["qemu-agent-command", dom, &cmd]);
     if !ok {
         return None;
     }
     let pid = serde_json::from_str::<Value>(&out).ok()?["return"]["pid"].as_i64()?;
-    for _ in 0..50 {
+    for _ in 0..100 {
         let status = format!(r#"{{"execute":"guest-exec-status","arguments":{{"pid":{pid}}}}}"#);
         let (ok, out) = virsh(&["qemu-agent-command", dom, &status]);
         if !ok {
@@ -74,18 +80,27 @@ pub fn guest_uptime(dom: &str) -> Option<f64> {
         if v["return"]["exited"] == true {
             use base64::Engine;
             let data = base64::engine::general_purpose::STANDARD
-                .decode(v["return"]["out-data"].as_str()?)
+                .decode(v["return"]["out-data"].as_str().unwrap_or(""))
                 .ok()?;
-            return String::from_utf8(data)
-                .ok()?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok();
+            return String::from_utf8(data).ok();
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     None
+}
+
+/// [`guest_exec_with`] this host's libvirtd.
+pub fn guest_exec(dom: &str, path: &str, args: &[&str]) -> Option<String> {
+    guest_exec_with(virsh, dom, path, args)
+}
+
+/// Seconds since the guest booted, read through the guest agent (`cat /proc/uptime`).
+pub fn guest_uptime(dom: &str) -> Option<f64> {
+    guest_exec(dom, "/bin/cat", &["/proc/uptime"])?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Poll `f` until it returns `Some`, or panic with `what` after `timeout`.

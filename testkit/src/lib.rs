@@ -20,6 +20,7 @@ pub mod serve;
 mod vm;
 
 pub use appliance::*;
+pub use registry::Registry;
 pub use vm::Vm;
 
 use std::path::{Path, PathBuf};

@@ -8,6 +8,7 @@ use serde_json::json;
 use testkit::*;
 
 const BOOT: Duration = Duration::from_secs(120);
+const FIRMWARE_UUID: &str = "5d307ca9-b3ef-428c-8861-06e72d69f223";
 
 #[tokio::test]
 #[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
@@ -730,9 +731,20 @@ async fn container_disks_come_from_registries_and_forget_their_writes() {
         .memory("128Mi")
         .container_disk(image)
         .yaml();
+    // keep also carries the KubeVirt domain settings a Windows VM writes (features, clock,
+    // SMBIOS identity) and an emptyDisk: the guest must see them.
     let keep = Vm::guest("keep")
         .memory("128Mi")
         .disk("data", json!({"dataVolume": {"name": "test-disk"}}))
+        .disk("scratch", json!({"emptyDisk": {"capacity": "64Mi"}}))
+        .with(|v| {
+            let d = Vm::domain_of(v);
+            d["features"] = json!({"acpi": {}, "apic": {}, "smm": {}, "hyperv": {"relaxed": {}, "spinlocks": {"spinlocks": 8191}}, "kvm": {"hidden": true}});
+            d["clock"] = json!({"utc": {"offsetSeconds": 7200}, "timer": {"hpet": {"present": false}, "rtc": {"tickPolicy": "catchup"}}});
+            d["firmware"]["uuid"] = json!(FIRMWARE_UUID);
+            d["firmware"]["serial"] = json!("EV-SERIAL-7");
+            d["chassis"] = json!({"asset": "till-04"});
+        })
         .yaml();
     for yaml in [&eph, &keep] {
         let (code, v) = a.post_yaml(VMS, yaml).await;
@@ -756,6 +768,31 @@ async fn container_disks_come_from_registries_and_forget_their_writes() {
             marker,
         ));
     }
+    // The SMBIOS identity and the empty disk, as the guest sees them.
+    let kdom = domain_of(&a, "keep").await;
+    let read = |f: &str| guest_exec(&kdom, "/bin/cat", &[f]).map(|s| s.trim().to_string());
+    assert_eq!(
+        read("/sys/class/dmi/id/product_uuid").as_deref(),
+        Some(FIRMWARE_UUID)
+    );
+    assert_eq!(
+        read("/sys/class/dmi/id/product_serial").as_deref(),
+        Some("EV-SERIAL-7")
+    );
+    assert_eq!(
+        read("/sys/class/dmi/id/chassis_asset_tag").as_deref(),
+        Some("till-04")
+    );
+    assert_eq!(
+        read("/sys/block/vdb/size").as_deref(),
+        Some("131072"),
+        "the 64Mi emptyDisk in 512-byte sectors"
+    );
+    let (_, xml) = virsh(&["dumpxml", &kdom]);
+    assert!(
+        xml.contains("<smm state='on'/>") && xml.contains("adjustment='7200'"),
+        "{xml}"
+    );
     // Pulled once, kept by its manifest digest; the instance's overlay lives in its run dir.
     assert_eq!(cached_disks(&a.dir), [format!("{hex}.qcow2")]);
     let (_, xml) = virsh(&["dumpxml", &domain_of(&a, "eph").await]);

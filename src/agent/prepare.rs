@@ -240,6 +240,27 @@ pub async fn prepare(
             let overlay = run_dir.join(format!("disk-{}.qcow2", v.name));
             make_overlay(&base, &format, &overlay).await?;
             disks.insert(v.name.clone(), local_disk(&overlay));
+        } else if let Some(e) = &v.empty_disk {
+            // Ephemeral too: a blank disk for this instance only.
+            let bytes = convert::empty_disk_bytes(&e.capacity)?;
+            let disk = run_dir.join(format!("empty-{}.qcow2", v.name));
+            if !disk.exists() {
+                let tmp = disk.with_extension("tmp");
+                run_tool(
+                    "qemu-img",
+                    &[
+                        "create",
+                        "-q",
+                        "-f",
+                        "qcow2",
+                        &tmp.to_string_lossy(),
+                        &bytes.to_string(),
+                    ],
+                )
+                .await?;
+                tokio::fs::rename(&tmp, &disk).await?;
+            }
+            disks.insert(v.name.clone(), local_disk(&disk));
         } else if let Some(dv) = &v.data_volume {
             // Persistent: the volume belongs to the VM and outlives its instances.
             let (base, format) = local_image(agent, &dv.name).await?;

@@ -87,6 +87,10 @@ pub async fn admit(
                     "spec.running and spec.runStrategy are mutually exclusive; set only runStrategy",
                 ));
             }
+            check_hooks(
+                &obj["spec"]["template"]["metadata"],
+                "spec.template.metadata",
+            )?;
             check_vmi_spec(store, &vm.template.spec, "spec.template.spec").await?;
             obj["spec"] = serde_json::to_value(&vm).map_err(ApiError::internal)?;
             if existing.is_none() {
@@ -108,6 +112,7 @@ pub async fn admit(
                     ));
                 }
             } else {
+                check_hooks(&obj["metadata"], "metadata")?;
                 check_vmi_spec(store, &vmi, "spec").await?;
                 add_finalizer(&mut obj, LAUNCHER_FINALIZER);
                 obj["status"] = json!({"phase": "Pending"});
@@ -179,6 +184,20 @@ pub async fn admit(
     }
     check_size(&obj)?;
     Ok(obj)
+}
+
+/// KubeVirt's sidecar hooks run a container beside the VM that rewrites its domain: there
+/// are no containers here, so the annotation is refused by name rather than ignored.
+const HOOK_SIDECARS: &str = "hooks.kubevirt.io/hookSidecars";
+
+fn check_hooks(meta: &Value, at: &str) -> ApiResult<()> {
+    if meta["annotations"].get(HOOK_SIDECARS).is_some() {
+        return Err(ApiError::invalid(format!(
+            "{at}.annotations[{HOOK_SIDECARS}]: sidecar hooks are not supported: edgevirt runs \
+             no containers beside a VM; remove the annotation"
+        )));
+    }
+    Ok(())
 }
 
 /// A Secret as Kubernetes keeps it: `stringData` folded into `data` (base64), every `data`

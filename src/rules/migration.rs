@@ -111,7 +111,7 @@ fn volumes_with(vmi: &VirtualMachineInstance, is: fn(&Volume) -> bool) -> Vec<St
 /// Volumes copied onto the node's local disk from images.
 fn local_disks(vmi: &VirtualMachineInstance) -> Vec<String> {
     volumes_with(vmi, |v| {
-        v.container_disk.is_some() || v.data_volume.is_some()
+        v.container_disk.is_some() || v.data_volume.is_some() || v.empty_disk.is_some()
     })
 }
 

@@ -152,6 +152,10 @@ pub struct VirtualMachineInstanceSpec {
     pub termination_grace_period_seconds: Option<i64>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// Kept for a move to Kubernetes; edgevirt does not preempt VMs, so it has no effect
+    /// here (docs/kubevirt-fields.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -170,6 +174,212 @@ pub struct DomainSpec {
     pub firmware: Option<Firmware>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<Machine>,
+    /// Hypervisor features: ACPI, APIC, SMM, Hyper-V enlightenments, KVM hiding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<Features>,
+    /// The guest's clock: UTC (with an offset) or a timezone, and its timers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<Clock>,
+    /// The SMBIOS chassis the guest sees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chassis: Option<Chassis>,
+}
+
+/// KubeVirt's `FeatureState`: present means on unless `enabled: false`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct FeatureState {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+}
+
+impl FeatureState {
+    pub fn on(&self) -> bool {
+        self.enabled != Some(false)
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct Features {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acpi: Option<FeatureState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apic: Option<FeatureApic>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smm: Option<FeatureState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hyperv: Option<FeatureHyperv>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kvm: Option<FeatureKvm>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvspinlock: Option<FeatureState>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct FeatureApic {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_of_interrupt: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct FeatureKvm {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<bool>,
+}
+
+/// Hyper-V enlightenments for Windows guests, as KubeVirt names them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct FeatureHyperv {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relaxed: Option<FeatureState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vapic: Option<FeatureState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spinlocks: Option<FeatureSpinlocks>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vpindex: Option<FeatureState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<FeatureState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synic: Option<FeatureState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synictimer: Option<SynicTimer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset: Option<FeatureState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendorid: Option<FeatureVendorId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequencies: Option<FeatureState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reenlightenment: Option<FeatureState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tlbflush: Option<TlbFlush>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipi: Option<FeatureState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evmcs: Option<FeatureState>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct FeatureSpinlocks {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Retries before a spinlock is reported to the hypervisor; KubeVirt's default 4096.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spinlocks: Option<u32>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct SynicTimer {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct: Option<FeatureState>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct TlbFlush {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct: Option<FeatureState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extended: Option<FeatureState>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct FeatureVendorId {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendorid: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct Clock {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utc: Option<ClockOffsetUtc>,
+    /// An IANA timezone (`Europe/Berlin`) the guest's RTC keeps, as Windows expects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timer: Option<Timers>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct ClockOffsetUtc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset_seconds: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct Timers {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hpet: Option<Timer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kvm: Option<Timer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pit: Option<Timer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtc: Option<Timer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hyperv: Option<Timer>,
+}
+
+/// One timer (KubeVirt has a type per timer; their fields are this one's subsets).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct Timer {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub present: Option<bool>,
+    /// `delay`, `catchup` or `discard` (hpet, pit, rtc).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tick_policy: Option<String>,
+    /// `guest` or `wall` (rtc).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub track: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct Chassis {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manufacturer: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asset: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sku: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -283,6 +493,22 @@ pub struct Interface {
     pub mac_address: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The ports a masquerade interface forwards (KubeVirt); edgevirt's NAT network takes
+    /// no inbound connections from outside the node, so this is recorded and checked only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<Port>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct Port {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub port: i32,
+    /// TCP (the default) or UDP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -293,6 +519,13 @@ pub struct Firmware {
     pub bootloader: Option<Bootloader>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_boot: Option<KernelBoot>,
+    /// The SMBIOS system UUID the guest sees (Windows licensing keys on it); by default
+    /// one derived from the VM, stable across restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// The SMBIOS system serial number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -361,6 +594,17 @@ pub struct Volume {
     pub cloud_init_no_cloud: Option<CloudInitNoCloud>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistent_volume_claim: Option<PersistentVolumeClaimSource>,
+    /// A blank disk of `capacity`, ephemeral like a containerDisk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub empty_disk: Option<EmptyDiskSource>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct EmptyDiskSource {
+    /// A quantity (`2Gi`).
+    pub capacity: String,
 }
 
 /// A persistent volume: the disk file `CLAIM.qcow2` (or `CLAIM.raw`) in the namespace's

@@ -70,6 +70,29 @@ struct DiskXml {
     alias: String,
 }
 
+/// One Hyper-V enlightenment: its libvirt element, state, and extra attributes/children.
+struct HypervXml {
+    name: &'static str,
+    on: bool,
+    /// `retries='8191'`, `value='...'` (rendered as written: built here from checked values).
+    attrs: String,
+    /// A child element (`<direct state='on'/>`).
+    child: Option<(&'static str, bool)>,
+}
+
+struct TimerXml {
+    name: &'static str,
+    present: Option<bool>,
+    tickpolicy: Option<String>,
+    track: Option<String>,
+}
+
+struct SysinfoXml {
+    uuid: Option<String>,
+    serial: Option<String>,
+    chassis: Vec<(&'static str, String)>,
+}
+
 struct NicXml {
     network: String,
     mac: String,
@@ -97,9 +120,22 @@ struct DomainXml<'a> {
     cpu_check: Option<String>,
     cpu_model: Option<CpuModelXml>,
     cpu_features: Vec<CpuFeaturePolicy>,
-    /// Hyper-V enlightenments (Windows guests); the full set under KVM, the part TCG takes.
-    hyperv: bool,
-    hyperv_full: bool,
+    acpi: bool,
+    apic: bool,
+    apic_eoi: Option<bool>,
+    /// SMM on (asked, or for secure boot) or explicitly off.
+    smm_on: bool,
+    smm_off: bool,
+    /// Hyper-V enlightenments (Windows guests): what the spec or the CPU policy asks for,
+    /// less what TCG cannot take.
+    hyperv: Vec<HypervXml>,
+    kvm_hidden: bool,
+    pvspinlock: Option<bool>,
+    /// `offset='utc'`, `offset='variable' adjustment='N' basis='utc'` or
+    /// `offset='timezone' timezone='Z'`, built from checked values.
+    clock: String,
+    timers: Vec<TimerXml>,
+    sysinfo: Option<SysinfoXml>,
     machine: String,
     efi: bool,
     efi_secure: bool,
@@ -147,6 +183,15 @@ pub fn guest_memory(spec: &VirtualMachineInstanceSpec) -> Result<u64, Invalid> {
     Ok(b)
 }
 
+/// The size of an `emptyDisk` in bytes: a quantity from 1Mi to 64Ti.
+pub fn empty_disk_bytes(capacity: &str) -> Result<u64, Invalid> {
+    let b = parse_quantity(capacity)?;
+    if !(1 << 20..=64 << 40).contains(&b) {
+        return Err(Invalid(format!("{capacity}: an empty disk is 1Mi to 64Ti")));
+    }
+    Ok(b)
+}
+
 /// The most guest memory edgevirt accepts: beyond any host it runs on.
 pub const MAX_GUEST_MEMORY: u64 = 16 << 40;
 /// The most vCPUs of one guest: QEMU's limit for the q35 machine.
@@ -184,6 +229,7 @@ pub fn mac_for(seed: &str, index: usize) -> String {
 
 /// Check the parts of a spec the converter relies on, before anything is stored.
 pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
+    validate_domain(spec)?;
     guest_memory(spec)?;
     vcpu_count(spec)?;
     crate::cpu::policy::validate(spec.domain.cpu.as_ref())?;
@@ -220,13 +266,19 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
             v.data_volume.is_some(),
             v.cloud_init_no_cloud.is_some(),
             v.persistent_volume_claim.is_some(),
+            v.empty_disk.is_some(),
         ];
         if sources.iter().filter(|s| **s).count() != 1 {
             return Err(Invalid(format!(
-                "volume {:?} must have exactly one source (containerDisk, dataVolume, \
+                "volume {:?} must have exactly one source (containerDisk, dataVolume, emptyDisk, \
                  persistentVolumeClaim or cloudInitNoCloud)",
                 v.name
             )));
+        }
+        if let Some(e) = &v.empty_disk {
+            empty_disk_bytes(&e.capacity).map_err(|e| {
+                Invalid(format!("volume {:?}: emptyDisk.capacity: {}", v.name, e.0))
+            })?;
         }
         if let Some(c) = &v.persistent_volume_claim {
             crate::types::check_name("claimName", &c.claim_name).map_err(|e| {
@@ -273,6 +325,20 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
                 i.name
             )));
         }
+        for p in &i.ports {
+            if !(1..=65535).contains(&p.port)
+                || p.protocol
+                    .as_deref()
+                    .is_some_and(|x| !["TCP", "UDP"].contains(&x))
+            {
+                return Err(Invalid(format!(
+                    "interface {:?}: port {} {:?}: a port is 1 to 65535, its protocol TCP or UDP",
+                    i.name,
+                    p.port,
+                    p.protocol.as_deref().unwrap_or("TCP")
+                )));
+            }
+        }
         if i.bridge.is_some() {
             return Err(Invalid(format!(
                 "interface {:?}: bridge binding on a pod network is not supported; use masquerade",
@@ -299,10 +365,310 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// The domain-level checks of features, clock and firmware identity.
+fn validate_domain(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
+    let d = &spec.domain;
+    if let Some(v) = d
+        .features
+        .as_ref()
+        .and_then(|f| f.hyperv.as_ref())
+        .and_then(|h| h.vendorid.as_ref())
+        .and_then(|v| v.vendorid.as_ref())
+        && (v.is_empty() || v.len() > 12 || !v.bytes().all(|b| b.is_ascii_alphanumeric()))
+    {
+        return Err(Invalid(format!(
+            "spec.domain.features.hyperv.vendorid.vendorid {v:?}: 1 to 12 letters or digits"
+        )));
+    }
+    if let Some(n) = d
+        .features
+        .as_ref()
+        .and_then(|f| f.hyperv.as_ref())
+        .and_then(|h| h.spinlocks.as_ref())
+        .and_then(|s| s.spinlocks)
+        && n < 4095
+    {
+        return Err(Invalid(format!(
+            "spec.domain.features.hyperv.spinlocks.spinlocks {n}: at least 4095 (libvirt)"
+        )));
+    }
+    if let Some(c) = &d.clock {
+        if c.utc.is_some() && c.timezone.is_some() {
+            return Err(Invalid(
+                "spec.domain.clock: utc and timezone are exclusive; set one".into(),
+            ));
+        }
+        if let Some(tz) = &c.timezone
+            && (tz.is_empty()
+                || tz.len() > 64
+                || !tz
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"/_+-".contains(&b)))
+        {
+            return Err(Invalid(format!(
+                "spec.domain.clock.timezone {tz:?}: an IANA timezone such as Europe/Berlin"
+            )));
+        }
+        let t = c.timer.clone().unwrap_or_default();
+        for (name, timer) in [("hpet", &t.hpet), ("pit", &t.pit), ("rtc", &t.rtc)] {
+            if let Some(p) = timer.as_ref().and_then(|t| t.tick_policy.as_deref())
+                && !["delay", "catchup", "merge", "discard"].contains(&p)
+            {
+                return Err(Invalid(format!(
+                    "spec.domain.clock.timer.{name}.tickPolicy {p:?}: delay, catchup, merge or \
+                     discard"
+                )));
+            }
+        }
+        if let Some(tr) = t.rtc.as_ref().and_then(|r| r.track.as_deref())
+            && !["guest", "wall"].contains(&tr)
+        {
+            return Err(Invalid(format!(
+                "spec.domain.clock.timer.rtc.track {tr:?}: guest or wall"
+            )));
+        }
+    }
+    let secure = d
+        .firmware
+        .as_ref()
+        .and_then(|f| f.bootloader.as_ref())
+        .and_then(|b| b.efi.as_ref())
+        .and_then(|e| e.secure_boot)
+        == Some(true);
+    if secure
+        && d.features
+            .as_ref()
+            .and_then(|f| f.smm.as_ref())
+            .is_some_and(|s| !s.on())
+    {
+        return Err(Invalid(
+            "spec.domain.features.smm: secure boot needs SMM; do not disable it".into(),
+        ));
+    }
+    if let Some(f) = &d.firmware {
+        if let Some(u) = &f.uuid
+            && uuid::Uuid::parse_str(u).is_err()
+        {
+            return Err(Invalid(format!(
+                "spec.domain.firmware.uuid {u:?} is not a UUID"
+            )));
+        }
+        check_smbios("spec.domain.firmware.serial", f.serial.as_deref())?;
+    }
+    if let Some(c) = &d.chassis {
+        for (k, v) in chassis_entries(c) {
+            check_smbios(&format!("spec.domain.chassis.{k}"), Some(&v))?;
+        }
+    }
+    Ok(())
+}
+
+/// An SMBIOS string: printable, at most 64 bytes.
+fn check_smbios(field: &str, v: Option<&str>) -> Result<(), Invalid> {
+    match v {
+        Some(v) if v.len() > 64 || v.bytes().any(|b| !(0x20..0x7f).contains(&b)) => Err(Invalid(
+            format!("{field} {v:?}: at most 64 printable ASCII characters"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn chassis_entries(c: &crate::types::kubevirt::Chassis) -> Vec<(&'static str, String)> {
+    [
+        ("manufacturer", &c.manufacturer),
+        ("version", &c.version),
+        ("serial", &c.serial),
+        ("asset", &c.asset),
+        ("sku", &c.sku),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.clone().map(|v| (k, v)))
+    .collect()
+}
+
+/// The Hyper-V enlightenments to render: the spec's when it names them, else the CPU
+/// policy's Windows set; under TCG only what TCG takes (spinlocks).
+fn hyperv_xml(spec: &VirtualMachineInstanceSpec, policy: bool, tcg: bool) -> Vec<HypervXml> {
+    let flag = |name, on: bool| HypervXml {
+        name,
+        on,
+        attrs: String::new(),
+        child: None,
+    };
+    let mut out = Vec::new();
+    match spec
+        .domain
+        .features
+        .as_ref()
+        .and_then(|f| f.hyperv.as_ref())
+    {
+        Some(h) => {
+            let st = |s: &Option<crate::types::kubevirt::FeatureState>| s.as_ref().map(|s| s.on());
+            for (name, on) in [("relaxed", st(&h.relaxed)), ("vapic", st(&h.vapic))] {
+                if let Some(on) = on {
+                    out.push(flag(name, on));
+                }
+            }
+            if let Some(sl) = &h.spinlocks {
+                let on = sl.enabled != Some(false);
+                out.push(HypervXml {
+                    attrs: if on {
+                        format!(" retries='{}'", sl.spinlocks.unwrap_or(4096))
+                    } else {
+                        String::new()
+                    },
+                    ..flag("spinlocks", on)
+                });
+            }
+            for (name, on) in [
+                ("vpindex", st(&h.vpindex)),
+                ("runtime", st(&h.runtime)),
+                ("synic", st(&h.synic)),
+            ] {
+                if let Some(on) = on {
+                    out.push(flag(name, on));
+                }
+            }
+            if let Some(t) = &h.synictimer {
+                out.push(HypervXml {
+                    child: t.direct.as_ref().map(|d| ("direct", d.on())),
+                    ..flag("stimer", t.enabled != Some(false))
+                });
+            }
+            if let Some(on) = st(&h.reset) {
+                out.push(flag("reset", on));
+            }
+            if let Some(v) = &h.vendorid {
+                let on = v.enabled != Some(false);
+                out.push(HypervXml {
+                    attrs: match (&v.vendorid, on) {
+                        (Some(id), true) => format!(" value='{id}'"),
+                        _ => String::new(),
+                    },
+                    ..flag("vendor_id", on)
+                });
+            }
+            for (name, on) in [
+                ("frequencies", st(&h.frequencies)),
+                ("reenlightenment", st(&h.reenlightenment)),
+            ] {
+                if let Some(on) = on {
+                    out.push(flag(name, on));
+                }
+            }
+            if let Some(t) = &h.tlbflush {
+                out.push(HypervXml {
+                    child: t.direct.as_ref().map(|d| ("direct", d.on())),
+                    ..flag("tlbflush", t.enabled != Some(false))
+                });
+            }
+            for (name, on) in [("ipi", st(&h.ipi)), ("evmcs", st(&h.evmcs))] {
+                if let Some(on) = on {
+                    out.push(flag(name, on));
+                }
+            }
+        }
+        None if policy => {
+            for name in ["relaxed", "vapic"] {
+                out.push(flag(name, true));
+            }
+            out.push(HypervXml {
+                attrs: " retries='8191'".into(),
+                ..flag("spinlocks", true)
+            });
+            for name in [
+                "vpindex",
+                "runtime",
+                "synic",
+                "stimer",
+                "reset",
+                "frequencies",
+                "tlbflush",
+                "ipi",
+            ] {
+                out.push(flag(name, true));
+            }
+        }
+        None => {}
+    }
+    if tcg {
+        out.retain(|h| h.name == "spinlocks");
+    }
+    out
+}
+
+/// The clock's attributes and timers: the spec's, else the Windows defaults when Hyper-V
+/// is on, else plain UTC.
+fn clock_xml(spec: &VirtualMachineInstanceSpec, hyperv: bool) -> (String, Vec<TimerXml>) {
+    let timer = |name, present, tick: Option<&str>| TimerXml {
+        name,
+        present,
+        tickpolicy: tick.map(str::to_string),
+        track: None,
+    };
+    let Some(c) = &spec.domain.clock else {
+        if !hyperv {
+            return ("offset='utc'".into(), Vec::new());
+        }
+        return (
+            "offset='utc'".into(),
+            vec![
+                timer("rtc", None, Some("catchup")),
+                timer("pit", None, Some("delay")),
+                timer("hpet", Some(false), None),
+                timer("hypervclock", Some(true), None),
+            ],
+        );
+    };
+    let offset = match (&c.timezone, c.utc.as_ref().and_then(|u| u.offset_seconds)) {
+        (Some(tz), _) => format!("offset='timezone' timezone='{tz}'"),
+        (None, Some(n)) => format!("offset='variable' adjustment='{n}' basis='utc'"),
+        (None, None) => "offset='utc'".into(),
+    };
+    let mut timers = Vec::new();
+    if let Some(t) = &c.timer {
+        for (name, t) in [
+            ("rtc", &t.rtc),
+            ("pit", &t.pit),
+            ("hpet", &t.hpet),
+            ("kvmclock", &t.kvm),
+            ("hypervclock", &t.hyperv),
+        ] {
+            if let Some(t) = t {
+                timers.push(TimerXml {
+                    name,
+                    // KubeVirt: a timer named is present unless `present: false`.
+                    present: Some(t.present != Some(false)),
+                    tickpolicy: t.tick_policy.clone(),
+                    track: t.track.clone(),
+                });
+            }
+        }
+    }
+    (offset, timers)
+}
+
 /// Render the domain XML for a VMI spec.
 pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<String, Invalid> {
     validate(spec)?;
     let memory_kib = guest_memory(spec)? / 1024;
+    let features = spec.domain.features.clone().unwrap_or_default();
+    let tcg = ctx.accel == "qemu";
+    let hyperv = hyperv_xml(spec, ctx.cpu.hyperv, tcg);
+    let (clock, timers) = clock_xml(spec, !hyperv.is_empty() || ctx.cpu.hyperv);
+    let fw = spec.domain.firmware.clone().unwrap_or_default();
+    let chassis = spec
+        .domain
+        .chassis
+        .as_ref()
+        .map(chassis_entries)
+        .unwrap_or_default();
+    let sysinfo =
+        (fw.uuid.is_some() || fw.serial.is_some() || !chassis.is_empty()).then(|| SysinfoXml {
+            uuid: fw.uuid.clone(),
+            serial: fw.serial.clone(),
+            chassis,
+        });
     let (sockets, cores, threads) = topology(spec);
     let gcpu = &ctx.cpu;
     let cpu_model = match (gcpu.mode, &gcpu.model) {
@@ -437,7 +803,8 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
     let tpl = DomainXml {
         accel: &ctx.accel,
         name: &ctx.domain_name,
-        uuid: &ctx.domain_uuid,
+        // The SMBIOS UUID the guest sees is the domain's (libvirt wants them equal).
+        uuid: fw.uuid.as_deref().unwrap_or(&ctx.domain_uuid),
         install_id: &ctx.install_id,
         node: &ctx.node,
         vmi_uid: &ctx.vmi_uid,
@@ -452,8 +819,25 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
         cpu_check: gcpu.check.clone(),
         cpu_model,
         cpu_features: gcpu.features.clone(),
-        hyperv: gcpu.hyperv,
-        hyperv_full: ctx.accel != "qemu",
+        acpi: features.acpi.as_ref().is_none_or(|a| a.on()),
+        apic: features
+            .apic
+            .as_ref()
+            .is_none_or(|a| a.enabled != Some(false)),
+        apic_eoi: features.apic.as_ref().and_then(|a| a.end_of_interrupt),
+        smm_on: efi.as_ref().and_then(|e| e.secure_boot) == Some(true)
+            || features.smm.as_ref().is_some_and(|s| s.on()),
+        smm_off: features.smm.as_ref().is_some_and(|s| !s.on()),
+        hyperv,
+        kvm_hidden: features.kvm.as_ref().and_then(|k| k.hidden) == Some(true),
+        pvspinlock: features
+            .pvspinlock
+            .as_ref()
+            .map(|p| p.on())
+            .filter(|_| !tcg),
+        clock,
+        timers,
+        sysinfo,
         machine: spec
             .domain
             .machine

@@ -205,6 +205,52 @@ fn disk_cloudinit_kvm_efi() {
     golden("disk-cloudinit-kvm-efi", "kvm");
 }
 
+/// KubeVirt's Windows settings: features, Hyper-V, clock and timers, SMBIOS identity.
+#[test]
+fn windows_features_kvm() {
+    golden("windows-features-kvm", "kvm");
+}
+
+/// Under TCG only the enlightenments TCG takes; a timezone clock; SMM off when asked.
+#[test]
+fn windows_features_tcg() {
+    golden("windows-features-tcg", "qemu");
+}
+
+#[test]
+fn refuses_contradictory_or_malformed_domain_settings() {
+    for (yaml, needle) in [
+        ("firmware: {uuid: not-a-uuid}", "firmware.uuid"),
+        (
+            "firmware: {bootloader: {efi: {secureBoot: true}}}\n  features: {smm: {enabled: false}}",
+            "secure boot needs SMM",
+        ),
+        ("clock: {utc: {}, timezone: UTC}", "exclusive"),
+        ("clock: {timezone: \"Europe/Berlin'\"}", "IANA"),
+        (
+            "clock: {timer: {rtc: {tickPolicy: sometimes}}}",
+            "tickPolicy",
+        ),
+        (
+            "features: {hyperv: {vendorid: {vendorid: thirteen-chars}}}",
+            "vendorid",
+        ),
+        ("features: {hyperv: {spinlocks: {spinlocks: 10}}}", "4095"),
+        ("chassis: {serial: \"a\\u0001b\"}", "printable"),
+        ("firmware: {serial: \"<x>'\\n\"}", "printable"),
+    ] {
+        let text = format!("domain:\n  memory: {{guest: 64Mi}}\n  {yaml}\n");
+        let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(&text).unwrap();
+        let e = validate(&spec).unwrap_err().0;
+        assert!(e.contains(needle), "{yaml}: {e}");
+    }
+    let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(
+        "domain: {memory: {guest: 64Mi}, devices: {interfaces: [{name: d, masquerade: {}, ports: [{port: 70000}]}]}}\nnetworks: [{name: d, pod: {}}]",
+    )
+    .unwrap();
+    assert!(validate(&spec).unwrap_err().0.contains("1 to 65535"));
+}
+
 /// Claims on the shared pool: `cache='none'` (no host page cache between hosts), and a
 /// `readOnly` claim read-only for the guest.
 #[test]

@@ -147,6 +147,8 @@ fn volume_source(v: &Volume) -> &'static str {
         "dataVolume"
     } else if v.persistent_volume_claim.is_some() {
         "persistentVolumeClaim"
+    } else if v.empty_disk.is_some() {
+        "emptyDisk"
     } else {
         ""
     }

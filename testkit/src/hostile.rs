@@ -595,6 +595,53 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                 .msg(needle),
         );
     }
+    // Domain settings that reach the domain XML: every value is checked before rendering.
+    for (name, f, needle) in [
+        (
+            "emptyDisk-1Ei",
+            json!({"volumes": [{"name": "e", "emptyDisk": {"capacity": "1Ei"}}]}),
+            "emptyDisk",
+        ),
+        (
+            "clock-timezone-xml-injection",
+            json!({"domain": {"clock": {"timezone": "UTC'/><devices><disk"}}}),
+            "timezone",
+        ),
+        (
+            "hyperv-vendorid-xml-injection",
+            json!({"domain": {"features": {"hyperv": {"vendorid": {"vendorid": "a'b"}}}}}),
+            "vendorid",
+        ),
+        (
+            // Markup is escaped into the XML; control characters are refused.
+            "firmware-serial-control-chars",
+            json!({"domain": {"firmware": {"serial": "a\u{1}\nb"}}}),
+            "serial",
+        ),
+        (
+            "firmware-uuid-garbage",
+            json!({"domain": {"firmware": {"uuid": "x".repeat(4096)}}}),
+            "uuid",
+        ),
+    ] {
+        c.push(
+            post(name)
+                .json(&vm("hostile-domain", |v| {
+                    let spec = &mut v["spec"]["template"]["spec"];
+                    for (k, val) in f.as_object().unwrap() {
+                        if k == "domain" {
+                            for (dk, dv) in val.as_object().unwrap() {
+                                spec["domain"][dk] = dv.clone();
+                            }
+                        } else {
+                            spec[k] = val.clone();
+                        }
+                    }
+                }))
+                .expect(&[422])
+                .msg(needle),
+        );
+    }
     let secrets = format!("{ns}/secrets");
     let secret = |name: &str, mut body: Value| {
         body["apiVersion"] = json!("v1");

@@ -217,6 +217,22 @@ fn windows_features_tcg() {
     golden("windows-features-tcg", "qemu");
 }
 
+/// SMBIOS strings are text in the XML: markup in them is escaped, never structure.
+#[test]
+fn smbios_strings_are_escaped() {
+    let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(
+        "domain: {memory: {guest: 64Mi}, firmware: {serial: \"</entry><x a='1'>\"}}",
+    )
+    .unwrap();
+    let mut c = ctx("qemu");
+    c.disks.clear();
+    let xml = domain_xml(&spec, &c).unwrap();
+    assert!(
+        xml.contains("<entry name='serial'>&#60;/entry&#62;&#60;x a=&#39;1&#39;&#62;</entry>"),
+        "{xml}"
+    );
+}
+
 #[test]
 fn refuses_contradictory_or_malformed_domain_settings() {
     for (yaml, needle) in [

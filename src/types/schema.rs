@@ -226,6 +226,122 @@ pub(crate) mod tests {
         v
     }
 
+    /// Whether edgevirt refuses KubeVirt's field at `path` of `kind`'s spec as "not
+    /// supported yet" (set to `null`: a field it takes decodes, or fails on its value only).
+    fn refused(kind: &str, path: &str) -> bool {
+        use crate::types::kubevirt::{
+            VirtualMachineInstanceMigrationSpec, VirtualMachineInstanceSpec, VirtualMachineSpec,
+        };
+        let spec = spec_with(path);
+        let errors = match kind {
+            "VirtualMachine" => crate::types::decode::<VirtualMachineSpec>(kind, spec).err(),
+            "VirtualMachineInstance" => {
+                crate::types::decode::<VirtualMachineInstanceSpec>(kind, spec).err()
+            }
+            _ => crate::types::decode::<VirtualMachineInstanceMigrationSpec>(kind, spec).err(),
+        };
+        let want = format!("spec.{path}");
+        errors
+            .iter()
+            .flat_map(|e| &e.errors)
+            .any(|e| e.field == want && e.reason == "FieldValueForbidden")
+    }
+
+    /// The parts of KubeVirt's schema `docs/kubevirt-fields.md` decides on, field by field.
+    const TABLE_PARTS: [&str; 8] = [
+        "v1.VirtualMachineSpec",
+        "v1.VirtualMachineInstanceSpec",
+        "v1.DomainSpec",
+        "v1.Devices",
+        "v1.Disk",
+        "v1.Interface",
+        "v1.Network",
+        "v1.Volume",
+    ];
+
+    /// Decisions that mean edgevirt takes the field; the others mean it refuses it by name.
+    const TAKEN: [&str; 3] = ["supported", "accepted", "limited"];
+    const REFUSED: [&str; 2] = ["not supported yet", "refused"];
+
+    /// The field table in `docs/` covers every field of those parts, and says "supported" or
+    /// "accepted" exactly where edgevirt's types take the field. With
+    /// `EDGEVIRT_WRITE_FIELD_TABLE=1` it rewrites the table's rows: decisions from the code,
+    /// reasons kept where the decision did not change (new ones must then be written).
+    #[test]
+    fn the_field_table_matches_the_code() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/kubevirt-fields.md");
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let mut rows: BTreeMap<(String, String), (String, String)> = BTreeMap::new();
+        for line in text.lines() {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            if cells.len() == 6 && cells[1].starts_with("v1.") {
+                let field = cells[2].trim_matches('`').to_string();
+                rows.insert(
+                    (cells[1].to_string(), field),
+                    (cells[3].to_string(), cells[4].to_string()),
+                );
+            }
+        }
+        let found = reachable(&swagger());
+        let mut problems = Vec::new();
+        let mut table = String::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for part in TABLE_PARTS {
+            let (kind, at, fields) = &found[part];
+            table.push_str(&format!(
+                "\n### {part}\n\n| definition | field | decision | reason |\n|---|---|---|---|\n"
+            ));
+            for field in fields.keys() {
+                let p = if at.is_empty() {
+                    field.clone()
+                } else {
+                    format!("{at}.{field}")
+                };
+                let taken = !refused(kind, &p);
+                let key = (part.to_string(), field.clone());
+                seen.insert(key.clone());
+                let (decision, reason) = rows.get(&key).cloned().unwrap_or_default();
+                let ok = if taken {
+                    TAKEN.contains(&decision.as_str())
+                } else {
+                    REFUSED.contains(&decision.as_str())
+                };
+                if !ok {
+                    problems.push(format!(
+                        "{part} {field}: the table says {decision:?}, edgevirt {}",
+                        if taken { "takes it" } else { "refuses it" }
+                    ));
+                }
+                if reason.is_empty() {
+                    problems.push(format!("{part} {field}: no reason"));
+                }
+                let decision = match (ok, taken) {
+                    (true, _) => decision,
+                    (false, true) => "supported".into(),
+                    (false, false) => "not supported yet".into(),
+                };
+                table.push_str(&format!("| {part} | `{field}` | {decision} | {reason} |\n"));
+            }
+        }
+        for (part, field) in rows.keys() {
+            if !seen.contains(&(part.clone(), field.clone())) {
+                problems.push(format!(
+                    "{part} {field}: a row for a field KubeVirt does not have"
+                ));
+            }
+        }
+        if std::env::var_os("EDGEVIRT_WRITE_FIELD_TABLE").is_some() {
+            let head = text.split("\n### ").next().unwrap_or("").trim_end();
+            std::fs::write(&path, format!("{head}\n{table}")).unwrap();
+        }
+        assert!(
+            problems.is_empty(),
+            "docs/kubevirt-fields.md is out of step with the code ({} problems):\n{}",
+            problems.len(),
+            problems.join("\n")
+        );
+    }
+
     /// Every field of KubeVirt's VM, VMI and migration specs, set where KubeVirt has it:
     /// edgevirt either takes it (or refuses its value) or calls it "not supported yet",
     /// never "unknown".

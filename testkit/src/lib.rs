@@ -10,16 +10,19 @@
 //! - [`Vm`]: the typed `kubevirt.io/v1` VirtualMachine builder every fixture comes from.
 //! - [`hostile`]: the hostile-request cases of the hardening test and benchmark.
 //! - [`registry`]: a real OCI registry on loopback and containerDisk images pushed to it.
+//! - [`Kubectl`]: a kubectl binary with a kubeconfig for an appliance.
 //! - host helpers: [`virsh`], [`domstate`], [`domid`], [`guest_uptime`], [`wait_for`],
 //!   [`serial_echo`].
 
 mod appliance;
 pub mod hostile;
+mod kubectl;
 pub mod registry;
 pub mod serve;
 mod vm;
 
 pub use appliance::*;
+pub use kubectl::{Kubectl, Out, kubeconfig};
 pub use registry::Registry;
 pub use vm::Vm;
 

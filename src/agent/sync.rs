@@ -21,7 +21,7 @@ use crate::types::kubevirt::{
     Condition, ConditionType, CpuTopologyStatus, InterfaceStatus, Phase,
     VirtualMachineInstanceStatus, set_condition,
 };
-use crate::types::{Meta, VirtualMachineInstance, now};
+use crate::types::{Meta, VirtualMachineInstance};
 
 pub async fn sync_all(agent: &Agent, housekeeping: bool) -> anyhow::Result<()> {
     let vmis = agent.cp.vmis_of(&agent.cfg.node_name).await?;
@@ -233,10 +233,7 @@ fn running_status(
     let s: &Status = &ls.status;
     let mut st = old.clone();
     let paused = s.state == Some(DomainState::Paused);
-    st.phase = Some(Phase::Running);
-    st.phase_transition_timestamps_map
-        .entry(Phase::Running.to_string())
-        .or_insert_with(now);
+    st.enter_phase(Phase::Running, true);
     st.reason = None;
     st.node_name = Some(agent.cfg.node_name.clone());
     st.domain_name = Some(domain_name(vmi.namespace(), vmi.name(), vmi.uid()));
@@ -377,10 +374,8 @@ async fn set_final(
     let vmi = &stored.obj;
     let before = vmi.status.clone();
     let mut st = before.clone().unwrap_or_default();
-    st.phase = Some(p.clone());
+    st.enter_phase(p.clone(), false);
     st.reason = Some(reason.to_string());
-    st.phase_transition_timestamps_map
-        .insert(p.to_string(), now());
     set_condition(
         &mut st.conditions,
         Condition::new(ConditionType::Ready, false, reason, ""),

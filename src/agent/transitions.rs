@@ -172,6 +172,27 @@ async fn a_new_vmi_gets_a_launcher_then_reports_running() {
     assert_eq!(st.launcher_version.as_deref(), Some("test-release"));
     assert_eq!(st.migration_method, Some(MigrationMethod::LiveMigration));
     assert!(st.phase_transition_timestamps_map.contains_key("Running"));
+    // KubeVirt's array, in order, one entry per phase entered.
+    let phases: Vec<String> = st
+        .phase_transition_timestamps
+        .iter()
+        .map(|t| t.phase.to_string())
+        .collect();
+    assert_eq!(
+        phases.last().map(String::as_str),
+        Some("Running"),
+        "{phases:?}"
+    );
+    assert_eq!(
+        phases.iter().filter(|p| *p == "Running").count(),
+        1,
+        "{phases:?}"
+    );
+    assert!(
+        st.phase_transition_timestamps
+            .iter()
+            .all(|t| t.phase_transition_timestamp.ends_with('Z'))
+    );
     assert!(condition_true(&st.conditions, &ConditionType::Ready));
     assert!(condition_true(
         &st.conditions,

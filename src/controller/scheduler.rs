@@ -17,7 +17,7 @@ use crate::store::{Error, FieldSelector, LabelSelector};
 use crate::types::kubevirt::{
     Condition, ConditionStatus, ConditionType, Phase, condition_true, set_condition,
 };
-use crate::types::{Meta, Node, VirtualMachineInstance, now};
+use crate::types::{Meta, Node, VirtualMachineInstance};
 use crate::virt::convert::guest_memory;
 
 /// KubeVirt's default `cpuAllocationRatio`: placed vCPUs may be ten times the host's CPUs.
@@ -201,9 +201,7 @@ pub async fn schedule(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<boo
                     );
                     let st = o.status.get_or_insert_default();
                     st.node_name = Some(node.clone());
-                    st.phase = Some(Phase::Scheduled);
-                    st.phase_transition_timestamps_map
-                        .insert(Phase::Scheduled.to_string(), now());
+                    st.enter_phase(Phase::Scheduled, false);
                     set_condition(
                         &mut st.conditions,
                         condition(ConditionType::PodScheduled, ConditionStatus::True, "", ""),

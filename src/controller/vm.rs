@@ -1,7 +1,6 @@
 //! VM → VMI by run strategy, state-change requests (start/stop/restart), VM status, and VMI
 //! scheduling and clean-up of never-scheduled instances.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -13,7 +12,7 @@ use crate::types::kubevirt::{
     Condition, ConditionStatus, ConditionType, Phase, RunStrategy, StartFailure,
     VirtualMachineInstanceStatus, condition_true, set_condition,
 };
-use crate::types::{Meta, Typed, VirtualMachine, VirtualMachineInstance, now};
+use crate::types::{Meta, Typed, VirtualMachine, VirtualMachineInstance};
 
 /// A stored object read for a reconcile; one that does not decode is logged and left alone
 /// (a newer peer's shape this release cannot read), not retried in a loop.
@@ -220,10 +219,10 @@ async fn create_vmi(ctx: &Context, vm: &VirtualMachine) -> Result<(), Error> {
             ..Default::default()
         },
         spec: vm.spec.template.spec.clone(),
-        status: Some(VirtualMachineInstanceStatus {
-            phase: Some(Phase::Pending),
-            phase_transition_timestamps_map: BTreeMap::from([(Phase::Pending.to_string(), now())]),
-            ..Default::default()
+        status: Some({
+            let mut st = VirtualMachineInstanceStatus::default();
+            st.enter_phase(Phase::Pending, false);
+            st
         }),
     };
     match ctx.store.create_typed(&vmi).await {

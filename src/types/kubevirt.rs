@@ -696,8 +696,13 @@ pub struct VirtualMachineInstanceStatus {
     /// edgevirt extension: what the guest agent last reported (served by `guestosinfo`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_agent_info: Option<GuestAgentInfo>,
+    /// edgevirt's first form of the timestamps below, still written for peers of earlier
+    /// releases.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub phase_transition_timestamps_map: BTreeMap<String, String>,
+    /// When the instance entered each phase, in order, as KubeVirt lists them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phase_transition_timestamps: Vec<VmiPhaseTransition>,
     /// edgevirt extension: the libvirt domain this instance runs as.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain_name: Option<String>,
@@ -1004,6 +1009,34 @@ pub struct VirtualMachineInstanceMigrationStatus {
     /// edgevirt extension: the domain XML the target prepared, which the source migrates to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_domain: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VmiPhaseTransition {
+    pub phase: Phase,
+    pub phase_transition_timestamp: String,
+}
+
+impl VirtualMachineInstanceStatus {
+    /// Enter phase `p`: set it and record when, in both timestamp forms. `first_only`: keep
+    /// the time of an earlier entry into the same phase (a phase re-asserted on every sync).
+    pub fn enter_phase(&mut self, p: Phase, first_only: bool) {
+        let name = p.to_string();
+        let at = match (first_only, self.phase_transition_timestamps_map.get(&name)) {
+            (true, Some(t)) => t.clone(),
+            _ => crate::types::now(),
+        };
+        self.phase_transition_timestamps_map
+            .insert(name, at.clone());
+        if self.phase_transition_timestamps.last().map(|t| &t.phase) != Some(&p) {
+            self.phase_transition_timestamps.push(VmiPhaseTransition {
+                phase: p.clone(),
+                phase_transition_timestamp: at,
+            });
+        }
+        self.phase = Some(p);
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

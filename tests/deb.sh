@@ -63,15 +63,20 @@ for f in ./usr/bin/edgevirt ./usr/lib/systemd/system/edgevirt.service ./etc/edge
          ./usr/share/doc/edgevirt/copyright ./usr/share/doc/edgevirt/changelog.Debian.gz; do
     grep -q " $f\$" <<<"$contents" || die "the package lacks $f"
 done
-dpkg-deb --ctrl-tarfile "$DEB" | tar -tf - | grep -q '^./conffiles$' || die "no conffiles"
-dpkg-deb -I "$DEB" conffiles | grep -qx /etc/edgevirt/edgevirt.toml \
+# Each output is read whole before grep looks at it: `producer | grep -q` under pipefail
+# fails when grep stops reading early and the producer dies of SIGPIPE.
+ctrl_files=$(dpkg-deb --ctrl-tarfile "$DEB" | tar -tf -)
+grep -qx './conffiles' <<<"$ctrl_files" || die "no conffiles"
+conffiles=$(dpkg-deb -I "$DEB" conffiles)
+grep -qx /etc/edgevirt/edgevirt.toml <<<"$conffiles" \
     || die "/etc/edgevirt/edgevirt.toml is not a conffile"
 for s in postinst prerm postrm; do
     dpkg-deb -I "$DEB" "$s" >/dev/null || die "no $s"
 done
 # Never stop VMs: the unit is not stopped on upgrade, only restarted after it.
-if dpkg-deb -I "$DEB" prerm | grep -q 'deb-systemd-invoke stop'; then
-    dpkg-deb -I "$DEB" prerm | grep -q 'upgrade' || die "prerm stops the unit on upgrade"
+prerm=$(dpkg-deb -I "$DEB" prerm)
+if grep -q 'deb-systemd-invoke stop' <<<"$prerm"; then
+    grep -q 'upgrade' <<<"$prerm" || die "prerm stops the unit on upgrade"
 fi
 log "dpkg-deb --info/--contents: ok"
 

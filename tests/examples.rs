@@ -56,7 +56,7 @@ const EXPECT: &[(&str, Outcome)] = &[
     ("vmi-fedora.yaml", Runs),
     ("vmi-gpu.yaml", Refused("gpus")),
     ("vmi-host-disk.yaml", Refused("hostDisk")),
-    ("vmi-kernel-boot.yaml", Refused("kernelPath")),
+    ("vmi-kernel-boot.yaml", Runs),
     ("vmi-masquerade.yaml", Runs),
     ("vmi-migratable.yaml", Runs),
     ("vmi-multus-multiple-net.yaml", Refused("multus")),
@@ -126,7 +126,18 @@ async fn kubevirts_examples_apply_unchanged() {
     );
     let registry = Registry::start(None);
     for image in images() {
-        registry.push_disk(&image, &bootdisk, "disk.img");
+        if image.contains("kernel-boot") {
+            // vmi-kernel-boot's image holds a kernel and an initrd at the paths it names.
+            registry.push_files(
+                &image,
+                &[
+                    ("boot/vmlinuz-virt", &guest_dir().join("vmlinuz")),
+                    ("boot/initramfs-virt", &guest_dir().join("initrd.img")),
+                ],
+            );
+        } else {
+            registry.push_disk(&image, &bootdisk, "disk.img");
+        }
     }
     let pool = tempfile::tempdir_in("/var/tmp").unwrap();
     std::fs::create_dir_all(pool.path().join("default")).unwrap();
@@ -190,11 +201,13 @@ async fn kubevirts_examples_apply_unchanged() {
             )
             .await;
             report.push(format!(
-                "{fname}: runs ({kind} {name}, booted {} firmware, agent up after {:.0}s)",
+                "{fname}: runs ({kind} {name}, booted {}, agent up after {:.0}s)",
                 if vmi["spec"]["domain"]["firmware"]["bootloader"]["efi"].is_object() {
-                    "UEFI"
+                    "by UEFI firmware from its disk"
+                } else if vmi["spec"]["domain"]["firmware"]["kernelBoot"].is_object() {
+                    "the kernel and initrd from its image"
                 } else {
-                    "BIOS"
+                    "by BIOS firmware from its disk"
                 },
                 started.elapsed().as_secs_f64()
             ));

@@ -207,3 +207,97 @@ async fn content_that_does_not_match_its_digest_is_refused_and_nothing_is_kept()
             .is_err()
     );
 }
+
+/// KubeVirt's `kernelBoot.container`: the kernel and initrd are files inside the image, at
+/// the absolute paths the VM names; they are pulled once per digest and kept beside the
+/// disks, and a path the image does not have is an error that leaves nothing behind.
+#[tokio::test]
+async fn kernel_boot_files_come_out_of_the_image() {
+    assert!(
+        tools_present(),
+        "docker-registry, skopeo and htpasswd are needed (scripts/setup-host.sh)"
+    );
+    let reg = Registry::start(None);
+    let work = tempfile::tempdir().unwrap();
+    let (k, i) = (work.path().join("k"), work.path().join("i"));
+    std::fs::write(&k, b"KERNEL BYTES").unwrap();
+    std::fs::write(&i, b"INITRD BYTES").unwrap();
+    let image = "registry:5000/kubevirt/alpine-ext-kernel-boot-demo:devel";
+    reg.push_files(
+        "kubevirt/alpine-ext-kernel-boot-demo:devel",
+        &[("boot/vmlinuz-virt", &k), ("boot/initramfs-virt", &i)],
+    );
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = Cache::new(cache_dir.path().to_path_buf(), mirrors_to(&reg));
+    let none = DockerConfig::default();
+    let files = cache
+        .pull_boot(
+            image,
+            PullPolicy::IfNotPresent,
+            &none,
+            "/boot/vmlinuz-virt",
+            Some("/boot/initramfs-virt"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&files.kernel).unwrap(), b"KERNEL BYTES");
+    assert_eq!(
+        std::fs::read(files.initrd.as_ref().unwrap()).unwrap(),
+        b"INITRD BYTES"
+    );
+    // Served from the cache with the registry gone.
+    let mut reg = reg;
+    reg.stop();
+    let again = cache
+        .pull_boot(
+            image,
+            PullPolicy::Never,
+            &none,
+            "/boot/vmlinuz-virt",
+            Some("/boot/initramfs-virt"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.kernel, files.kernel);
+    let reg = Registry::start(None);
+    reg.push_files("kubevirt/other:1", &[("boot/vmlinuz-virt", &k)]);
+    let cache = Cache::new(cache_dir.path().to_path_buf(), mirrors_to(&reg));
+    let e = cache
+        .pull_boot(
+            "registry:5000/kubevirt/other:1",
+            PullPolicy::IfNotPresent,
+            &none,
+            "/boot/vmlinuz-virt",
+            Some("/boot/initrd-absent"),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("no layer holds /boot/initrd-absent"),
+        "{e}"
+    );
+    // Only the finished boot folder of the first image remains; no half-written one.
+    let boot_dirs: Vec<String> = std::fs::read_dir(cache_dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".boot"))
+        .collect();
+    assert_eq!(
+        boot_dirs.len(),
+        1,
+        "the failed pull left a folder: {boot_dirs:?}"
+    );
+    for d in &boot_dirs {
+        for e in std::fs::read_dir(cache_dir.path().join(d))
+            .unwrap()
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            assert!(
+                !name.starts_with('.'),
+                "a staging folder was left: {d}/{name}"
+            );
+        }
+    }
+}

@@ -292,10 +292,7 @@ pub async fn prepare(
             );
         }
     }
-    // What this instance uses of the container-disk cache, for its garbage collection.
-    let digests: Vec<&str> = pulled.iter().map(|d| d.digest.as_str()).collect();
-    tokio::fs::write(run_dir.join(CONTAINER_DISKS_FILE), digests.join("\n")).await?;
-    drop(pulled);
+
     if made_volume {
         let patch =
             json!({"metadata": {"annotations": {VOLUMES_NODE_ANNOTATION: agent.cfg.node_name}}});
@@ -310,7 +307,32 @@ pub async fn prepare(
         .and_then(|k| k.container.clone());
     let mut kernel = None;
     let mut initrd = None;
-    if let Some(c) = kb {
+    let mut boot = None;
+    if let Some(c) = kb.as_ref().filter(|c| c.from_image()) {
+        // KubeVirt's form: the kernel and initrd are files inside the image.
+        let policy = PullPolicy::resolve(c.image_pull_policy.as_deref(), &c.image)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let auths = match &c.image_pull_secret {
+            Some(secret) => agent.cp.pull_secret(&ns, secret).await?,
+            None => Default::default(),
+        };
+        let files = agent
+            .disks
+            .pull_boot(
+                &c.image,
+                policy,
+                &auths,
+                c.kernel_path.as_deref().unwrap_or_default(),
+                c.initrd_path.as_deref(),
+            )
+            .await?;
+        kernel = Some(files.kernel.to_string_lossy().into_owned());
+        initrd = files
+            .initrd
+            .as_ref()
+            .map(|i| i.to_string_lossy().into_owned());
+        boot = Some(files);
+    } else if let Some(c) = kb {
         if let Some(k) = &c.kernel_path {
             kernel = Some(
                 local_image(agent, k)
@@ -330,6 +352,15 @@ pub async fn prepare(
             );
         }
     }
+    // What this instance uses of the image cache, for its garbage collection; the pins of
+    // what it pulled are dropped only once that is written.
+    let digests: Vec<&str> = pulled
+        .iter()
+        .map(|d| d.digest.as_str())
+        .chain(boot.as_ref().map(|b| b.digest.as_str()))
+        .collect();
+    tokio::fs::write(run_dir.join(CONTAINER_DISKS_FILE), digests.join("\n")).await?;
+    drop((pulled, boot));
     // The guest CPU the scheduler chose (recorded on the VMI), or resolved here against this
     // node's own facts.
     let (hv, accel) = (agent.hv.clone(), agent.accel.clone());

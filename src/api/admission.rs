@@ -332,18 +332,37 @@ async fn check_vmi_spec(
         .and_then(|f| f.kernel_boot.as_ref())
         .and_then(|k| k.container.as_ref())
     {
-        for (field, path) in [
-            ("kernelPath", &c.kernel_path),
-            ("initrdPath", &c.initrd_path),
-        ] {
-            if let Some(p) = path
-                && matches!(Source::of(p), Source::Registry(_))
-            {
+        let field = format!("{at}.domain.firmware.kernelBoot.container");
+        if c.from_image() {
+            // KubeVirt's form: files inside an OCI image the node pulls.
+            registry::check_reference(&c.image)
+                .map_err(|e| ApiError::invalid(format!("{field}.image: {e}")))?;
+            PullPolicy::resolve(c.image_pull_policy.as_deref(), &c.image)
+                .map_err(|e| ApiError::invalid(format!("{field}.imagePullPolicy: {e}")))?;
+            if let Some(secret) = &c.image_pull_secret {
+                check_name(&format!("{field}.imagePullSecret"), secret)
+                    .map_err(|e| ApiError::invalid(e.0))?;
+            }
+            if c.kernel_path.is_none() {
                 return Err(ApiError::invalid(format!(
-                    "{at}.domain.firmware.kernelBoot.container.{field}: {p:?}: a kernel or \
-                     initrd inside a container image is not supported yet; name an image \
-                     imported with `edgevirt image import`"
+                    "{field}.kernelPath: required with initrdPath"
                 )));
+            }
+            for (name, path) in [
+                ("kernelPath", &c.kernel_path),
+                ("initrdPath", &c.initrd_path),
+            ] {
+                if let Some(p) = path
+                    && (!p.starts_with('/')
+                        || p.len() > 4096
+                        || p.split('/').any(|s| s == "..")
+                        || p.ends_with('/'))
+                {
+                    return Err(ApiError::invalid(format!(
+                        "{field}.{name}: {p:?}: an absolute path of a file inside the image, \
+                         without '..'"
+                    )));
+                }
             }
         }
     }
@@ -378,6 +397,7 @@ pub fn referenced_images(spec: &VirtualMachineInstanceSpec) -> Vec<String> {
         .as_ref()
         .and_then(|f| f.kernel_boot.as_ref())
         .and_then(|k| k.container.as_ref())
+        && !c.from_image()
     {
         out.extend(c.kernel_path.iter().cloned());
         out.extend(c.initrd_path.iter().cloned());

@@ -185,6 +185,47 @@ impl PartialEq for Disk {
     }
 }
 
+/// A kernel (and initrd) taken out of an image for KubeVirt's `kernelBoot.container`: the
+/// files QEMU reads, and the manifest digest they came from. Pinned against garbage
+/// collection while it lives, as [`Disk`].
+#[derive(Clone, Debug)]
+pub struct BootFiles {
+    pub kernel: PathBuf,
+    pub initrd: Option<PathBuf>,
+    pub digest: String,
+    _pin: Arc<Pin>,
+}
+
+/// What a pull takes out of an image.
+#[derive(Clone, Debug)]
+enum Want {
+    /// The disk under `/disk/` (KubeVirt's containerDisk layout).
+    Disk,
+    /// These absolute paths: a kernel and maybe an initrd.
+    Boot {
+        kernel: String,
+        initrd: Option<String>,
+    },
+}
+
+enum Pulled {
+    Disk(Disk),
+    Boot(BootFiles),
+}
+
+impl Pulled {
+    fn touch_path(&self) -> &Path {
+        match self {
+            Pulled::Disk(d) => &d.path,
+            Pulled::Boot(b) => b
+                .kernel
+                .parent()
+                .and_then(Path::parent)
+                .unwrap_or(&b.kernel),
+        }
+    }
+}
+
 /// Digests pulled and not yet recorded by their instance, with how many holders.
 type Pins = Arc<std::sync::Mutex<BTreeMap<String, usize>>>;
 
@@ -271,6 +312,30 @@ impl Cache {
             .join(hex::encode(Sha256::digest(image.as_bytes())))
     }
 
+    /// The cached content of a manifest digest that `want` asks for, if it is here.
+    fn cached_want(&self, digest: &str, want: &Want) -> Option<Pulled> {
+        match want {
+            Want::Disk => self.cached(digest).map(Pulled::Disk),
+            Want::Boot { kernel, initrd } => {
+                let hex = digest.strip_prefix("sha256:")?;
+                let dir = self
+                    .dir
+                    .join(format!("{hex}.boot"))
+                    .join(boot_key(kernel, initrd));
+                let k = dir.join("kernel");
+                let i = initrd.as_ref().map(|_| dir.join("initrd"));
+                (k.is_file() && i.as_ref().is_none_or(|i| i.is_file())).then(|| {
+                    Pulled::Boot(BootFiles {
+                        kernel: k,
+                        initrd: i,
+                        digest: digest.to_string(),
+                        _pin: Pin::new(&self.pins, digest),
+                    })
+                })
+            }
+        }
+    }
+
     /// The cached disk of a manifest digest, if there is one.
     fn cached(&self, digest: &str) -> Option<Disk> {
         let hex = digest.strip_prefix("sha256:")?;
@@ -293,6 +358,39 @@ impl Cache {
         policy: PullPolicy,
         auths: &DockerConfig,
     ) -> Result<Disk, PullError> {
+        match self.pull_want(image, policy, auths, Want::Disk).await? {
+            Pulled::Disk(d) => Ok(d),
+            Pulled::Boot(_) => unreachable!("a disk was asked for"),
+        }
+    }
+
+    /// The kernel at `kernel` (and the initrd at `initrd`) inside `image`, pulled as
+    /// [`Cache::pull`] pulls a disk; KubeVirt's `kernelBoot.container`.
+    pub async fn pull_boot(
+        &self,
+        image: &str,
+        policy: PullPolicy,
+        auths: &DockerConfig,
+        kernel: &str,
+        initrd: Option<&str>,
+    ) -> Result<BootFiles, PullError> {
+        let want = Want::Boot {
+            kernel: kernel.to_string(),
+            initrd: initrd.map(str::to_string),
+        };
+        match self.pull_want(image, policy, auths, want).await? {
+            Pulled::Boot(b) => Ok(b),
+            Pulled::Disk(_) => unreachable!("boot files were asked for"),
+        }
+    }
+
+    async fn pull_want(
+        &self,
+        image: &str,
+        policy: PullPolicy,
+        auths: &DockerConfig,
+        want: Want,
+    ) -> Result<Pulled, PullError> {
         let reference: Reference = image
             .parse()
             .map_err(|e| PullError::Invalid(format!("{image:?}: {e}")))?;
@@ -309,11 +407,11 @@ impl Cache {
             .ok()
             .map(|d| d.trim().to_string())
             .or_else(|| reference.digest().map(str::to_string))
-            .and_then(|d| self.cached(&d));
+            .and_then(|d| self.cached_want(&d, &want));
         match (policy, known) {
-            (PullPolicy::Never | PullPolicy::IfNotPresent, Some(disk)) => {
-                touch(&disk.path);
-                return Ok(disk);
+            (PullPolicy::Never | PullPolicy::IfNotPresent, Some(found)) => {
+                touch(found.touch_path());
+                return Ok(found);
             }
             (PullPolicy::Never, None) => {
                 return Err(PullError::NotPresent {
@@ -322,9 +420,11 @@ impl Cache {
             }
             _ => {}
         }
-        let disk = self.pull_from_registry(image, &reference, auths).await?;
-        touch(&disk.path);
-        Ok(disk)
+        let found = self
+            .pull_from_registry(image, &reference, auths, &want)
+            .await?;
+        touch(found.touch_path());
+        Ok(found)
     }
 
     async fn pull_from_registry(
@@ -332,7 +432,8 @@ impl Cache {
         image: &str,
         reference: &Reference,
         auths: &DockerConfig,
-    ) -> Result<Disk, PullError> {
+        want: &Want,
+    ) -> Result<Pulled, PullError> {
         let io = |e| PullError::Io(image.to_string(), e);
         let mut failures = Vec::new();
         for ep in self.mirrors.endpoints(reference) {
@@ -350,11 +451,21 @@ impl Cache {
                     tokio::fs::create_dir_all(self.dir.join("refs"))
                         .await
                         .map_err(io)?;
-                    let disk = match self.cached(&digest) {
-                        Some(d) => d,
-                        None => {
+                    let found = match (self.cached_want(&digest, want), want) {
+                        (Some(found), _) => found,
+                        (None, Want::Disk) => Pulled::Disk(
                             self.fetch_disk(image, &client, &at, &manifest.layers, &digest)
-                                .await?
+                                .await?,
+                        ),
+                        (None, Want::Boot { kernel, initrd }) => {
+                            let files = [Some(kernel.as_str()), initrd.as_deref()];
+                            self.fetch_boot(image, &client, &at, &manifest.layers, &digest, &files)
+                                .await?;
+                            self.cached_want(&digest, want)
+                                .ok_or_else(|| PullError::Content {
+                                    image: image.to_string(),
+                                    message: "the boot files vanished after their pull".into(),
+                                })?
                         }
                     };
                     write_atomic(&self.ref_file(image), digest.as_bytes())
@@ -364,7 +475,7 @@ impl Cache {
                         %image, from = %ep.host, %digest, ms = started.elapsed().as_millis() as u64,
                         "container disk ready"
                     );
-                    return Ok(disk);
+                    return Ok(found);
                 }
                 Err(e) => {
                     tracing::warn!(%image, from = %ep.host, error = %e, "pull failed");
@@ -459,6 +570,93 @@ impl Cache {
         ))
     }
 
+    /// Download the layers, last first, until every path in `files` was found in one (a
+    /// later layer's file wins, as in a container's filesystem); keep them as
+    /// `<hex>.boot/<key>/kernel` and `initrd`.
+    async fn fetch_boot(
+        &self,
+        image: &str,
+        client: &Client,
+        at: &Reference,
+        layers: &[OciDescriptor],
+        digest: &str,
+        files: &[Option<&str>; 2],
+    ) -> Result<(), PullError> {
+        let io = |e| PullError::Io(image.to_string(), e);
+        let content = |message: String| PullError::Content {
+            image: image.to_string(),
+            message,
+        };
+        let hex = digest
+            .strip_prefix("sha256:")
+            .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or_else(|| content(format!("unsupported manifest digest {digest:?}")))?;
+        let [kernel, initrd] = *files;
+        let kernel = kernel.unwrap_or_default();
+        let key = boot_key(kernel, &initrd.map(str::to_string));
+        let base = self.dir.join(format!("{hex}.boot"));
+        let stage = base.join(format!(".{key}.tmp"));
+        let _ = tokio::fs::remove_dir_all(&stage).await;
+        tokio::fs::create_dir_all(&stage).await.map_err(io)?;
+        // (path in the image, file name here)
+        let mut todo: Vec<(String, &'static str)> = vec![(kernel.to_string(), "kernel")];
+        if let Some(i) = initrd {
+            todo.push((i.to_string(), "initrd"));
+        }
+        for layer in layers.iter().rev() {
+            if todo.is_empty() {
+                break;
+            }
+            let gzip = if TAR_GZIP.contains(&layer.media_type.as_str()) {
+                true
+            } else if TAR.contains(&layer.media_type.as_str()) {
+                false
+            } else {
+                give_up(&stage).await;
+                return Err(content(format!(
+                    "layer media type {:?} is not supported (tar or tar+gzip)",
+                    layer.media_type
+                )));
+            };
+            let blob = stage.join(".layer");
+            let file = tokio::fs::File::create(&blob).await.map_err(io)?;
+            if let Err(e) = client
+                .pull_blob(at, layer, tokio::io::BufWriter::new(file))
+                .await
+            {
+                give_up(&stage).await;
+                return Err(PullError::Registry {
+                    image: image.to_string(),
+                    message: format!("layer {}: {}", layer.digest, describe(&e)),
+                });
+            }
+            let (b2, s2, want) = (blob.clone(), stage.clone(), todo.clone());
+            let found = tokio::task::spawn_blocking(move || extract_files(&b2, gzip, &want, &s2))
+                .await
+                .map_err(|e| content(format!("extracting: {e}")))?;
+            let _ = tokio::fs::remove_file(&blob).await;
+            match found {
+                Ok(found) => todo.retain(|(p, _)| !found.contains(p)),
+                Err(e) => {
+                    give_up(&stage).await;
+                    return Err(content(format!("layer {}: {e}", layer.digest)));
+                }
+            }
+        }
+        if !todo.is_empty() {
+            give_up(&stage).await;
+            let missing: Vec<&str> = todo.iter().map(|(p, _)| p.as_str()).collect();
+            return Err(content(format!(
+                "no layer holds {} (kernelBoot.container)",
+                missing.join(" or ")
+            )));
+        }
+        let done = base.join(&key);
+        let _ = tokio::fs::remove_dir_all(&done).await;
+        tokio::fs::rename(&stage, &done).await.map_err(io)?;
+        Ok(())
+    }
+
     /// Remove cached disks whose digest is not in `in_use` and that were last used more than
     /// `grace` ago, with the references that point at them. Returns the digests removed.
     pub async fn gc(&self, in_use: &BTreeSet<String>, grace: Duration) -> Vec<String> {
@@ -486,7 +684,12 @@ impl Cache {
             if in_use.contains(&digest) || pinned || idle < grace {
                 continue;
             }
-            if tokio::fs::remove_file(e.path()).await.is_ok() {
+            let gone = if e.path().is_dir() {
+                tokio::fs::remove_dir_all(e.path()).await
+            } else {
+                tokio::fs::remove_file(e.path()).await
+            };
+            if gone.is_ok() {
                 tracing::info!(%digest, "removed an unused container disk");
                 removed.push(digest);
             }
@@ -558,7 +761,12 @@ fn describe(e: &oci_client::errors::OciDistributionError) -> String {
 
 /// Mark a cached disk as just used (its age for [`Cache::gc`]).
 fn touch(path: &Path) {
-    if let Ok(f) = std::fs::File::options().append(true).open(path) {
+    let opened = if path.is_dir() {
+        std::fs::File::open(path)
+    } else {
+        std::fs::File::options().append(true).open(path)
+    };
+    if let Ok(f) = opened {
         let _ = f.set_modified(SystemTime::now());
     }
 }
@@ -567,6 +775,81 @@ async fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     tokio::fs::write(&tmp, data).await?;
     tokio::fs::rename(&tmp, path).await
+}
+
+/// Remove a boot pull's staging folder, and the image's boot folder if that leaves it empty:
+/// a failed pull keeps nothing.
+async fn give_up(stage: &Path) {
+    let _ = tokio::fs::remove_dir_all(stage).await;
+    if let Some(base) = stage.parent() {
+        let _ = tokio::fs::remove_dir(base).await;
+    }
+}
+
+/// The folder of one kernel/initrd choice inside an image's boot cache.
+fn boot_key(kernel: &str, initrd: &Option<String>) -> String {
+    let mut h = Sha256::new();
+    h.update(kernel.as_bytes());
+    h.update([0]);
+    h.update(initrd.as_deref().unwrap_or("").as_bytes());
+    hex::encode(&h.finalize()[..8])
+}
+
+/// The components of a path in a layer or in a spec, without `.` and the root: `None` when
+/// it has `..`.
+fn path_parts(p: &Path) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::Normal(s) => out.push(s.to_string_lossy().into_owned()),
+            std::path::Component::CurDir | std::path::Component::RootDir => {}
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// Copy the regular files of a layer tarball at the paths `want` names (image path, file
+/// name in `dir`) into `dir`; the image paths found. As for disks, only entry bytes are
+/// written, never links or devices, and names come from `want`, not from the layer.
+fn extract_files(
+    blob: &Path,
+    gzip: bool,
+    want: &[(String, &'static str)],
+    dir: &Path,
+) -> Result<Vec<String>, String> {
+    let f = std::fs::File::open(blob).map_err(|e| e.to_string())?;
+    let reader: Box<dyn std::io::Read> = if gzip {
+        Box::new(flate2::read::GzDecoder::new(std::io::BufReader::new(f)))
+    } else {
+        Box::new(std::io::BufReader::new(f))
+    };
+    let wanted: Vec<(Vec<String>, &String, &str)> = want
+        .iter()
+        .filter_map(|(p, name)| Some((path_parts(Path::new(p))?, p, *name)))
+        .collect();
+    let mut found = Vec::new();
+    let mut archive = tar::Archive::new(reader);
+    for entry in archive.entries().map_err(|e| e.to_string())? {
+        let mut entry = entry.map_err(|e| e.to_string())?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let path = entry.path().map_err(|e| e.to_string())?.into_owned();
+        let Some(parts) = path_parts(&path) else {
+            continue;
+        };
+        if let Some((_, p, name)) = wanted
+            .iter()
+            .find(|(w, p, _)| *w == parts && !found.contains(*p))
+        {
+            let mut dst = std::fs::File::create(dir.join(name)).map_err(|e| e.to_string())?;
+            std::io::copy(&mut entry, &mut dst).map_err(|e| e.to_string())?;
+            dst.sync_all().map_err(|e| e.to_string())?;
+            found.push((*p).clone());
+        }
+    }
+    Ok(found)
 }
 
 /// Copy the first regular file under `disk/` of a layer tarball to `out`: `Some(name)`, or

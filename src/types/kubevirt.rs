@@ -546,9 +546,10 @@ pub struct Efi {
     pub secure_boot: Option<bool>,
 }
 
-/// Direct kernel boot. In edgevirt, `container.kernelPath` and `container.initrdPath` name
-/// images imported with `edgevirt image import` (not paths); `container.image` is kept for
-/// KubeVirt round-trips and is otherwise unused.
+/// Direct kernel boot. As in KubeVirt, `container.kernelPath` and `container.initrdPath` are
+/// absolute paths of files inside the OCI image `container.image`, pulled by the node; or, as
+/// edgevirt had it first, plain names of images imported with `edgevirt image import` (then
+/// `container.image` is kept for round-trips and not used).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
@@ -571,6 +572,23 @@ pub struct KernelBootContainer {
     pub initrd_path: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<String>,
+    /// As a containerDisk's: a `kubernetes.io/dockerconfigjson` Secret in the namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secret: Option<String>,
+}
+
+impl KernelBootContainer {
+    /// Whether the kernel (and initrd) are files inside `image`, as in KubeVirt (absolute
+    /// paths), rather than names of images imported into edgevirt.
+    pub fn from_image(&self) -> bool {
+        self.kernel_path
+            .as_deref()
+            .is_some_and(|p| p.starts_with('/'))
+            || self
+                .initrd_path
+                .as_deref()
+                .is_some_and(|p| p.starts_with('/'))
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

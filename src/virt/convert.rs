@@ -353,7 +353,14 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
         .and_then(|f| f.kernel_boot.as_ref())
         && let Some(c) = &kb.container
     {
-        for p in [&c.kernel_path, &c.initrd_path].into_iter().flatten() {
+        // Paths inside an image are checked with the image by admission and pulled by the
+        // node; only imported images' names are checked here.
+        let names = if c.from_image() {
+            [&None, &None]
+        } else {
+            [&c.kernel_path, &c.initrd_path]
+        };
+        for p in names.into_iter().flatten() {
             crate::types::check_name("kernelBoot image", p).map_err(|e| {
                 Invalid(format!(
                     "spec.domain.firmware.kernelBoot.container: {e}; kernelPath and initrdPath \

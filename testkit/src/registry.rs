@@ -95,6 +95,13 @@ impl Registry {
     /// Push an image holding `disk` (a file) as `/disk/<disk_name>` to `repo:tag`
     /// (`kubevirt/cirros-container-disk-demo:devel`), as an OCI image with one gzip layer.
     pub fn push_disk(&self, repo_tag: &str, disk: &Path, disk_name: &str) -> Pushed {
+        self.push_files(repo_tag, &[(&format!("disk/{disk_name}"), disk)])
+    }
+
+    /// Push an image holding each file at its path (`boot/vmlinuz-virt`; the folders are
+    /// written first, owned by KubeVirt's qemu user 107 as its images have them), as an OCI
+    /// image with one gzip layer.
+    pub fn push_files(&self, repo_tag: &str, files: &[(&str, &Path)]) -> Pushed {
         let layout = tempfile::tempdir().unwrap();
         let blobs = layout.path().join("blobs/sha256");
         std::fs::create_dir_all(&blobs).unwrap();
@@ -104,22 +111,35 @@ impl Registry {
             (d, data.len())
         };
         let mut tar = tar::Builder::new(Vec::new());
-        let mut dir = tar::Header::new_gnu();
-        dir.set_entry_type(tar::EntryType::Directory);
-        dir.set_size(0);
-        dir.set_mode(0o555);
-        dir.set_uid(107);
-        dir.set_cksum();
-        tar.append_data(&mut dir, "disk/", std::io::empty())
-            .unwrap();
-        let mut f = std::fs::File::open(disk).unwrap();
-        let mut h = tar::Header::new_gnu();
-        h.set_size(f.metadata().unwrap().len());
-        h.set_mode(0o440);
-        h.set_uid(107);
-        h.set_cksum();
-        tar.append_data(&mut h, format!("disk/{disk_name}"), &mut f)
-            .unwrap();
+        let mut dirs: Vec<String> = Vec::new();
+        for (at, _) in files {
+            let mut parts: Vec<&str> = at.split('/').collect();
+            parts.pop();
+            for i in 1..=parts.len() {
+                let d = format!("{}/", parts[..i].join("/"));
+                if !dirs.contains(&d) {
+                    dirs.push(d);
+                }
+            }
+        }
+        for d in &dirs {
+            let mut dir = tar::Header::new_gnu();
+            dir.set_entry_type(tar::EntryType::Directory);
+            dir.set_size(0);
+            dir.set_mode(0o555);
+            dir.set_uid(107);
+            dir.set_cksum();
+            tar.append_data(&mut dir, d, std::io::empty()).unwrap();
+        }
+        for (at, file) in files {
+            let mut f = std::fs::File::open(file).unwrap();
+            let mut h = tar::Header::new_gnu();
+            h.set_size(f.metadata().unwrap().len());
+            h.set_mode(0o440);
+            h.set_uid(107);
+            h.set_cksum();
+            tar.append_data(&mut h, at, &mut f).unwrap();
+        }
         let raw = tar.into_inner().unwrap();
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         std::io::Write::write_all(&mut gz, &raw).unwrap();

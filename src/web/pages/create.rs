@@ -228,6 +228,7 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, String> {
                     kernel_path: Some(f.kernel.clone()),
                     initrd_path: (!f.initrd.is_empty()).then(|| f.initrd.clone()),
                     image_pull_policy: None,
+                    image_pull_secret: None,
                 }),
             }),
             ..Default::default()

@@ -619,6 +619,12 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             "serial",
         ),
         (
+            "kernelBoot-path-escapes-the-image",
+            json!({"domain": {"firmware": {"kernelBoot": {"container": {
+                "image": "quay.io/a/b:1", "kernelPath": "/boot/../../etc/shadow"}}}}}),
+            "kernelPath",
+        ),
+        (
             "firmware-uuid-garbage",
             json!({"domain": {"firmware": {"uuid": "x".repeat(4096)}}}),
             "uuid",

@@ -17,9 +17,10 @@ use crate::http::AppState;
 use crate::http::auth::Principal;
 use crate::types::edgevirt::Image;
 use crate::types::kubevirt::{
-    CloudInitNoCloud, ContainerDisk, Cpu, Disk, DiskTarget, DomainSpec, Empty, Firmware, Interface,
-    KernelBoot, KernelBootContainer, Memory, Network, RunStrategy, TemplateMeta, VirtualMachine,
-    VirtualMachineInstanceSpec, VirtualMachineInstanceTemplateSpec, VirtualMachineSpec, Volume,
+    CloudInitNoCloud, Cpu, DataVolumeSource, Disk, DiskTarget, DomainSpec, Empty, Firmware,
+    Interface, KernelBoot, KernelBootContainer, Memory, Network, RunStrategy, TemplateMeta,
+    VirtualMachine, VirtualMachineInstanceSpec, VirtualMachineInstanceTemplateSpec,
+    VirtualMachineSpec, Volume,
 };
 use crate::types::{Meta, Typed};
 use crate::web::{Api, S, WebUser, api_message};
@@ -184,10 +185,10 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, String> {
         });
         volumes.push(Volume {
             name: "rootdisk".into(),
-            container_disk: Some(ContainerDisk {
-                image: f.image.clone(),
-                image_pull_policy: None,
-                image_pull_secret: None,
+            // Persistent, as a dashboard user expects of a VM's root disk: a containerDisk
+            // would forget every write at the next restart.
+            data_volume: Some(DataVolumeSource {
+                name: f.image.clone(),
             }),
             ..Default::default()
         });
@@ -409,7 +410,7 @@ mod tests {
                             }},
                         },
                         "volumes": [
-                            {"name": "rootdisk", "containerDisk": {"image": "debian"}},
+                            {"name": "rootdisk", "dataVolume": {"name": "debian"}},
                             {"name": "cloudinitdisk",
                              "cloudInitNoCloud": {"userData": "#cloud-config\n"}},
                         ],

@@ -334,9 +334,28 @@ async fn check_vmi_spec(
     {
         let field = format!("{at}.domain.firmware.kernelBoot.container");
         if c.from_image() {
-            // KubeVirt's form: files inside an OCI image the node pulls.
+            // KubeVirt's form: files inside an OCI image the node pulls. A path never
+            // reaches the host's files: without a registry image it is refused.
+            if !matches!(Source::of(&c.image), Source::Registry(_)) {
+                return Err(ApiError::invalid(format!(
+                    "{field}.image: {:?} is not an OCI image reference (registry/repository:tag), \
+                     so kernelPath and initrdPath cannot be paths inside it; name images \
+                     imported with `edgevirt image import` there instead, not paths",
+                    c.image
+                )));
+            }
             registry::check_reference(&c.image)
                 .map_err(|e| ApiError::invalid(format!("{field}.image: {e}")))?;
+            if [&c.kernel_path, &c.initrd_path]
+                .into_iter()
+                .flatten()
+                .any(|p| !p.starts_with('/'))
+            {
+                return Err(ApiError::invalid(format!(
+                    "{field}: kernelPath and initrdPath are both paths inside the image or \
+                     both names of imported images, not one of each"
+                )));
+            }
             PullPolicy::resolve(c.image_pull_policy.as_deref(), &c.image)
                 .map_err(|e| ApiError::invalid(format!("{field}.imagePullPolicy: {e}")))?;
             if let Some(secret) = &c.image_pull_secret {

@@ -298,6 +298,7 @@ const TAR_GZIP: &[&str] = &[
 
 impl Cache {
     pub fn new(dir: PathBuf, mirrors: Mirrors) -> Cache {
+        remove_temp_files(&dir);
         Cache {
             dir,
             mirrors,
@@ -519,7 +520,8 @@ impl Cache {
                     layer.media_type
                 )));
             };
-            let blob = self.dir.join(format!(".layer-{hex}"));
+            let n = temp_seq();
+            let blob = self.dir.join(format!(".layer-{hex}-{n}"));
             let file = tokio::fs::File::create(&blob).await.map_err(io)?;
             let pulled = client
                 .pull_blob(at, layer, tokio::io::BufWriter::new(file))
@@ -531,7 +533,7 @@ impl Cache {
                     message: format!("layer {}: {}", layer.digest, describe(&e)),
                 });
             }
-            let out = self.dir.join(format!(".disk-{hex}"));
+            let out = self.dir.join(format!(".disk-{hex}-{n}"));
             let (b2, o2) = (blob.clone(), out.clone());
             let found = tokio::task::spawn_blocking(move || extract_disk(&b2, gzip, &o2))
                 .await
@@ -595,8 +597,7 @@ impl Cache {
         let kernel = kernel.unwrap_or_default();
         let key = boot_key(kernel, &initrd.map(str::to_string));
         let base = self.dir.join(format!("{hex}.boot"));
-        let stage = base.join(format!(".{key}.tmp"));
-        let _ = tokio::fs::remove_dir_all(&stage).await;
+        let stage = base.join(format!(".{key}-{}.tmp", temp_seq()));
         tokio::fs::create_dir_all(&stage).await.map_err(io)?;
         // (path in the image, file name here)
         let mut todo: Vec<(String, &'static str)> = vec![(kernel.to_string(), "kernel")];
@@ -775,6 +776,38 @@ async fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     tokio::fs::write(&tmp, data).await?;
     tokio::fs::rename(&tmp, path).await
+}
+
+/// Remove what pulls cut short (the agent killed mid-pull) left: the dot-named temporary
+/// files and staging folders. Run when the cache opens, before any pull of this process.
+fn remove_temp_files(dir: &Path) {
+    let rm = |p: &Path| {
+        let _ = if p.is_dir() {
+            std::fs::remove_dir_all(p)
+        } else {
+            std::fs::remove_file(p)
+        };
+    };
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            rm(&e.path());
+        } else if name.ends_with(".boot") {
+            for b in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
+                if b.file_name().to_string_lossy().starts_with('.') {
+                    rm(&b.path());
+                }
+            }
+        }
+    }
+}
+
+/// A number for this process's temporary names in the cache: two references that resolve
+/// to the same digest may be pulled at once (locks are per reference), and must not write
+/// the same file.
+fn temp_seq() -> u64 {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Remove a boot pull's staging folder, and the image's boot folder if that leaves it empty:

@@ -237,3 +237,19 @@ async fn gc_leaves_a_disk_alone_while_its_pull_is_not_recorded() {
         [format!("sha256:{hex}")]
     );
 }
+
+#[test]
+fn opening_the_cache_removes_what_cut_short_pulls_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let hex = "e".repeat(64);
+    let kept = dir.path().join(format!("{hex}.raw"));
+    std::fs::write(&kept, b"x").unwrap();
+    std::fs::write(dir.path().join(format!(".layer-{hex}-3")), b"half").unwrap();
+    std::fs::create_dir_all(dir.path().join(format!("{hex}.boot/.k-1.tmp"))).unwrap();
+    std::fs::create_dir_all(dir.path().join(format!("{hex}.boot/k"))).unwrap();
+    let _cache = Cache::new(dir.path().to_path_buf(), Mirrors::default());
+    assert!(kept.exists());
+    assert!(!dir.path().join(format!(".layer-{hex}-3")).exists());
+    assert!(!dir.path().join(format!("{hex}.boot/.k-1.tmp")).exists());
+    assert!(dir.path().join(format!("{hex}.boot/k")).exists());
+}

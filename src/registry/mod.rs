@@ -459,9 +459,15 @@ impl Cache {
                                 .await?,
                         ),
                         (None, Want::Boot { kernel, initrd }) => {
-                            let files = [Some(kernel.as_str()), initrd.as_deref()];
-                            self.fetch_boot(image, &client, &at, &manifest.layers, &digest, &files)
-                                .await?;
+                            self.fetch_boot(
+                                image,
+                                &client,
+                                &at,
+                                &manifest.layers,
+                                &digest,
+                                (kernel, initrd.as_deref()),
+                            )
+                            .await?;
                             self.cached_want(&digest, want)
                                 .ok_or_else(|| PullError::Content {
                                     image: image.to_string(),
@@ -505,34 +511,13 @@ impl Cache {
             image: image.to_string(),
             message,
         };
-        let hex = digest
-            .strip_prefix("sha256:")
-            .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        let hex = manifest_hex(digest)
             .ok_or_else(|| content(format!("unsupported manifest digest {digest:?}")))?;
         for layer in layers.iter().rev() {
-            let gzip = if TAR_GZIP.contains(&layer.media_type.as_str()) {
-                true
-            } else if TAR.contains(&layer.media_type.as_str()) {
-                false
-            } else {
-                return Err(content(format!(
-                    "layer media type {:?} is not supported (tar or tar+gzip)",
-                    layer.media_type
-                )));
-            };
+            let gzip = layer_is_gzip(layer).map_err(content)?;
             let n = temp_seq();
             let blob = self.dir.join(format!(".layer-{hex}-{n}"));
-            let file = tokio::fs::File::create(&blob).await.map_err(io)?;
-            let pulled = client
-                .pull_blob(at, layer, tokio::io::BufWriter::new(file))
-                .await;
-            if let Err(e) = pulled {
-                let _ = tokio::fs::remove_file(&blob).await;
-                return Err(PullError::Registry {
-                    image: image.to_string(),
-                    message: format!("layer {}: {}", layer.digest, describe(&e)),
-                });
-            }
+            download_layer(image, client, at, layer, &blob).await?;
             let out = self.dir.join(format!(".disk-{hex}-{n}"));
             let (b2, o2) = (blob.clone(), out.clone());
             let found = tokio::task::spawn_blocking(move || extract_disk(&b2, gzip, &o2))
@@ -572,7 +557,7 @@ impl Cache {
         ))
     }
 
-    /// Download the layers, last first, until every path in `files` was found in one (a
+    /// Download the layers, last first, until `kernel` and `initrd` were found in one (a
     /// later layer's file wins, as in a container's filesystem); keep them as
     /// `<hex>.boot/<key>/kernel` and `initrd`.
     async fn fetch_boot(
@@ -582,19 +567,15 @@ impl Cache {
         at: &Reference,
         layers: &[OciDescriptor],
         digest: &str,
-        files: &[Option<&str>; 2],
+        (kernel, initrd): (&str, Option<&str>),
     ) -> Result<(), PullError> {
         let io = |e| PullError::Io(image.to_string(), e);
         let content = |message: String| PullError::Content {
             image: image.to_string(),
             message,
         };
-        let hex = digest
-            .strip_prefix("sha256:")
-            .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        let hex = manifest_hex(digest)
             .ok_or_else(|| content(format!("unsupported manifest digest {digest:?}")))?;
-        let [kernel, initrd] = *files;
-        let kernel = kernel.unwrap_or_default();
         let key = boot_key(kernel, &initrd.map(str::to_string));
         let base = self.dir.join(format!("{hex}.boot"));
         let stage = base.join(format!(".{key}-{}.tmp", temp_seq()));
@@ -608,29 +589,20 @@ impl Cache {
             if todo.is_empty() {
                 break;
             }
-            let gzip = if TAR_GZIP.contains(&layer.media_type.as_str()) {
-                true
-            } else if TAR.contains(&layer.media_type.as_str()) {
-                false
-            } else {
-                give_up(&stage).await;
-                return Err(content(format!(
-                    "layer media type {:?} is not supported (tar or tar+gzip)",
-                    layer.media_type
-                )));
-            };
             let blob = stage.join(".layer");
-            let file = tokio::fs::File::create(&blob).await.map_err(io)?;
-            if let Err(e) = client
-                .pull_blob(at, layer, tokio::io::BufWriter::new(file))
-                .await
-            {
-                give_up(&stage).await;
-                return Err(PullError::Registry {
-                    image: image.to_string(),
-                    message: format!("layer {}: {}", layer.digest, describe(&e)),
-                });
-            }
+            let pulled = match layer_is_gzip(layer) {
+                Ok(gzip) => download_layer(image, client, at, layer, &blob)
+                    .await
+                    .map(|()| gzip),
+                Err(e) => Err(content(e)),
+            };
+            let gzip = match pulled {
+                Ok(gzip) => gzip,
+                Err(e) => {
+                    give_up(&stage).await;
+                    return Err(e);
+                }
+            };
             let (b2, s2, want) = (blob.clone(), stage.clone(), todo.clone());
             let found = tokio::task::spawn_blocking(move || extract_files(&b2, gzip, &want, &s2))
                 .await
@@ -778,6 +750,64 @@ async fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
     tokio::fs::rename(&tmp, path).await
 }
 
+/// The hex of a `sha256:` manifest digest, if it is one.
+fn manifest_hex(digest: &str) -> Option<&str> {
+    digest
+        .strip_prefix("sha256:")
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Whether a layer is gzip-compressed: the media types a container disk can carry are tar
+/// and tar+gzip, OCI's or Docker's.
+fn layer_is_gzip(layer: &OciDescriptor) -> Result<bool, String> {
+    let t = layer.media_type.as_str();
+    if TAR_GZIP.contains(&t) {
+        Ok(true)
+    } else if TAR.contains(&t) {
+        Ok(false)
+    } else {
+        Err(format!(
+            "layer media type {t:?} is not supported (tar or tar+gzip)"
+        ))
+    }
+}
+
+/// Download one layer to `blob` (the client checks its digest while streaming); a failed
+/// download leaves no file.
+async fn download_layer(
+    image: &str,
+    client: &Client,
+    at: &Reference,
+    layer: &OciDescriptor,
+    blob: &Path,
+) -> Result<(), PullError> {
+    let file = tokio::fs::File::create(blob)
+        .await
+        .map_err(|e| PullError::Io(image.to_string(), e))?;
+    if let Err(e) = client
+        .pull_blob(at, layer, tokio::io::BufWriter::new(file))
+        .await
+    {
+        let _ = tokio::fs::remove_file(blob).await;
+        return Err(PullError::Registry {
+            image: image.to_string(),
+            message: format!("layer {}: {}", layer.digest, describe(&e)),
+        });
+    }
+    Ok(())
+}
+
+/// A layer tarball, gunzipped as it is read when `gzip`.
+fn open_layer(blob: &Path, gzip: bool) -> Result<tar::Archive<Box<dyn std::io::Read>>, String> {
+    let f = std::fs::File::open(blob).map_err(|e| e.to_string())?;
+    let reader: Box<dyn std::io::Read> = if gzip {
+        Box::new(flate2::read::GzDecoder::new(std::io::BufReader::new(f)))
+    } else {
+        Box::new(std::io::BufReader::new(f))
+    };
+    Ok(tar::Archive::new(reader))
+}
+
 /// Remove what pulls cut short (the agent killed mid-pull) left: the dot-named temporary
 /// files and staging folders. Run when the cache opens, before any pull of this process.
 fn remove_temp_files(dir: &Path) {
@@ -851,18 +881,12 @@ fn extract_files(
     want: &[(String, &'static str)],
     dir: &Path,
 ) -> Result<Vec<String>, String> {
-    let f = std::fs::File::open(blob).map_err(|e| e.to_string())?;
-    let reader: Box<dyn std::io::Read> = if gzip {
-        Box::new(flate2::read::GzDecoder::new(std::io::BufReader::new(f)))
-    } else {
-        Box::new(std::io::BufReader::new(f))
-    };
     let wanted: Vec<(Vec<String>, &String, &str)> = want
         .iter()
         .filter_map(|(p, name)| Some((path_parts(Path::new(p))?, p, *name)))
         .collect();
     let mut found = Vec::new();
-    let mut archive = tar::Archive::new(reader);
+    let mut archive = open_layer(blob, gzip)?;
     for entry in archive.entries().map_err(|e| e.to_string())? {
         let mut entry = entry.map_err(|e| e.to_string())?;
         if !entry.header().entry_type().is_file() {
@@ -889,29 +913,16 @@ fn extract_files(
 /// `None` when the layer has no disk. Symbolic links, devices and paths with `..` are never
 /// followed or written: only the bytes of the entry go to `out`.
 fn extract_disk(blob: &Path, gzip: bool, out: &Path) -> Result<Option<String>, String> {
-    let f = std::fs::File::open(blob).map_err(|e| e.to_string())?;
-    let reader: Box<dyn std::io::Read> = if gzip {
-        Box::new(flate2::read::GzDecoder::new(std::io::BufReader::new(f)))
-    } else {
-        Box::new(std::io::BufReader::new(f))
-    };
-    let mut archive = tar::Archive::new(reader);
+    let mut archive = open_layer(blob, gzip)?;
     for entry in archive.entries().map_err(|e| e.to_string())? {
         let mut entry = entry.map_err(|e| e.to_string())?;
         if !entry.header().entry_type().is_file() {
             continue;
         }
         let path = entry.path().map_err(|e| e.to_string())?.into_owned();
-        let parts: Vec<_> = path
-            .components()
-            .filter(|c| {
-                !matches!(
-                    c,
-                    std::path::Component::CurDir | std::path::Component::RootDir
-                )
-            })
-            .map(|c| c.as_os_str().to_string_lossy().into_owned())
-            .collect();
+        let Some(parts) = path_parts(&path) else {
+            continue;
+        };
         if parts.len() != 2 || parts[0] != "disk" {
             continue;
         }

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::ports::Stored;
 use super::{Agent, Config};
-use crate::registry::{PullPolicy, Source};
+use crate::registry::{DockerConfig, PullPolicy, Source};
 use crate::types::annotations::VOLUMES_NODE_ANNOTATION;
 use crate::types::{Meta, VirtualMachineInstance};
 use crate::virt::convert::{self, ResolvedDisk};
@@ -143,44 +143,43 @@ fn local_disk(path: &Path) -> ResolvedDisk {
 
 /// A qcow2 overlay at `overlay` on the image `base`, unless it exists; whether it was made.
 async fn make_overlay(base: &Path, format: &str, overlay: &Path) -> anyhow::Result<bool> {
-    if overlay.exists() {
+    let base = base.to_string_lossy();
+    create_qcow2(overlay, &["-F", format, "-b", &base], None).await
+}
+
+/// A qcow2 file at `path` made by `qemu-img create` with `options` (and `size`, in bytes),
+/// unless it exists; written under a temporary name first, so a crash leaves no half file
+/// under the real one. Whether it was made.
+async fn create_qcow2(path: &Path, options: &[&str], size: Option<u64>) -> anyhow::Result<bool> {
+    if path.exists() {
         return Ok(false);
     }
-    let tmp = overlay.with_extension("tmp");
-    run_tool(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-F",
-            format,
-            "-b",
-            &base.to_string_lossy(),
-            &tmp.to_string_lossy(),
-        ],
-    )
-    .await?;
-    tokio::fs::rename(&tmp, overlay).await?;
+    let tmp = path.with_extension("tmp");
+    let (tmp_arg, size_arg) = (tmp.to_string_lossy(), size.map(|b| b.to_string()));
+    let mut args = vec!["create", "-q", "-f", "qcow2"];
+    args.extend_from_slice(options);
+    args.push(&tmp_arg);
+    args.extend(size_arg.as_deref());
+    run_tool("qemu-img", &args).await?;
+    tokio::fs::rename(&tmp, path).await?;
     Ok(true)
 }
 
-/// A registry container disk in this node's cache, pulled as its `imagePullPolicy` says, with
-/// the credentials of its `imagePullSecret`.
-async fn pull_container_disk(
+/// How to pull `image`: its `imagePullPolicy` resolved, and the credentials of its
+/// `imagePullSecret` (a Secret in the VMI's namespace `ns`).
+async fn pull_settings(
     agent: &Agent,
     ns: &str,
     image: &str,
-    cd: &crate::types::kubevirt::ContainerDisk,
-) -> anyhow::Result<crate::registry::Disk> {
-    let policy = PullPolicy::resolve(cd.image_pull_policy.as_deref(), image)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let auths = match &cd.image_pull_secret {
+    policy: Option<&str>,
+    secret: Option<&str>,
+) -> anyhow::Result<(PullPolicy, DockerConfig)> {
+    let policy = PullPolicy::resolve(policy, image).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let auths = match secret {
         Some(secret) => agent.cp.pull_secret(ns, secret).await?,
         None => Default::default(),
     };
-    Ok(agent.disks.pull(image, policy, &auths).await?)
+    Ok((policy, auths))
 }
 
 async fn run_tool(cmd: &str, args: &[&str]) -> anyhow::Result<()> {
@@ -230,7 +229,15 @@ pub async fn prepare(
             let (base, format) = match Source::of(&cd.image) {
                 Source::Imported(name) => local_image(agent, &name).await?,
                 Source::Registry(image) => {
-                    let disk = pull_container_disk(agent, &ns, &image, cd).await?;
+                    let (policy, auths) = pull_settings(
+                        agent,
+                        &ns,
+                        &image,
+                        cd.image_pull_policy.as_deref(),
+                        cd.image_pull_secret.as_deref(),
+                    )
+                    .await?;
+                    let disk = agent.disks.pull(&image, policy, &auths).await?;
                     let found = (disk.path.clone(), disk.format.clone());
                     // Kept (pinned against garbage collection) until recorded below.
                     pulled.push(disk);
@@ -244,22 +251,7 @@ pub async fn prepare(
             // Ephemeral too: a blank disk for this instance only.
             let bytes = convert::empty_disk_bytes(&e.capacity)?;
             let disk = run_dir.join(format!("empty-{}.qcow2", v.name));
-            if !disk.exists() {
-                let tmp = disk.with_extension("tmp");
-                run_tool(
-                    "qemu-img",
-                    &[
-                        "create",
-                        "-q",
-                        "-f",
-                        "qcow2",
-                        &tmp.to_string_lossy(),
-                        &bytes.to_string(),
-                    ],
-                )
-                .await?;
-                tokio::fs::rename(&tmp, &disk).await?;
-            }
+            create_qcow2(&disk, &[], Some(bytes)).await?;
             disks.insert(v.name.clone(), local_disk(&disk));
         } else if let Some(dv) = &v.data_volume {
             // Persistent: the volume belongs to the VM and outlives its instances.
@@ -310,12 +302,14 @@ pub async fn prepare(
     let mut boot = None;
     if let Some(c) = kb.as_ref().filter(|c| c.from_image()) {
         // KubeVirt's form: the kernel and initrd are files inside the image.
-        let policy = PullPolicy::resolve(c.image_pull_policy.as_deref(), &c.image)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        let auths = match &c.image_pull_secret {
-            Some(secret) => agent.cp.pull_secret(&ns, secret).await?,
-            None => Default::default(),
-        };
+        let (policy, auths) = pull_settings(
+            agent,
+            &ns,
+            &c.image,
+            c.image_pull_policy.as_deref(),
+            c.image_pull_secret.as_deref(),
+        )
+        .await?;
         let files = agent
             .disks
             .pull_boot(

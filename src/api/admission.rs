@@ -314,15 +314,12 @@ async fn check_vmi_spec(
         if let Some(cd) = &v.container_disk
             && let Source::Registry(image) = Source::of(&cd.image)
         {
-            let field = format!("{at}.volumes[{i}].containerDisk");
-            registry::check_reference(&image)
-                .map_err(|e| ApiError::invalid(format!("{field}.image: {e}")))?;
-            PullPolicy::resolve(cd.image_pull_policy.as_deref(), &image)
-                .map_err(|e| ApiError::invalid(format!("{field}.imagePullPolicy: {e}")))?;
-            if let Some(secret) = &cd.image_pull_secret {
-                check_name(&format!("{field}.imagePullSecret"), secret)
-                    .map_err(|e| ApiError::invalid(e.0))?;
-            }
+            check_pull(
+                &format!("{at}.volumes[{i}].containerDisk"),
+                &image,
+                cd.image_pull_policy.as_deref(),
+                cd.image_pull_secret.as_deref(),
+            )?;
         }
     }
     if let Some(c) = spec
@@ -344,8 +341,12 @@ async fn check_vmi_spec(
                     c.image
                 )));
             }
-            registry::check_reference(&c.image)
-                .map_err(|e| ApiError::invalid(format!("{field}.image: {e}")))?;
+            check_pull(
+                &field,
+                &c.image,
+                c.image_pull_policy.as_deref(),
+                c.image_pull_secret.as_deref(),
+            )?;
             if [&c.kernel_path, &c.initrd_path]
                 .into_iter()
                 .flatten()
@@ -356,12 +357,6 @@ async fn check_vmi_spec(
                      both names of imported images, not one of each"
                 )));
             }
-            PullPolicy::resolve(c.image_pull_policy.as_deref(), &c.image)
-                .map_err(|e| ApiError::invalid(format!("{field}.imagePullPolicy: {e}")))?;
-            if let Some(secret) = &c.image_pull_secret {
-                check_name(&format!("{field}.imagePullSecret"), secret)
-                    .map_err(|e| ApiError::invalid(e.0))?;
-            }
             if c.kernel_path.is_none() {
                 return Err(ApiError::invalid(format!(
                     "{field}.kernelPath: required with initrdPath"
@@ -371,11 +366,9 @@ async fn check_vmi_spec(
                 ("kernelPath", &c.kernel_path),
                 ("initrdPath", &c.initrd_path),
             ] {
+                // Absolute already (checked above).
                 if let Some(p) = path
-                    && (!p.starts_with('/')
-                        || p.len() > 4096
-                        || p.split('/').any(|s| s == "..")
-                        || p.ends_with('/'))
+                    && (p.len() > 4096 || p.split('/').any(|s| s == "..") || p.ends_with('/'))
                 {
                     return Err(ApiError::invalid(format!(
                         "{field}.{name}: {p:?}: an absolute path of a file inside the image, \
@@ -395,6 +388,26 @@ async fn check_vmi_spec(
                  `edgevirt image import {image} FILE`"
             )));
         }
+    }
+    Ok(())
+}
+
+/// The checks admission can make of an image the node will pull (at `field`, a
+/// containerDisk or a kernelBoot container): the reference's syntax, the pull policy, the
+/// pull secret's name.
+fn check_pull(
+    field: &str,
+    image: &str,
+    policy: Option<&str>,
+    secret: Option<&str>,
+) -> ApiResult<()> {
+    registry::check_reference(image)
+        .map_err(|e| ApiError::invalid(format!("{field}.image: {e}")))?;
+    PullPolicy::resolve(policy, image)
+        .map_err(|e| ApiError::invalid(format!("{field}.imagePullPolicy: {e}")))?;
+    if let Some(secret) = secret {
+        check_name(&format!("{field}.imagePullSecret"), secret)
+            .map_err(|e| ApiError::invalid(e.0))?;
     }
     Ok(())
 }

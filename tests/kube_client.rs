@@ -17,24 +17,7 @@ use serde_json::json;
 use testkit::*;
 
 async fn client_for(a: &Appliance, token: &str) -> kube::Client {
-    let out = std::process::Command::new(exe())
-        .args([
-            "kubeconfig",
-            "--server",
-            &a.url,
-            "--token",
-            token,
-            "--ca-cert",
-        ])
-        .arg(a.dir.join("tls/server.crt"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let kc = Kubeconfig::from_yaml(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    let kc = Kubeconfig::from_yaml(&kubeconfig_yaml(a, token)).unwrap();
     let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .unwrap();

@@ -47,8 +47,8 @@ impl Kubectl {
     }
 }
 
-/// Write a kubeconfig for `a` with `token` to `file` (`edgevirt kubeconfig`).
-pub fn kubeconfig(a: &Appliance, token: &str, file: &Path) {
+/// A kubeconfig for `a` with `token`, as `edgevirt kubeconfig` prints it.
+pub fn kubeconfig_yaml(a: &Appliance, token: &str) -> String {
     let out = Command::new(exe())
         .args([
             "kubeconfig",
@@ -61,6 +61,15 @@ pub fn kubeconfig(a: &Appliance, token: &str, file: &Path) {
         .arg(a.dir.join("tls/server.crt"))
         .output()
         .unwrap();
-    assert!(out.status.success());
-    std::fs::write(file, out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Write a kubeconfig for `a` with `token` to `file` (`edgevirt kubeconfig`).
+pub fn kubeconfig(a: &Appliance, token: &str, file: &Path) {
+    std::fs::write(file, kubeconfig_yaml(a, token)).unwrap();
 }

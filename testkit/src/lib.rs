@@ -22,7 +22,7 @@ pub mod serve;
 mod vm;
 
 pub use appliance::*;
-pub use kubectl::{Kubectl, Out, kubeconfig};
+pub use kubectl::{Kubectl, Out, kubeconfig, kubeconfig_yaml};
 pub use registry::Registry;
 pub use vm::Vm;
 

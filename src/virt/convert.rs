@@ -510,70 +510,61 @@ fn hyperv_xml(spec: &VirtualMachineInstanceSpec, policy: bool, tcg: bool) -> Vec
         .and_then(|f| f.hyperv.as_ref())
     {
         Some(h) => {
-            let st = |s: &Option<crate::types::kubevirt::FeatureState>| s.as_ref().map(|s| s.on());
-            for (name, on) in [("relaxed", st(&h.relaxed)), ("vapic", st(&h.vapic))] {
-                if let Some(on) = on {
-                    out.push(flag(name, on));
-                }
-            }
-            if let Some(sl) = &h.spinlocks {
+            // In libvirt's element order; each one only when the spec names it.
+            let state = |name, s: &Option<crate::types::kubevirt::FeatureState>| {
+                s.as_ref().map(|s| flag(name, s.on()))
+            };
+            let with_direct = |name, enabled: Option<bool>, direct: &Option<_>| HypervXml {
+                child: direct
+                    .as_ref()
+                    .map(|d: &crate::types::kubevirt::FeatureState| ("direct", d.on())),
+                ..flag(name, enabled != Some(false))
+            };
+            let spinlocks = h.spinlocks.as_ref().map(|sl| {
                 let on = sl.enabled != Some(false);
-                out.push(HypervXml {
+                HypervXml {
                     attrs: if on {
                         format!(" retries='{}'", sl.spinlocks.unwrap_or(4096))
                     } else {
                         String::new()
                     },
                     ..flag("spinlocks", on)
-                });
-            }
-            for (name, on) in [
-                ("vpindex", st(&h.vpindex)),
-                ("runtime", st(&h.runtime)),
-                ("synic", st(&h.synic)),
-            ] {
-                if let Some(on) = on {
-                    out.push(flag(name, on));
                 }
-            }
-            if let Some(t) = &h.synictimer {
-                out.push(HypervXml {
-                    child: t.direct.as_ref().map(|d| ("direct", d.on())),
-                    ..flag("stimer", t.enabled != Some(false))
-                });
-            }
-            if let Some(on) = st(&h.reset) {
-                out.push(flag("reset", on));
-            }
-            if let Some(v) = &h.vendorid {
+            });
+            let vendor_id = h.vendorid.as_ref().map(|v| {
                 let on = v.enabled != Some(false);
-                out.push(HypervXml {
+                HypervXml {
                     attrs: match (&v.vendorid, on) {
                         (Some(id), true) => format!(" value='{id}'"),
                         _ => String::new(),
                     },
                     ..flag("vendor_id", on)
-                });
-            }
-            for (name, on) in [
-                ("frequencies", st(&h.frequencies)),
-                ("reenlightenment", st(&h.reenlightenment)),
-            ] {
-                if let Some(on) = on {
-                    out.push(flag(name, on));
                 }
-            }
-            if let Some(t) = &h.tlbflush {
-                out.push(HypervXml {
-                    child: t.direct.as_ref().map(|d| ("direct", d.on())),
-                    ..flag("tlbflush", t.enabled != Some(false))
-                });
-            }
-            for (name, on) in [("ipi", st(&h.ipi)), ("evmcs", st(&h.evmcs))] {
-                if let Some(on) = on {
-                    out.push(flag(name, on));
-                }
-            }
+            });
+            out.extend(
+                [
+                    state("relaxed", &h.relaxed),
+                    state("vapic", &h.vapic),
+                    spinlocks,
+                    state("vpindex", &h.vpindex),
+                    state("runtime", &h.runtime),
+                    state("synic", &h.synic),
+                    h.synictimer
+                        .as_ref()
+                        .map(|t| with_direct("stimer", t.enabled, &t.direct)),
+                    state("reset", &h.reset),
+                    vendor_id,
+                    state("frequencies", &h.frequencies),
+                    state("reenlightenment", &h.reenlightenment),
+                    h.tlbflush
+                        .as_ref()
+                        .map(|t| with_direct("tlbflush", t.enabled, &t.direct)),
+                    state("ipi", &h.ipi),
+                    state("evmcs", &h.evmcs),
+                ]
+                .into_iter()
+                .flatten(),
+            );
         }
         None if policy => {
             for name in ["relaxed", "vapic"] {

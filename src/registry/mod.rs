@@ -885,27 +885,17 @@ fn extract_files(
         .iter()
         .filter_map(|(p, name)| Some((path_parts(Path::new(p))?, p, *name)))
         .collect();
-    let mut found = Vec::new();
-    let mut archive = open_layer(blob, gzip)?;
-    for entry in archive.entries().map_err(|e| e.to_string())? {
-        let mut entry = entry.map_err(|e| e.to_string())?;
-        if !entry.header().entry_type().is_file() {
-            continue;
-        }
-        let path = entry.path().map_err(|e| e.to_string())?.into_owned();
-        let Some(parts) = path_parts(&path) else {
-            continue;
-        };
+    let mut found: Vec<String> = Vec::new();
+    each_file(blob, gzip, |parts, entry| {
         if let Some((_, p, name)) = wanted
             .iter()
             .find(|(w, p, _)| *w == parts && !found.contains(*p))
         {
-            let mut dst = std::fs::File::create(dir.join(name)).map_err(|e| e.to_string())?;
-            std::io::copy(&mut entry, &mut dst).map_err(|e| e.to_string())?;
-            dst.sync_all().map_err(|e| e.to_string())?;
+            copy_entry(entry, &dir.join(name))?;
             found.push((*p).clone());
         }
-    }
+        Ok(false)
+    })?;
     Ok(found)
 }
 
@@ -913,6 +903,25 @@ fn extract_files(
 /// `None` when the layer has no disk. Symbolic links, devices and paths with `..` are never
 /// followed or written: only the bytes of the entry go to `out`.
 fn extract_disk(blob: &Path, gzip: bool, out: &Path) -> Result<Option<String>, String> {
+    let mut name = None;
+    each_file(blob, gzip, |parts, entry| {
+        if parts.len() != 2 || parts[0] != "disk" {
+            return Ok(false);
+        }
+        copy_entry(entry, out)?;
+        name = Some(parts[1].clone());
+        Ok(true)
+    })?;
+    Ok(name)
+}
+
+/// Visit the regular files of a layer tarball, in order, with their path's parts (entries
+/// whose path has `..` are skipped) until `visit` says it is done.
+fn each_file(
+    blob: &Path,
+    gzip: bool,
+    mut visit: impl FnMut(Vec<String>, &mut dyn std::io::Read) -> Result<bool, String>,
+) -> Result<(), String> {
     let mut archive = open_layer(blob, gzip)?;
     for entry in archive.entries().map_err(|e| e.to_string())? {
         let mut entry = entry.map_err(|e| e.to_string())?;
@@ -923,13 +932,16 @@ fn extract_disk(blob: &Path, gzip: bool, out: &Path) -> Result<Option<String>, S
         let Some(parts) = path_parts(&path) else {
             continue;
         };
-        if parts.len() != 2 || parts[0] != "disk" {
-            continue;
+        if visit(parts, &mut entry)? {
+            break;
         }
-        let mut dst = std::fs::File::create(out).map_err(|e| e.to_string())?;
-        std::io::copy(&mut entry, &mut dst).map_err(|e| e.to_string())?;
-        dst.sync_all().map_err(|e| e.to_string())?;
-        return Ok(Some(parts[1].clone()));
     }
-    Ok(None)
+    Ok(())
+}
+
+/// Write an entry's bytes (nothing else of it) to `out`, synced.
+fn copy_entry(entry: &mut dyn std::io::Read, out: &Path) -> Result<(), String> {
+    let mut dst = std::fs::File::create(out).map_err(|e| e.to_string())?;
+    std::io::copy(entry, &mut dst).map_err(|e| e.to_string())?;
+    dst.sync_all().map_err(|e| e.to_string())
 }

@@ -291,12 +291,7 @@ pub async fn prepare(
         // A standalone VMI has no VM to note it on.
         agent.cp.patch_vm(&ns, &name, patch).await?;
     }
-    let kb = spec
-        .domain
-        .firmware
-        .as_ref()
-        .and_then(|f| f.kernel_boot.as_ref())
-        .and_then(|k| k.container.clone());
+    let kb = spec.kernel_boot_container().cloned();
     let mut kernel = None;
     let mut initrd = None;
     let mut boot = None;

@@ -322,13 +322,7 @@ async fn check_vmi_spec(
             )?;
         }
     }
-    if let Some(c) = spec
-        .domain
-        .firmware
-        .as_ref()
-        .and_then(|f| f.kernel_boot.as_ref())
-        .and_then(|k| k.container.as_ref())
-    {
+    if let Some(c) = spec.kernel_boot_container() {
         let field = format!("{at}.domain.firmware.kernelBoot.container");
         if c.from_image() {
             // KubeVirt's form: files inside an OCI image the node pulls. A path never
@@ -423,12 +417,7 @@ pub fn referenced_images(spec: &VirtualMachineInstanceSpec) -> Vec<String> {
             out.push(d.name.clone());
         }
     }
-    if let Some(c) = spec
-        .domain
-        .firmware
-        .as_ref()
-        .and_then(|f| f.kernel_boot.as_ref())
-        .and_then(|k| k.container.as_ref())
+    if let Some(c) = spec.kernel_boot_container()
         && !c.from_image()
     {
         out.extend(c.kernel_path.iter().cloned());

@@ -158,6 +158,17 @@ pub struct VirtualMachineInstanceSpec {
     pub priority_class_name: Option<String>,
 }
 
+impl VirtualMachineInstanceSpec {
+    /// `domain.firmware.kernelBoot.container`, if the spec boots a kernel directly.
+    pub fn kernel_boot_container(&self) -> Option<&KernelBootContainer> {
+        self.domain
+            .firmware
+            .as_ref()
+            .and_then(|f| f.kernel_boot.as_ref())
+            .and_then(|k| k.container.as_ref())
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]

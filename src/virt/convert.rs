@@ -346,13 +346,7 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
             )));
         }
     }
-    if let Some(kb) = spec
-        .domain
-        .firmware
-        .as_ref()
-        .and_then(|f| f.kernel_boot.as_ref())
-        && let Some(c) = &kb.container
-    {
+    if let Some(c) = spec.kernel_boot_container() {
         // Paths inside an image are checked with the image by admission and pulled by the
         // node; only imported images' names are checked here.
         let names = if c.from_image() {

@@ -106,10 +106,6 @@ impl Agent {
     pub fn volumes_dir(&self, owner_uid: &str) -> PathBuf {
         self.cfg.data_dir.join("volumes").join(owner_uid)
     }
-    /// The container-disk cache ([`crate::registry::Cache`]).
-    pub fn container_disks_dir(&self) -> PathBuf {
-        container_disks_dir(&self.cfg.data_dir)
-    }
     pub fn log_dir(&self) -> PathBuf {
         self.cfg.data_dir.join("log")
     }

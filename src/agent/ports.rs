@@ -190,22 +190,6 @@ pub fn decode_list<T: Typed>(list: Value) -> Listed<T> {
     out
 }
 
-/// The docker config of a `kubernetes.io/dockerconfigjson` Secret object.
-pub fn secret_docker_config(s: &Value) -> Result<DockerConfig, String> {
-    use base64::Engine as _;
-    if s["type"] != "kubernetes.io/dockerconfigjson" {
-        return Err(format!(
-            "type is {}, not kubernetes.io/dockerconfigjson",
-            s["type"]
-        ));
-    }
-    let raw = s["data"][".dockerconfigjson"]
-        .as_str()
-        .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok())
-        .ok_or("no base64 .dockerconfigjson in data")?;
-    DockerConfig::parse(&raw)
-}
-
 /// Decode a list's items; an item that does not decode is skipped and said (one bad object
 /// must not stop the agent from serving the others).
 pub fn decode_items<T: Typed>(list: Value) -> Vec<Stored<T>> {
@@ -320,7 +304,7 @@ impl ControlPlane for Http {
             let Some(s) = self.0.get_opt(&path).await? else {
                 anyhow::bail!("imagePullSecret {ns}/{name} does not exist");
             };
-            secret_docker_config(&s)
+            DockerConfig::from_secret(&s)
                 .map_err(|e| anyhow::anyhow!("imagePullSecret {ns}/{name}: {e}"))
         })
     }

@@ -259,18 +259,8 @@ fn check_secret(obj: &mut Value) -> ApiResult<()> {
             )));
         }
     }
-    if ty == "kubernetes.io/dockerconfigjson" {
-        let raw = data
-            .get(".dockerconfigjson")
-            .and_then(Value::as_str)
-            .and_then(|s| b64.decode(s).ok())
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    "data[\".dockerconfigjson\"]: required for type kubernetes.io/dockerconfigjson",
-                )
-            })?;
-        crate::registry::DockerConfig::parse(&raw)
-            .map_err(|e| ApiError::invalid(format!("data[\".dockerconfigjson\"]: {e}")))?;
+    if ty == registry::DOCKER_CONFIG_SECRET {
+        registry::DockerConfig::from_secret_data(&data).map_err(ApiError::invalid)?;
     }
     o.insert("data".into(), Value::Object(data));
     Ok(())

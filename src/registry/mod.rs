@@ -29,7 +29,7 @@ mod secret;
 #[cfg(test)]
 mod tests;
 
-pub use secret::{DockerConfig, credentials_for};
+pub use secret::{DOCKER_CONFIG_SECRET, DockerConfig, credentials_for};
 
 /// What a `containerDisk.image` (or a kernel boot container's image) names.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -24,7 +24,36 @@ pub struct DockerAuth {
     pub password: Option<String>,
 }
 
+/// The Secret type whose `.dockerconfigjson` key holds registry credentials.
+pub const DOCKER_CONFIG_SECRET: &str = "kubernetes.io/dockerconfigjson";
+
 impl DockerConfig {
+    /// The config in a Secret's `data` (values base64, as stored): its `.dockerconfigjson`
+    /// key decoded and parsed.
+    pub fn from_secret_data(
+        data: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<DockerConfig, String> {
+        let raw = data
+            .get(".dockerconfigjson")
+            .and_then(serde_json::Value::as_str)
+            .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+            .ok_or_else(|| {
+                format!(
+                    "data[\".dockerconfigjson\"]: required (base64) for type {DOCKER_CONFIG_SECRET}"
+                )
+            })?;
+        DockerConfig::parse(&raw).map_err(|e| format!("data[\".dockerconfigjson\"]: {e}"))
+    }
+
+    /// The config of a Secret object, which must be of type `kubernetes.io/dockerconfigjson`.
+    pub fn from_secret(s: &serde_json::Value) -> Result<DockerConfig, String> {
+        if s["type"] != DOCKER_CONFIG_SECRET {
+            return Err(format!("type is {}, not {DOCKER_CONFIG_SECRET}", s["type"]));
+        }
+        let empty = serde_json::Map::new();
+        DockerConfig::from_secret_data(s["data"].as_object().unwrap_or(&empty))
+    }
+
     /// Parse the bytes of a `.dockerconfigjson` key; the error says what is wrong.
     pub fn parse(data: &[u8]) -> Result<DockerConfig, String> {
         let c: DockerConfig =

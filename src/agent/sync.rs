@@ -340,7 +340,7 @@ async fn prepare_failed(
     };
     let pull = e.downcast_ref::<crate::registry::PullError>().is_some();
     let reason = if pull {
-        "ErrImagePull"
+        crate::types::kubevirt::ERR_IMAGE_PULL
     } else {
         "FailedPrepare"
     };
@@ -443,6 +443,7 @@ async fn finish_deletion(
     agent.stopping.lock().await.remove(uid);
     agent.launchers.forget(uid).await;
     agent.starting.lock().await.remove(uid);
+    agent.prepare_retry.lock().await.remove(uid);
     let _ = tokio::fs::remove_dir_all(agent.run_dir(uid)).await;
     let _ = tokio::fs::remove_file(crate::launcher::socket_path(&agent.launchers_dir(), uid)).await;
     collect_container_disks(agent).await;

@@ -9,7 +9,7 @@ use super::{Action, Context, scheduler};
 use crate::store::Error;
 use crate::types::annotations::{LAUNCHER_FINALIZER, VOLUMES_FINALIZER, VOLUMES_NODE_ANNOTATION};
 use crate::types::kubevirt::{
-    Condition, ConditionStatus, ConditionType, Phase, RunStrategy, StartFailure,
+    Condition, ConditionStatus, ConditionType, ERR_IMAGE_PULL, Phase, RunStrategy, StartFailure,
     VirtualMachineInstanceStatus, condition_true, set_condition,
 };
 use crate::types::{Meta, Typed, VirtualMachine, VirtualMachineInstance};
@@ -252,11 +252,11 @@ pub fn printable_status(vm_deleting: bool, vmi: Option<&VirtualMachineInstance>)
     let pull_failed = v.conditions().iter().any(|c| {
         c.type_ == ConditionType::Synchronized
             && c.status == ConditionStatus::False
-            && c.reason.as_deref() == Some("ErrImagePull")
+            && c.reason.as_deref() == Some(ERR_IMAGE_PULL)
     });
     match v.phase() {
         Phase::Pending | Phase::Scheduling if unschedulable => "ErrorUnschedulable",
-        Phase::Scheduled if pull_failed => "ErrImagePull",
+        Phase::Scheduled if pull_failed => ERR_IMAGE_PULL,
         Phase::Pending | Phase::Scheduling | Phase::Scheduled => "Starting",
         Phase::Running if paused => "Paused",
         Phase::Running => "Running",

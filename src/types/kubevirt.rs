@@ -894,12 +894,16 @@ crate::open_enum! {
         AgentConnected => "AgentConnected",
         Paused => "Paused",
         PodScheduled => "PodScheduled",
-        /// A VMI's: false while the node cannot prepare it (an image that does not pull).
+        /// A VMI's: false while the node cannot prepare it (an image that does not pull,
+        /// reason [`ERR_IMAGE_PULL`]).
         Synchronized => "Synchronized",
         /// A migration's: it failed.
         Failed => "Failed",
     }
 }
+
+/// KubeVirt's reason (and the VM's printable status) when a VMI's image does not pull.
+pub const ERR_IMAGE_PULL: &str = "ErrImagePull";
 
 crate::open_enum! {
     /// A condition's status.

@@ -4,9 +4,11 @@
 
 use serde_json::{Value, json};
 
+use crate::controller::instancetype::Resolved;
 use crate::http::error::{ApiError, ApiResult};
 use crate::registry::{self, PullPolicy, Source};
 use crate::store::Store;
+use crate::types::instancetype::{InstancetypeSpec, PreferenceSpec};
 use crate::types::kubevirt::{
     VirtualMachineInstanceMigrationSpec, VirtualMachineInstanceSpec, VirtualMachineSpec,
 };
@@ -61,7 +63,19 @@ pub async fn admit(
         .as_str()
         .ok_or_else(|| ApiError::invalid("metadata.name is required"))?
         .to_string();
-    check_name("metadata.name", &name)?;
+    if matches!(
+        kind,
+        Kind::VirtualMachineInstancetype
+            | Kind::VirtualMachineClusterInstancetype
+            | Kind::VirtualMachinePreference
+            | Kind::VirtualMachineClusterPreference
+            | Kind::ControllerRevision
+    ) {
+        // KubeVirt's common set is named `u1.medium`, `windows.11`: DNS subdomains.
+        crate::types::check_subdomain_name("metadata.name", &name)?;
+    } else {
+        check_name("metadata.name", &name)?;
+    }
     if kind.namespaced() {
         if let Some(body_ns) = obj["metadata"]["namespace"].as_str()
             && body_ns != ns
@@ -91,7 +105,7 @@ pub async fn admit(
                 &obj["spec"]["template"]["metadata"],
                 "spec.template.metadata",
             )?;
-            check_vmi_spec(store, &vm.template.spec, "spec.template.spec").await?;
+            check_vm_instancetype(store, ns, &name, &vm).await?;
             obj["spec"] = serde_json::to_value(&vm).map_err(ApiError::internal)?;
             if existing.is_none() {
                 add_finalizer(&mut obj, VOLUMES_FINALIZER);
@@ -147,7 +161,16 @@ pub async fn admit(
             }
             obj["spec"] = canon;
         }
-        Kind::Node => {}
+        Kind::Node | Kind::ControllerRevision => {}
+        Kind::VirtualMachineInstancetype | Kind::VirtualMachineClusterInstancetype => {
+            let it: InstancetypeSpec = decode(kind.name(), spec).map_err(refused)?;
+            check_instancetype(&it)?;
+            obj["spec"] = serde_json::to_value(&it).map_err(ApiError::internal)?;
+        }
+        Kind::VirtualMachinePreference | Kind::VirtualMachineClusterPreference => {
+            let p: PreferenceSpec = decode(kind.name(), spec).map_err(refused)?;
+            obj["spec"] = serde_json::to_value(&p).map_err(ApiError::internal)?;
+        }
         Kind::Secret => check_secret(&mut obj)?,
         Kind::Namespace => {
             if let Some(o) = obj.as_object_mut() {
@@ -184,6 +207,86 @@ pub async fn admit(
     }
     check_size(&obj)?;
     Ok(obj)
+}
+
+/// A VM's instancetype and preference, as KubeVirt's webhook checks them: when they exist,
+/// the template with both applied must not conflict and must pass the instance checks; when
+/// one does not exist yet the VM is taken (the controller reports it and starts the VM once
+/// it appears), and the template's own fields are checked as far as they go.
+async fn check_vm_instancetype(
+    store: &Store,
+    ns: &str,
+    name: &str,
+    vm: &VirtualMachineSpec,
+) -> ApiResult<()> {
+    let at = "spec.template.spec";
+    if vm.instancetype.is_none() && vm.preference.is_none() {
+        return check_vmi_spec(store, &vm.template.spec, at).await;
+    }
+    for (m, preference, field) in [
+        (&vm.instancetype, false, "spec.instancetype"),
+        (&vm.preference, true, "spec.preference"),
+    ] {
+        if let Some(m) = m {
+            if m.name.is_empty() {
+                return Err(ApiError::invalid(format!(
+                    "{field}.name: required (inferFromVolume is not supported yet)"
+                )));
+            }
+            m.scope(preference)
+                .map_err(|e| ApiError::invalid(format!("{field}.kind: {e}")))?;
+        }
+    }
+    let probe = crate::types::VirtualMachine {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(ns.to_string()),
+            ..Default::default()
+        },
+        spec: vm.clone(),
+        status: None,
+    };
+    let (resolved, missing) = Resolved::existing(store, &probe).await?;
+    let (spec, _) = resolved.expand(&probe, at).map_err(|errors| {
+        ApiError::invalid_fields(
+            "kubevirt.io",
+            "VirtualMachine",
+            name,
+            crate::types::FieldErrors {
+                kind: "VirtualMachine".into(),
+                errors,
+            },
+        )
+    })?;
+    if missing.is_empty() {
+        check_vmi_spec(store, &spec, at).await?;
+    } else {
+        tracing::info!(namespace = %ns, %name, missing = %missing.join("; "), "VM taken before its instancetype or preference exists");
+    }
+    Ok(())
+}
+
+/// An instancetype's size within what a guest can have.
+fn check_instancetype(it: &InstancetypeSpec) -> ApiResult<()> {
+    if it.cpu.guest == 0 || u64::from(it.cpu.guest) > convert::MAX_VCPUS {
+        return Err(ApiError::invalid(format!(
+            "spec.cpu.guest: {} vCPUs; from 1 to {}",
+            it.cpu.guest,
+            convert::MAX_VCPUS
+        )));
+    }
+    let mut probe = VirtualMachineInstanceSpec::default();
+    probe.domain.memory = Some(crate::types::kubevirt::Memory {
+        guest: Some(it.memory.guest.clone()),
+    });
+    convert::guest_memory(&probe)
+        .map_err(|e| ApiError::invalid(format!("spec.memory.guest: {}", e.0)))?;
+    if it.memory.overcommit_percent.is_some_and(|p| p > 100) {
+        return Err(ApiError::invalid(
+            "spec.memory.overcommitPercent: from 0 to 100",
+        ));
+    }
+    Ok(())
 }
 
 /// KubeVirt's sidecar hooks run a container beside the VM that rewrites its domain: there

@@ -8,11 +8,10 @@ use axum::Json;
 use axum::extract::Path;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
-use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
 use crate::http::error::{ApiError, ApiResult};
-use crate::types::{Kind, edgevirt, kubevirt};
+use crate::types::{Kind, version_of};
 
 /// One served resource, as discovery describes it.
 struct Resource {
@@ -29,30 +28,19 @@ const VERBS: [&str; 7] = [
 const STATUS_VERBS: [&str; 3] = ["get", "patch", "update"];
 
 fn resource(kind: Kind) -> Resource {
-    let crd = match kind {
-        Kind::VirtualMachine => kubevirt::VirtualMachine::crd(),
-        Kind::VirtualMachineInstance => kubevirt::VirtualMachineInstance::crd(),
-        Kind::VirtualMachineInstanceMigration => kubevirt::VirtualMachineInstanceMigration::crd(),
-        Kind::Node => edgevirt::Node::crd(),
-        Kind::Image => edgevirt::Image::crd(),
-        Kind::Namespace => {
-            return Resource {
-                kind,
-                singular: "namespace".into(),
-                short_names: vec!["ns".into()],
-                categories: vec![],
-                status: false,
-            };
-        }
-        Kind::Secret => {
-            return Resource {
-                kind,
-                singular: "secret".into(),
-                short_names: vec![],
-                categories: vec![],
-                status: false,
-            };
-        }
+    let Some(crd) = kind.crd() else {
+        // Kubernetes' own kinds.
+        let short: &[&str] = match kind {
+            Kind::Namespace => &["ns"],
+            _ => &[],
+        };
+        return Resource {
+            kind,
+            singular: kind.name().to_ascii_lowercase(),
+            short_names: short.iter().map(|s| s.to_string()).collect(),
+            categories: vec![],
+            status: false,
+        };
     };
     Resource {
         kind,
@@ -68,8 +56,14 @@ fn resource(kind: Kind) -> Resource {
     }
 }
 
-/// The groups edgevirt serves, each at version v1: the core group is "".
-const GROUPS: [&str; 3] = ["", "kubevirt.io", "edgevirt.io"];
+/// The groups edgevirt serves, each at one version ([`version_of`]): the core group is "".
+pub const GROUPS: [&str; 5] = [
+    "",
+    "kubevirt.io",
+    "edgevirt.io",
+    crate::types::instancetype::GROUP,
+    "apps",
+];
 
 fn resources_of(group: &str) -> Vec<Resource> {
     Kind::ALL
@@ -126,7 +120,7 @@ fn aggregated_group(group: &str) -> Value {
     let resources: Vec<Value> = resources_of(group)
         .iter()
         .map(|r| {
-            let gvk = json!({"group": group, "version": "v1", "kind": r.kind.name()});
+            let gvk = json!({"group": group, "version": r.kind.version(), "kind": r.kind.name()});
             let mut v = json!({
                 "resource": r.kind.plural(),
                 "responseKind": gvk,
@@ -154,7 +148,7 @@ fn aggregated_group(group: &str) -> Value {
     }
     json!({
         "metadata": meta,
-        "versions": [{"version": "v1", "resources": resources, "freshness": "Current"}],
+        "versions": [{"version": version_of(group), "resources": resources, "freshness": "Current"}],
     })
 }
 
@@ -193,7 +187,7 @@ fn resource_list(group: &str) -> Value {
     let gv = if group.is_empty() {
         "v1".to_string()
     } else {
-        format!("{group}/v1")
+        format!("{group}/{}", version_of(group))
     };
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list})
 }
@@ -227,7 +221,8 @@ pub async fn core_version(Path(version): Path<String>) -> ApiResult<Json<Value>>
 }
 
 fn group_entry(name: &str) -> Value {
-    let v = json!({"groupVersion": format!("{name}/v1"), "version": "v1"});
+    let version = version_of(name);
+    let v = json!({"groupVersion": format!("{name}/{version}"), "version": version});
     json!({"name": name, "versions": [v], "preferredVersion": v})
 }
 
@@ -252,7 +247,7 @@ pub async fn group_version(
     Path((group, version)): Path<(String, String)>,
 ) -> ApiResult<Json<Value>> {
     let known = GROUPS.contains(&group.as_str()) || group == "subresources.kubevirt.io";
-    if group.is_empty() || !known || version != "v1" {
+    if group.is_empty() || !known || version != version_of(&group) {
         return Err(ApiError::not_found(format!(
             "the server could not find the requested resource ({group}/{version})"
         )));

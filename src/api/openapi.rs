@@ -7,14 +7,13 @@
 use axum::extract::{Path, Query};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
-use kube::CustomResourceExt;
 use serde_json::{Map, Value, json};
 
 use crate::http::error::{ApiError, ApiResult};
-use crate::types::{Kind, edgevirt, kubevirt};
+use crate::types::Kind;
 
 fn gvk(kind: Kind) -> Value {
-    json!({"group": kind.group(), "version": "v1", "kind": kind.name()})
+    json!({"group": kind.group(), "version": kind.version(), "kind": kind.name()})
 }
 
 /// The schema's name in the documents: Kubernetes' reversed-group style.
@@ -23,7 +22,7 @@ fn schema_name(kind: Kind) -> String {
         "" => format!("io.k8s.api.core.v1.{}", kind.name()),
         g => {
             let rev: Vec<&str> = g.split('.').rev().collect();
-            format!("{}.v1.{}", rev.join("."), kind.name())
+            format!("{}.{}.{}", rev.join("."), kind.version(), kind.name())
         }
     }
 }
@@ -31,22 +30,13 @@ fn schema_name(kind: Kind) -> String {
 /// The kind's schema, with the fields every object has and its GVK as a list (what
 /// `kubectl explain` looks for).
 fn schema(kind: Kind) -> Value {
-    let crd = match kind {
-        Kind::VirtualMachine => Some(kubevirt::VirtualMachine::crd()),
-        Kind::VirtualMachineInstance => Some(kubevirt::VirtualMachineInstance::crd()),
-        Kind::VirtualMachineInstanceMigration => {
-            Some(kubevirt::VirtualMachineInstanceMigration::crd())
-        }
-        Kind::Node => Some(edgevirt::Node::crd()),
-        Kind::Image => Some(edgevirt::Image::crd()),
-        Kind::Namespace | Kind::Secret => None,
-    };
-    let mut s = crd
+    let mut s = kind
+        .crd()
         .and_then(|c| c.spec.versions[0].schema.clone())
         .and_then(|s| s.open_api_v3_schema)
         .map(|s| serde_json::to_value(s).unwrap_or_default())
         .unwrap_or_else(|| {
-            json!({"type": "object", "description": "A name scope for VMs, as in Kubernetes.",
+            json!({"type": "object", "description": description(kind),
                    "properties": {"status": {"type": "object", "properties":
                        {"phase": {"type": "string", "description": "Active."}}}}})
         });
@@ -92,6 +82,26 @@ fn description(kind: Kind) -> &'static str {
             "Secret holds credentials, as in Kubernetes: a `kubernetes.io/dockerconfigjson` \
              secret gives a containerDisk's imagePullSecret its registry login."
         }
+        Kind::VirtualMachineInstancetype => {
+            "VirtualMachineInstancetype is a VM size in a namespace: vCPUs and memory a VM's \
+             spec.instancetype takes, which the VM may not override."
+        }
+        Kind::VirtualMachineClusterInstancetype => {
+            "VirtualMachineClusterInstancetype is a VM size for every namespace (edgevirt keeps \
+             KubeVirt's common set: u1, o1, cx1, m1)."
+        }
+        Kind::VirtualMachinePreference => {
+            "VirtualMachinePreference holds what a guest OS prefers (disk bus, NIC model, \
+             firmware, clock, features); it fills only what the VM leaves unset."
+        }
+        Kind::VirtualMachineClusterPreference => {
+            "VirtualMachineClusterPreference holds what a guest OS prefers, for every namespace \
+             (edgevirt keeps a common set for current Linux and Windows releases)."
+        }
+        Kind::ControllerRevision => {
+            "ControllerRevision is the copy of an instancetype or preference a VM keeps using, \
+             so changing the object does not change the VM."
+        }
     }
 }
 
@@ -99,7 +109,7 @@ fn gv_key(group: &str) -> String {
     if group.is_empty() {
         "api/v1".into()
     } else {
-        format!("apis/{group}/v1")
+        format!("apis/{group}/{}", crate::types::version_of(group))
     }
 }
 
@@ -112,7 +122,7 @@ fn hash() -> String {
 /// `GET /openapi/v3`
 pub async fn v3_index() -> Response {
     let mut paths = Map::new();
-    for g in ["", "kubevirt.io", "edgevirt.io"] {
+    for g in super::discovery::GROUPS {
         let key = gv_key(g);
         paths.insert(
             key.clone(),
@@ -196,11 +206,11 @@ pub async fn v3_group(
     Path(path): Path<String>,
     Query(_q): Query<std::collections::HashMap<String, String>>,
 ) -> ApiResult<Response> {
-    let group = match path.as_str() {
-        "api/v1" => "",
-        "apis/kubevirt.io/v1" => "kubevirt.io",
-        "apis/edgevirt.io/v1" => "edgevirt.io",
-        _ => return Err(ApiError::not_found(format!("no OpenAPI document {path:?}"))),
+    let Some(group) = super::discovery::GROUPS
+        .into_iter()
+        .find(|g| gv_key(g) == path)
+    else {
+        return Err(ApiError::not_found(format!("no OpenAPI document {path:?}")));
     };
     Ok(axum::Json(v3_document(group)).into_response())
 }

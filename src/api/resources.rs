@@ -46,7 +46,8 @@ pub struct ListParams {
 
 /// Map a path's group, version and plural onto a kind this server stores.
 pub fn kind_for(group: &str, version: &str, plural: &str) -> ApiResult<Kind> {
-    let version_ok = version == "v1" || (group == "kubevirt.io" && version == "v1alpha3");
+    let version_ok = version == crate::types::version_of(group)
+        || (group == "kubevirt.io" && version == "v1alpha3");
     match Kind::from_plural(group, plural) {
         Some(k) if version_ok => Ok(k),
         _ => Err(ApiError::not_found(format!(
@@ -459,6 +460,14 @@ impl Verb {
             (Verb::List | Verb::Get, Kind::Secret) => &[Access::Operate, Access::AgentWrite],
             (Verb::List | Verb::Get, _) => &[Access::Read],
             (Verb::Delete, Kind::Node) => &[Access::Admin],
+            // Cluster-wide sizes and preferences are every namespace's: administrators keep
+            // them. Revisions are the controller's record of what a VM uses.
+            (
+                Verb::Create | Verb::Replace | Verb::Patch | Verb::Delete,
+                Kind::VirtualMachineClusterInstancetype
+                | Kind::VirtualMachineClusterPreference
+                | Kind::ControllerRevision,
+            ) => &[Access::Admin],
             (Verb::Create | Verb::Replace | Verb::Patch, Kind::Node) => &[Access::AgentWrite],
             (Verb::Patch, _) => &[Access::Operate, Access::AgentWrite],
             (Verb::Create | Verb::Replace | Verb::Delete, _) => &[Access::Operate],

@@ -6,10 +6,9 @@
 //! columns use. Dates become ages the way the Kubernetes API server renders them.
 
 use axum::http::{HeaderMap, header};
-use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
-use crate::types::{Kind, age, edgevirt, kubevirt};
+use crate::types::{Kind, age};
 
 /// What a row carries besides its cells (`includeObject`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,11 +61,6 @@ fn columns(kind: Kind) -> &'static [Column] {
 
 fn make_columns(kind: Kind) -> Vec<Column> {
     let crd = match kind {
-        Kind::VirtualMachine => kubevirt::VirtualMachine::crd(),
-        Kind::VirtualMachineInstance => kubevirt::VirtualMachineInstance::crd(),
-        Kind::VirtualMachineInstanceMigration => kubevirt::VirtualMachineInstanceMigration::crd(),
-        Kind::Node => edgevirt::Node::crd(),
-        Kind::Image => edgevirt::Image::crd(),
         Kind::Namespace => {
             return vec![
                 col("Status", "string", ".status.phase", 0),
@@ -79,6 +73,26 @@ fn make_columns(kind: Kind) -> Vec<Column> {
                 col("Age", "date", ".metadata.creationTimestamp", 0),
             ];
         }
+        Kind::ControllerRevision => {
+            return vec![
+                col(
+                    "Controller",
+                    "string",
+                    ".metadata.ownerReferences[0].name",
+                    0,
+                ),
+                col("Revision", "integer", ".revision", 0),
+                col("Age", "date", ".metadata.creationTimestamp", 0),
+            ];
+        }
+        // KubeVirt defines no columns for these: kubectl shows the name and age.
+        Kind::VirtualMachineInstancetype
+        | Kind::VirtualMachineClusterInstancetype
+        | Kind::VirtualMachinePreference
+        | Kind::VirtualMachineClusterPreference => {
+            return vec![col("Age", "date", ".metadata.creationTimestamp", 0)];
+        }
+        k => k.crd().expect("a kind with a CRD"),
     };
     crd.spec.versions[0]
         .additional_printer_columns

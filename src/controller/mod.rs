@@ -3,6 +3,7 @@
 //! state and is idempotent; a per-object queue is fed by store events and a periodic resync,
 //! and a failed reconcile is retried with backoff.
 
+pub mod instancetype;
 mod migration;
 mod node;
 mod scheduler;
@@ -87,6 +88,9 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
     let ctx = Arc::new(Context {
         store: store.clone(),
     });
+    if let Err(e) = instancetype::keep_common_set(&store).await {
+        tracing::warn!(error = %e, "could not keep the common instancetypes and preferences");
+    }
     let queue = Arc::new(Queue::default());
     let mut events = store.subscribe();
     resync(&ctx, &queue).await;
@@ -113,7 +117,14 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                         Kind::VirtualMachineInstanceMigration => {
                             queue.push(&(Kind::VirtualMachineInstanceMigration, ns, name));
                         }
-                        Kind::Image | Kind::Namespace | Kind::Secret => {}
+                        Kind::Image
+                        | Kind::Namespace
+                        | Kind::Secret
+                        | Kind::VirtualMachineInstancetype
+                        | Kind::VirtualMachineClusterInstancetype
+                        | Kind::VirtualMachinePreference
+                        | Kind::VirtualMachineClusterPreference
+                        | Kind::ControllerRevision => {}
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => resync(&ctx, &queue).await,

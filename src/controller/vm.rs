@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
+use super::instancetype::{self, Resolved, Unusable};
 use super::{Action, Context, scheduler};
 use crate::store::Error;
 use crate::types::annotations::{LAUNCHER_FINALIZER, VOLUMES_FINALIZER, VOLUMES_NODE_ANNOTATION};
 use crate::types::kubevirt::{
     Condition, ConditionStatus, ConditionType, ERR_IMAGE_PULL, Phase, RunStrategy, StartFailure,
-    VirtualMachineInstanceStatus, condition_true, set_condition,
+    VirtualMachineInstanceStatus, condition_true, remove_condition, set_condition,
 };
 use crate::types::{Meta, Typed, VirtualMachine, VirtualMachineInstance};
 
@@ -35,7 +36,8 @@ pub async fn reconcile_vm(ctx: &Context, ns: &str, name: &str) -> Result<Action,
     let vm = read::<VirtualMachine>(ctx, ns, name).await?;
     let vmi = read::<VirtualMachineInstance>(ctx, ns, name).await?;
     let Some(vm) = vm else {
-        // The VM is gone: its instance goes too.
+        // The VM is gone: its revisions go, and its instance too.
+        instancetype::forget_revisions(store, ns, name).await?;
         if let Some(vmi) = vmi
             && vmi.owner_uid("VirtualMachine").is_some()
             && !vmi.deleting()
@@ -61,6 +63,18 @@ pub async fn reconcile_vm(ctx: &Context, ns: &str, name: &str) -> Result<Action,
         }
         set_vm_status(ctx, ns, name, vmi.as_ref()).await?;
         return Ok(Action::Done);
+    }
+
+    // The instancetype and preference it uses are copied before anything starts it.
+    if instancetype::needs_revisions(&vm) {
+        match instancetype::keep_revisions(store, &vm).await {
+            Ok(()) => {}
+            Err(Unusable::Store(e)) => return Err(e),
+            Err(Unusable::Missing { reason, message }) => {
+                set_failure(ctx, ns, name, reason, &message).await?;
+                return Ok(Action::RequeueAfter(Duration::from_secs(10)));
+            }
+        }
     }
 
     // Pending start/stop requests come first, in order.
@@ -196,9 +210,91 @@ async fn record_failure(
         .map(|_| ())
 }
 
-/// A new instance from the VM's template, owned by the VM, Pending.
+/// KubeVirt's `Failure` condition on a VM: it cannot start, and why.
+async fn set_failure(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    reason: &str,
+    message: &str,
+) -> Result<(), Error> {
+    tracing::warn!(namespace = %ns, %name, %reason, %message, "VM cannot start");
+    let r = ctx
+        .store
+        .update_typed(ns, name, |o: &mut VirtualMachine| {
+            let st = o.status.get_or_insert_default();
+            set_condition(
+                &mut st.conditions,
+                Condition::new(ConditionType::Failure, true, reason, message),
+            );
+            Ok(())
+        })
+        .await;
+    match r {
+        Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A new instance from the VM's template (with its instancetype and preference applied),
+/// owned by the VM, Pending. One that cannot be made is the VM's `Failure` condition.
 async fn create_vmi(ctx: &Context, vm: &VirtualMachine) -> Result<(), Error> {
+    let (ns, name) = (vm.namespace(), vm.name());
+    let resolved = match Resolved::of(&ctx.store, vm).await {
+        Ok(r) => r,
+        Err(Unusable::Store(e)) => return Err(e),
+        Err(Unusable::Missing { reason, message }) => {
+            return set_failure(ctx, ns, name, reason, &message).await;
+        }
+    };
+    let (spec, extra_annotations) = match resolved.expand(vm, "spec") {
+        Ok(x) => x,
+        Err(errors) => {
+            let lines: Vec<String> = errors.iter().map(|e| e.message.clone()).collect();
+            let message = format!("VMI conflicts with instancetype spec: {}", lines.join(", "));
+            return set_failure(ctx, ns, name, "FailedCreate", &message).await;
+        }
+    };
+    let had_failure = vm.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == ConditionType::Failure)
+    });
+    if had_failure {
+        ctx.store
+            .update_typed(ns, name, |o: &mut VirtualMachine| {
+                if let Some(st) = o.status.as_mut() {
+                    remove_condition(&mut st.conditions, &ConditionType::Failure);
+                }
+                Ok(())
+            })
+            .await?;
+    }
     let tmeta = vm.spec.template.metadata.clone().unwrap_or_default();
+    let mut annotations = tmeta.annotations;
+    for (k, v) in extra_annotations {
+        annotations.entry(k).or_insert(v);
+    }
+    for (m, preference, ns_key, cluster_key) in [
+        (
+            &vm.spec.instancetype,
+            false,
+            "kubevirt.io/instancetype-name",
+            "kubevirt.io/cluster-instancetype-name",
+        ),
+        (
+            &vm.spec.preference,
+            true,
+            "kubevirt.io/preference-name",
+            "kubevirt.io/cluster-preference-name",
+        ),
+    ] {
+        if let Some(m) = m {
+            let cluster = m.scope(preference) != Ok(crate::types::instancetype::Scope::Namespaced);
+            let key = if cluster { cluster_key } else { ns_key };
+            annotations.insert(key.to_string(), m.name.clone());
+        }
+    }
     let mut labels = tmeta.labels;
     labels.insert("kubevirt.io/vm".into(), vm.name().to_string());
     let vmi = VirtualMachineInstance {
@@ -206,7 +302,7 @@ async fn create_vmi(ctx: &Context, vm: &VirtualMachine) -> Result<(), Error> {
             name: Some(vm.name().to_string()),
             namespace: Some(vm.namespace().to_string()),
             labels: Some(labels),
-            annotations: Some(tmeta.annotations),
+            annotations: Some(annotations),
             owner_references: Some(vec![OwnerReference {
                 api_version: "kubevirt.io/v1".into(),
                 kind: "VirtualMachine".into(),
@@ -218,7 +314,7 @@ async fn create_vmi(ctx: &Context, vm: &VirtualMachine) -> Result<(), Error> {
             finalizers: Some(vec![LAUNCHER_FINALIZER.to_string()]),
             ..Default::default()
         },
-        spec: vm.spec.template.spec.clone(),
+        spec,
         status: Some({
             let mut st = VirtualMachineInstanceStatus::default();
             st.enter_phase(Phase::Pending, false);
@@ -339,6 +435,7 @@ pub fn vm_idle(vm: &VirtualMachine, vmi: Option<&VirtualMachineInstance>) -> boo
         .status
         .as_ref()
         .is_some_and(|s| !s.state_change_requests.is_empty())
+        || instancetype::needs_revisions(vm)
     {
         return false;
     }

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use kube::CustomResource;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -43,6 +44,13 @@ pub struct VirtualMachineSpec {
     pub running: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_strategy: Option<RunStrategy>,
+    /// The VM's size from a `VirtualMachine(Cluster)Instancetype`: its vCPUs and memory,
+    /// which the template may then not set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instancetype: Option<Matcher>,
+    /// Defaults for what the template leaves unset, from a `VirtualMachine(Cluster)Preference`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preference: Option<Matcher>,
     pub template: VirtualMachineInstanceTemplateSpec,
 }
 
@@ -98,6 +106,11 @@ pub struct VirtualMachineStatus {
     /// Failed starts and when the next one may come, as KubeVirt's `startFailure`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_failure: Option<StartFailure>,
+    /// The instancetype the VM uses and the revision (copy) of it the VM keeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instancetype_ref: Option<StatusRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preference_ref: Option<StatusRef>,
 }
 
 /// KubeVirt's `VirtualMachineStartFailure`: the crash-loop backoff of a VM.
@@ -899,6 +912,8 @@ crate::open_enum! {
         Synchronized => "Synchronized",
         /// A migration's: it failed.
         Failed => "Failed",
+        /// A VM's: it cannot start (its instancetype is missing or conflicts with it).
+        Failure => "Failure",
     }
 }
 
@@ -1166,5 +1181,99 @@ impl VirtualMachineInstanceMigration {
 
     pub fn migration_state(&self) -> Option<&MigrationState> {
         self.status.as_ref()?.migration_state.as_ref()
+    }
+}
+
+/// What a VM's `spec.instancetype` or `spec.preference` names (KubeVirt's
+/// `InstancetypeMatcher` and `PreferenceMatcher`, which have the same fields).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct Matcher {
+    #[serde(default)]
+    pub name: String,
+    /// The namespaced kind or the cluster kind; unset means the cluster kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// A `ControllerRevision` to use instead of the object: set by older KubeVirt releases,
+    /// honoured when a VM carries it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision_name: Option<String>,
+}
+
+/// The VM status' record of what it uses (KubeVirt's `InstancetypeStatusRef`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusRef {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller_revision_ref: Option<RevisionRef>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+pub struct RevisionRef {
+    #[serde(default)]
+    pub name: String,
+}
+
+/// Which of the kinds a matcher names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Namespaced,
+    Cluster,
+}
+
+impl Matcher {
+    /// The scope its `kind` names: the singular, plural and short spellings KubeVirt takes,
+    /// cluster-wide when unset.
+    pub fn scope(&self, preference: bool) -> Result<Scope, String> {
+        let k = self.kind.as_deref().unwrap_or("").to_ascii_lowercase();
+        let (ns, cluster): (&[&str], &[&str]) = if preference {
+            (
+                &["virtualmachinepreference", "virtualmachinepreferences"],
+                &[
+                    "",
+                    "virtualmachineclusterpreference",
+                    "virtualmachineclusterpreferences",
+                ],
+            )
+        } else {
+            (
+                &["virtualmachineinstancetype", "virtualmachineinstancetypes"],
+                &[
+                    "",
+                    "virtualmachineclusterinstancetype",
+                    "virtualmachineclusterinstancetypes",
+                ],
+            )
+        };
+        if ns.contains(&k.as_str()) {
+            Ok(Scope::Namespaced)
+        } else if cluster.contains(&k.as_str()) {
+            Ok(Scope::Cluster)
+        } else {
+            Err(format!(
+                "{:?} is not a kind of {}; use {} or {}",
+                self.kind.as_deref().unwrap_or(""),
+                if preference {
+                    "preference"
+                } else {
+                    "instancetype"
+                },
+                if preference {
+                    "VirtualMachinePreference"
+                } else {
+                    "VirtualMachineInstancetype"
+                },
+                if preference {
+                    "VirtualMachineClusterPreference"
+                } else {
+                    "VirtualMachineClusterInstancetype"
+                },
+            ))
+        }
     }
 }

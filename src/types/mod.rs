@@ -2,6 +2,7 @@
 //! names, the KubeVirt fields edgevirt does not support yet, quantities.
 
 pub mod edgevirt;
+pub mod instancetype;
 pub mod object;
 mod open_enum;
 
@@ -99,10 +100,20 @@ pub enum Kind {
     /// Core `v1` secrets: registry credentials a containerDisk's `imagePullSecret` names.
     /// Only operators, administrators and agents read them.
     Secret,
+    /// `instancetype.kubevirt.io/v1beta1`: a VM size in a namespace.
+    VirtualMachineInstancetype,
+    /// A VM size for every namespace; edgevirt ships KubeVirt's common set.
+    VirtualMachineClusterInstancetype,
+    /// What a guest OS prefers, in a namespace.
+    VirtualMachinePreference,
+    /// What a guest OS prefers, for every namespace; edgevirt ships a common set.
+    VirtualMachineClusterPreference,
+    /// `apps/v1`: the copy of an instancetype or preference a VM keeps using.
+    ControllerRevision,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 12] = [
         Kind::VirtualMachine,
         Kind::VirtualMachineInstance,
         Kind::VirtualMachineInstanceMigration,
@@ -110,6 +121,11 @@ impl Kind {
         Kind::Image,
         Kind::Namespace,
         Kind::Secret,
+        Kind::VirtualMachineInstancetype,
+        Kind::VirtualMachineClusterInstancetype,
+        Kind::VirtualMachinePreference,
+        Kind::VirtualMachineClusterPreference,
+        Kind::ControllerRevision,
     ];
 
     pub fn name(self) -> &'static str {
@@ -121,6 +137,11 @@ impl Kind {
             Kind::Image => "Image",
             Kind::Namespace => "Namespace",
             Kind::Secret => "Secret",
+            Kind::VirtualMachineInstancetype => "VirtualMachineInstancetype",
+            Kind::VirtualMachineClusterInstancetype => "VirtualMachineClusterInstancetype",
+            Kind::VirtualMachinePreference => "VirtualMachinePreference",
+            Kind::VirtualMachineClusterPreference => "VirtualMachineClusterPreference",
+            Kind::ControllerRevision => "ControllerRevision",
         }
     }
 
@@ -133,6 +154,11 @@ impl Kind {
             Kind::Image => "images",
             Kind::Namespace => "namespaces",
             Kind::Secret => "secrets",
+            Kind::VirtualMachineInstancetype => "virtualmachineinstancetypes",
+            Kind::VirtualMachineClusterInstancetype => "virtualmachineclusterinstancetypes",
+            Kind::VirtualMachinePreference => "virtualmachinepreferences",
+            Kind::VirtualMachineClusterPreference => "virtualmachineclusterpreferences",
+            Kind::ControllerRevision => "controllerrevisions",
         }
     }
 
@@ -143,21 +169,32 @@ impl Kind {
             | Kind::VirtualMachineInstanceMigration => "kubevirt.io",
             Kind::Node | Kind::Image => "edgevirt.io",
             Kind::Namespace | Kind::Secret => "",
+            Kind::VirtualMachineInstancetype
+            | Kind::VirtualMachineClusterInstancetype
+            | Kind::VirtualMachinePreference
+            | Kind::VirtualMachineClusterPreference => instancetype::GROUP,
+            Kind::ControllerRevision => "apps",
         }
+    }
+
+    /// The version it is served at (one per group).
+    pub fn version(self) -> &'static str {
+        version_of(self.group())
     }
 
     pub fn api_version(self) -> String {
         match self.group() {
             "" => "v1".to_string(),
-            g => format!("{g}/v1"),
+            g => format!("{g}/{}", self.version()),
         }
     }
 
-    /// The path prefix of its group and version: `/apis/<group>/v1`, or `/api/v1` for core.
+    /// The path prefix of its group and version: `/apis/<group>/<version>`, or `/api/v1`
+    /// for core.
     pub fn path_prefix(self) -> String {
         match self.group() {
             "" => "/api/v1".to_string(),
-            g => format!("/apis/{g}/v1"),
+            g => format!("/apis/{g}/{}", self.version()),
         }
     }
 
@@ -168,7 +205,37 @@ impl Kind {
                 | Kind::VirtualMachineInstance
                 | Kind::VirtualMachineInstanceMigration
                 | Kind::Secret
+                | Kind::VirtualMachineInstancetype
+                | Kind::VirtualMachinePreference
+                | Kind::ControllerRevision
         )
+    }
+
+    /// The CRD its Rust type derives (names, short names, schema, printer columns); `None`
+    /// for the core and `apps` kinds, which are Kubernetes' own.
+    pub fn crd(
+        self,
+    ) -> Option<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
+    {
+        use kube::CustomResourceExt;
+        Some(match self {
+            Kind::VirtualMachine => kubevirt::VirtualMachine::crd(),
+            Kind::VirtualMachineInstance => kubevirt::VirtualMachineInstance::crd(),
+            Kind::VirtualMachineInstanceMigration => {
+                kubevirt::VirtualMachineInstanceMigration::crd()
+            }
+            Kind::Node => edgevirt::Node::crd(),
+            Kind::Image => edgevirt::Image::crd(),
+            Kind::VirtualMachineInstancetype => instancetype::VirtualMachineInstancetype::crd(),
+            Kind::VirtualMachineClusterInstancetype => {
+                instancetype::VirtualMachineClusterInstancetype::crd()
+            }
+            Kind::VirtualMachinePreference => instancetype::VirtualMachinePreference::crd(),
+            Kind::VirtualMachineClusterPreference => {
+                instancetype::VirtualMachineClusterPreference::crd()
+            }
+            Kind::Namespace | Kind::Secret | Kind::ControllerRevision => return None,
+        })
     }
 
     pub fn from_plural(group: &str, plural: &str) -> Option<Kind> {
@@ -179,6 +246,15 @@ impl Kind {
 
     pub fn from_name(name: &str) -> Option<Kind> {
         Kind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+/// The version a group is served at: `v1beta1` for instancetypes, `v1` for the rest.
+pub fn version_of(group: &str) -> &'static str {
+    if group == instancetype::GROUP {
+        "v1beta1"
+    } else {
+        "v1"
     }
 }
 
@@ -203,6 +279,20 @@ pub fn check_name(what: &str, name: &str) -> Result<(), Invalid> {
             "{what} {name:?} is invalid: a lowercase RFC 1123 label must consist of lower case \
              alphanumeric characters or '-', start and end with an alphanumeric character, \
              and be at most 63 characters"
+        )))
+    }
+}
+
+/// A DNS-1123 subdomain name (lowercase labels joined by dots, ≤ 253), as Kubernetes allows
+/// for most kinds (`u1.medium`).
+pub fn check_subdomain_name(what: &str, name: &str) -> Result<(), Invalid> {
+    if !name.is_empty() && dns_subdomain(name) {
+        Ok(())
+    } else {
+        Err(Invalid(format!(
+            "{what} {name:?} is invalid: a lowercase RFC 1123 subdomain must consist of lower \
+             case alphanumeric characters, '-' or '.', start and end with an alphanumeric \
+             character, and be at most 253 characters"
         )))
     }
 }
@@ -327,6 +417,8 @@ impl FieldError {
     fn line(&self) -> String {
         let at = self.field.strip_prefix("spec.").unwrap_or(".");
         match self.reason {
+            // The message names the field itself (KubeVirt's instancetype conflicts).
+            _ if self.message.contains(&self.field) => self.message.clone(),
             "FieldValueForbidden" => format!("field {at} is {}", self.message),
             "FieldValueInvalid" => format!("unknown field {at}"),
             _ => format!("{at}: {}", self.message),

@@ -52,6 +52,21 @@ impl Typed for Node {
 impl Typed for Image {
     const KIND: Kind = Kind::Image;
 }
+impl Typed for super::instancetype::VirtualMachineInstancetype {
+    const KIND: Kind = Kind::VirtualMachineInstancetype;
+}
+impl Typed for super::instancetype::VirtualMachineClusterInstancetype {
+    const KIND: Kind = Kind::VirtualMachineClusterInstancetype;
+}
+impl Typed for super::instancetype::VirtualMachinePreference {
+    const KIND: Kind = Kind::VirtualMachinePreference;
+}
+impl Typed for super::instancetype::VirtualMachineClusterPreference {
+    const KIND: Kind = Kind::VirtualMachineClusterPreference;
+}
+impl Typed for k8s_openapi::api::apps::v1::ControllerRevision {
+    const KIND: Kind = Kind::ControllerRevision;
+}
 
 /// Check a status written through a `status` subresource against its kind's typed status,
 /// naming the field that does not fit (`status.phase: invalid type: integer `3`, ...`).
@@ -82,7 +97,13 @@ pub fn check_status(kind: Kind, status: &Value) -> Result<(), Invalid> {
         }
         Kind::Node => fits::<edgevirt::NodeStatus>(status),
         Kind::Image => fits::<edgevirt::ImageStatus>(status),
-        Kind::Namespace | Kind::Secret => Ok(()),
+        Kind::Namespace
+        | Kind::Secret
+        | Kind::VirtualMachineInstancetype
+        | Kind::VirtualMachineClusterInstancetype
+        | Kind::VirtualMachinePreference
+        | Kind::VirtualMachineClusterPreference
+        | Kind::ControllerRevision => Ok(()),
     }
 }
 

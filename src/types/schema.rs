@@ -4,7 +4,7 @@
 //!
 //! `kubevirt-fields.txt` is derived from KubeVirt's OpenAPI document
 //! (`../shared/kubevirt/swagger.json`, at the commit its README names): one line per
-//! definition reachable from the VM, VMI and migration specs, the definition's name and then
+//! definition reachable from the VM, VMI, migration, instancetype and preference specs, the definition's name and then
 //! its fields, `field=definition` where the field holds an object of another definition (or a
 //! list or map of them). The test `the_field_file_matches_kubevirts_schema` keeps it in step
 //! and rewrites it when run with `EDGEVIRT_WRITE_KUBEVIRT_FIELDS=1`.
@@ -43,6 +43,12 @@ pub fn spec_definition(kind: &str) -> Option<&'static str> {
         "VirtualMachine" => Some("v1.VirtualMachineSpec"),
         "VirtualMachineInstance" => Some("v1.VirtualMachineInstanceSpec"),
         "VirtualMachineInstanceMigration" => Some("v1.VirtualMachineInstanceMigrationSpec"),
+        "VirtualMachineInstancetype" | "VirtualMachineClusterInstancetype" => {
+            Some("v1beta1.VirtualMachineInstancetypeSpec")
+        }
+        "VirtualMachinePreference" | "VirtualMachineClusterPreference" => {
+            Some("v1beta1.VirtualMachinePreferenceSpec")
+        }
         _ => None,
     }
 }
@@ -112,6 +118,8 @@ pub(crate) mod tests {
             "VirtualMachine",
             "VirtualMachineInstance",
             "VirtualMachineInstanceMigration",
+            "VirtualMachineInstancetype",
+            "VirtualMachinePreference",
         ]
         .into_iter()
         .map(|k| {
@@ -367,6 +375,14 @@ pub(crate) mod tests {
                     "VirtualMachineInstance" => {
                         crate::types::decode::<VirtualMachineInstanceSpec>(&kind, spec).err()
                     }
+                    "VirtualMachineInstancetype" => crate::types::decode::<
+                        crate::types::instancetype::InstancetypeSpec,
+                    >(&kind, spec)
+                    .err(),
+                    "VirtualMachinePreference" => crate::types::decode::<
+                        crate::types::instancetype::PreferenceSpec,
+                    >(&kind, spec)
+                    .err(),
                     _ => crate::types::decode::<VirtualMachineInstanceMigrationSpec>(&kind, spec)
                         .err(),
                 };

@@ -246,6 +246,8 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, String> {
             } else {
                 RunStrategy::Halted
             }),
+            instancetype: None,
+            preference: None,
             template: VirtualMachineInstanceTemplateSpec {
                 metadata: Some(TemplateMeta {
                     labels: labels.clone(),

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde_json::{Value, json};
 
@@ -327,14 +327,7 @@ fn revision(vm: &VirtualMachine, kind: Kind, obj: &Value) -> ControllerRevision 
             name: Some(format!("{}-{name}-{version}-{uid}-{generation}", vm.name())),
             namespace: Some(vm.namespace().to_string()),
             labels: Some(labels),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "kubevirt.io/v1".into(),
-                kind: "VirtualMachine".into(),
-                name: vm.name().to_string(),
-                uid: vm.uid().to_string(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            }]),
+            owner_references: Some(vec![vm.owner_reference()]),
             ..Default::default()
         },
         data: Some(RawExtension(data)),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::instancetype::{self, Resolved, Unusable};
 use super::{Action, Context, scheduler};
@@ -219,21 +219,14 @@ async fn set_failure(
     message: &str,
 ) -> Result<(), Error> {
     tracing::warn!(namespace = %ns, %name, %reason, %message, "VM cannot start");
-    let r = ctx
-        .store
-        .update_typed(ns, name, |o: &mut VirtualMachine| {
-            let st = o.status.get_or_insert_default();
-            set_condition(
-                &mut st.conditions,
-                Condition::new(ConditionType::Failure, true, reason, message),
-            );
-            Ok(())
-        })
-        .await;
-    match r {
-        Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e),
-    }
+    update_vm(ctx, ns, name, |o| {
+        let st = o.status.get_or_insert_default();
+        set_condition(
+            &mut st.conditions,
+            Condition::new(ConditionType::Failure, true, reason, message),
+        );
+    })
+    .await
 }
 
 /// A new instance from the VM's template (with its instancetype and preference applied),
@@ -303,14 +296,7 @@ async fn create_vmi(ctx: &Context, vm: &VirtualMachine) -> Result<(), Error> {
             namespace: Some(vm.namespace().to_string()),
             labels: Some(labels),
             annotations: Some(annotations),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "kubevirt.io/v1".into(),
-                kind: "VirtualMachine".into(),
-                name: vm.name().to_string(),
-                uid: vm.uid().to_string(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            }]),
+            owner_references: Some(vec![vm.owner_reference()]),
             finalizers: Some(vec![LAUNCHER_FINALIZER.to_string()]),
             ..Default::default()
         },
@@ -368,10 +354,20 @@ async fn set_vm_status(
     name: &str,
     vmi: Option<&VirtualMachineInstance>,
 ) -> Result<(), Error> {
+    update_vm(ctx, ns, name, |o| apply_vm_status(o, vmi)).await
+}
+
+/// Change a VM that may have gone meanwhile (then there is nothing to change).
+async fn update_vm(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    f: impl FnOnce(&mut VirtualMachine),
+) -> Result<(), Error> {
     let r = ctx
         .store
         .update_typed(ns, name, |o: &mut VirtualMachine| {
-            apply_vm_status(o, vmi);
+            f(o);
             Ok(())
         })
         .await;

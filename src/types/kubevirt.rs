@@ -54,6 +54,22 @@ pub struct VirtualMachineSpec {
     pub template: VirtualMachineInstanceTemplateSpec,
 }
 
+impl VirtualMachine {
+    /// The owner reference of what the VM controls (its instance, its revisions).
+    pub fn owner_reference(
+        &self,
+    ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "kubevirt.io/v1".into(),
+            kind: "VirtualMachine".into(),
+            name: self.metadata.name.clone().unwrap_or_default(),
+            uid: self.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }
+    }
+}
+
 impl VirtualMachineSpec {
     /// The effective run strategy, folding in the older `running` field.
     pub fn strategy(&self) -> RunStrategy {

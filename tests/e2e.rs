@@ -906,6 +906,237 @@ async fn container_disks_come_from_registries_and_forget_their_writes() {
     .await;
 }
 
+/// The status of a VMI's condition of `type_` (`None` when it has none).
+fn cond_status(vmi: &serde_json::Value, type_: &str) -> Option<(String, String)> {
+    vmi["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find_map(|c| {
+            (c["type"] == type_).then(|| {
+                (
+                    c["status"].as_str().unwrap_or("").to_string(),
+                    c["reason"].as_str().unwrap_or("").to_string(),
+                )
+            })
+        })
+}
+
+/// KubeVirt's guest-facing spec fields on one real guest sized by an instancetype: the
+/// instancetype's CPUs and memory in the guest (and kept through a restart after the
+/// instancetype changed), the preference's RNG, SSH keys from a Secret in `authorized_keys`
+/// (guest agent) and in the NoCloud user data, a guest-agent readiness probe that follows
+/// the agent, and a failing liveness probe that fails the instance (and its VM starts
+/// another).
+#[tokio::test]
+#[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
+async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
+    let a = Appliance::start(&[]).await;
+    a.import_guest().await;
+    let key =
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEdnZXZpcnQtZTJlLXRlc3Qta2V5LW5vdC1yZWFs e2e@edgevirt";
+    let secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: my-keys}}\nstringData:\n  key1: {key}\n"
+    );
+    let (code, v) = a
+        .post_yaml("/api/v1/namespaces/default/secrets", &secret)
+        .await;
+    assert_eq!(code, 201, "{v}");
+    let sized = Vm::guest("sized")
+        .cloud_init("#cloud-config\nhostname: sized-ci\n")
+        .with(|v| {
+            v["spec"]["instancetype"] = json!({"name": "u1.medium"});
+            v["spec"]["preference"] = json!({"name": "linux"});
+            let spec = &mut v["spec"]["template"]["spec"];
+            let domain = spec["domain"].as_object_mut().unwrap();
+            domain.remove("cpu");
+            domain.remove("memory");
+            spec["accessCredentials"] = json!([
+                {"sshPublicKey": {"source": {"secret": {"secretName": "my-keys"}},
+                    "propagationMethod": {"qemuGuestAgent": {"users": ["root"]}}}},
+                {"sshPublicKey": {"source": {"secret": {"secretName": "my-keys"}},
+                    "propagationMethod": {"noCloud": {}}}},
+            ]);
+            spec["readinessProbe"] = json!({"guestAgentPing": {}, "periodSeconds": 1,
+                "failureThreshold": 2});
+        })
+        .yaml();
+    let (code, v) = a.post_yaml(VMS, &sized).await;
+    assert_eq!(code, 201, "{v}");
+    // The instancetype's 1 vCPU and 4 GiB, seen by the guest; the preference's RNG.
+    let vmi = a.wait_running("sized", None, BOOT).await;
+    let uid1 = vmi["metadata"]["uid"].as_str().unwrap().to_string();
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    let guest_cpus_mem = |dom: String| async move {
+        let cpus = wait_for("nproc in the guest", BOOT, || async {
+            guest_exec(&dom, "/bin/sh", &["-c", "grep -c ^processor /proc/cpuinfo"])
+        })
+        .await;
+        let mem = guest_exec(&dom, "/bin/sh", &["-c", "grep MemTotal /proc/meminfo"]).unwrap();
+        let kib: u64 = mem.split_whitespace().nth(1).unwrap().parse().unwrap();
+        (cpus.trim().to_string(), kib)
+    };
+    let (cpus, kib) = guest_cpus_mem(dom.clone()).await;
+    assert_eq!(cpus, "1", "u1.medium has one vCPU");
+    assert!(
+        (3_500_000..=4 * 1024 * 1024).contains(&kib),
+        "u1.medium has 4Gi; the guest sees {kib} KiB"
+    );
+    let (_, xml) = virsh(&["dumpxml", &dom]);
+    assert!(
+        xml.contains("<rng model='virtio'>"),
+        "the preference's RNG: {xml}"
+    );
+    let vm = a.vm("sized").await.unwrap();
+    let revision = vm["status"]["instancetypeRef"]["controllerRevisionRef"]["name"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no instancetype revision: {vm}"))
+        .to_string();
+
+    // The key, written by the guest agent into root's authorized_keys, and in the user data.
+    let keys = wait_for("the key in root's authorized_keys", BOOT, || async {
+        guest_exec(&dom, "/bin/cat", &["/root/.ssh/authorized_keys"]).filter(|k| k.contains(key))
+    })
+    .await;
+    assert_eq!(keys.trim(), key);
+    let synced = wait_for("AccessCredentialsSynchronized", BOOT, || async {
+        a.vmi("sized")
+            .await
+            .and_then(|v| cond_status(&v, "AccessCredentialsSynchronized"))
+            .filter(|(s, _)| s == "True")
+    })
+    .await;
+    assert_eq!(synced.1, "AccessCredentialsSyncSuccess");
+    let iso = xml
+        .split("<source file='")
+        .filter_map(|s| s.split('\'').next())
+        .find(|p| p.ends_with(".iso"))
+        .unwrap_or_else(|| panic!("no NoCloud disk in {xml}"))
+        .to_string();
+    let out = std::process::Command::new("isoinfo")
+        .args(["-R", "-i", &iso, "-x", "/user-data"])
+        .output()
+        .unwrap();
+    let user_data = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        user_data.starts_with("#cloud-config")
+            && user_data.contains(key)
+            && user_data.contains("hostname: sized-ci"),
+        "user data: {user_data}"
+    );
+
+    // A liveness probe that cannot pass (nothing listens on the discard port): the VMI
+    // alone fails with the reason; under a VM, another instance follows after the back-off.
+    let unlive = |v: &mut serde_json::Value| {
+        v["spec"]["template"]["spec"]["livenessProbe"] = json!({"tcpSocket": {"port": 9},
+            "periodSeconds": 1, "failureThreshold": 3});
+    };
+    let (code, v) = a
+        .post_yaml(VMS, &Vm::guest("unlive").with(unlive).yaml())
+        .await;
+    assert_eq!(code, 201, "{v}");
+    let mut vmi = Vm::guest("unlive-vmi").with(unlive).json();
+    vmi["kind"] = json!("VirtualMachineInstance");
+    vmi["spec"] = vmi["spec"]["template"]["spec"].take();
+    let (code, v) = a
+        .post_yaml(
+            "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances",
+            &serde_json::to_string(&vmi).unwrap(),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+
+    // The liveness probe failed the lone VMI; the VM's instance failed and another follows.
+    let failed = wait_for("unlive-vmi Failed", BOOT, || async {
+        a.get("/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances/unlive-vmi")
+            .await
+            .1
+            .as_object()
+            .cloned()
+            .filter(|v| v["status"]["phase"] == "Failed")
+    })
+    .await;
+    assert_eq!(
+        failed["status"]["reason"], "LivenessProbeFailed",
+        "{failed:?}"
+    );
+    let vm = wait_for("unlive's start failure recorded", BOOT, || async {
+        a.vm("unlive")
+            .await
+            .filter(|v| v["status"]["startFailure"]["lastFailedVMIUID"].is_string())
+    })
+    .await;
+    let failed_uid = vm["status"]["startFailure"]["lastFailedVMIUID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    a.wait_running("unlive", Some(&failed_uid), BOOT).await;
+    let (code, v) = a.delete(&format!("{VMS}/unlive")).await;
+    assert_eq!(code, 200, "{v}");
+
+    // Ready follows the guest agent: true while it answers, false once it is gone.
+    wait_for("sized Ready", BOOT, || async {
+        a.vmi("sized")
+            .await
+            .and_then(|v| cond_status(&v, "Ready"))
+            .filter(|(s, _)| s == "True")
+    })
+    .await;
+    guest_exec(
+        &dom,
+        "/bin/sh",
+        &[
+            "-c",
+            "(sleep 1; kill $(cat /run/qemu-ga.pid)) >/dev/null 2>&1 & echo ok",
+        ],
+    )
+    .expect("the guest agent ran the command");
+    let (_, reason) = wait_for("sized not Ready without its agent", BOOT, || async {
+        a.vmi("sized")
+            .await
+            .and_then(|v| cond_status(&v, "Ready"))
+            .filter(|(s, _)| s == "False")
+    })
+    .await;
+    assert_eq!(reason, "GuestNotReady");
+    assert_eq!(a.vmi("sized").await.unwrap()["status"]["phase"], "Running");
+
+    // A bigger u1.medium does not change the VM: it restarts with the revision it kept.
+    let (code, v) = a
+        .call(
+            reqwest::Method::PATCH,
+            "/apis/instancetype.kubevirt.io/v1beta1/virtualmachineclusterinstancetypes/u1.medium",
+            Some((
+                "application/merge-patch+json",
+                serde_json::to_vec(&json!({"spec": {"cpu": {"guest": 2}}})).unwrap(),
+            )),
+        )
+        .await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(a.action("sized", "restart").await, 202);
+    let vmi = a.wait_running("sized", Some(&uid1), BOOT).await;
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    let (cpus, _) = guest_cpus_mem(dom).await;
+    assert_eq!(cpus, "1", "the VM keeps the instancetype it started with");
+    let vm = a.vm("sized").await.unwrap();
+    assert_eq!(
+        vm["status"]["instancetypeRef"]["controllerRevisionRef"]["name"], revision,
+        "{vm}"
+    );
+
+    for name in ["sized"] {
+        let (code, v) = a.delete(&format!("{VMS}/{name}")).await;
+        assert_eq!(code, 200, "{name}: {v}");
+    }
+    let (code, v) = a
+        .delete("/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances/unlive-vmi")
+        .await;
+    assert_eq!(code, 200, "{v}");
+    wait_for("VMs gone", BOOT, || async {
+        a.our_domains().is_empty().then_some(())
+    })
+    .await;
+}
+
 /// The libvirt domain of a VM's instance.
 async fn domain_of(a: &Appliance, name: &str) -> String {
     a.vmi(name).await.unwrap()["status"]["domainName"]

@@ -701,13 +701,25 @@ async fn vms_live_migrate_cancel_and_drain() {
             json!({"persistentVolumeClaim": {"claimName": "shared-data"}}),
         )
         .yaml();
+    // Their eviction strategies: mig must live-migrate on a drain, disky must not move
+    // (None), shared is unset (edgevirt's default: migrate).
+    let evict = |s: &'static str| {
+        move |v: &mut Value| v["spec"]["template"]["spec"]["evictionStrategy"] = json!(s)
+    };
     for (name, yaml) in [
-        ("mig", Vm::guest("mig").memory("128Mi").yaml()),
+        (
+            "mig",
+            Vm::guest("mig")
+                .memory("128Mi")
+                .with(evict("LiveMigrate"))
+                .yaml(),
+        ),
         (
             "disky",
             Vm::guest("disky")
                 .memory("128Mi")
                 .container_disk("test-disk")
+                .with(evict("None"))
                 .yaml(),
         ),
         ("shared", shared_yaml),
@@ -847,7 +859,7 @@ async fn vms_live_migrate_cancel_and_drain() {
     let sup0 = a.guest_uptime(&sdom).expect("shared's uptime on a");
 
     // --- Drain b: mig moves to a (disky and shared are there already). Then drain a:
-    // disky cannot move and drain says so, while mig and shared move to b.
+    // disky (evictionStrategy None) stays and drain says so, while mig and shared move to b.
     let (ok, out) = cli(&c, &["node", "drain", "b"]);
     assert!(ok, "{out}");
     assert!(out.contains("default/mig: moved to a"), "{out}");
@@ -857,10 +869,14 @@ async fn vms_live_migrate_cancel_and_drain() {
     let (ok, out) = cli(&c, &["node", "drain", "a"]);
     assert!(!ok, "{out}");
     assert!(
-        out.contains("default/disky: cannot migrate") && out.contains("DisksNotLiveMigratable"),
+        out.contains("default/disky: evictionStrategy None: left running (--force stops it)"),
         "{out}"
     );
     assert!(out.contains("could not move: default/disky"), "{out}");
+    assert!(
+        domain_of(&a, "disky").is_some(),
+        "disky was left running on a"
+    );
     assert!(out.contains("default/mig: moved to b"), "{out}");
     assert_eq!(c.vmi("mig").await.unwrap()["status"]["nodeName"], "b");
     assert!(out.contains("default/shared: moved to b"), "{out}");
@@ -952,6 +968,26 @@ async fn vms_live_migrate_cancel_and_drain() {
     let left = host_sh(&["exec", "a", "ls", "/run/libvirt/edgevirt-migration"]);
     let left = String::from_utf8_lossy(&left.stdout);
     assert!(!left.contains(".sock"), "left on a: {left}");
+
+    // --- A forced drain of b: mig and shared move back to a, disky (None) is stopped;
+    // its VM may start it again, as a new instance.
+    assert!(cli(&c, &["node", "uncordon", "a"]).0);
+    let disky_uid = c.vmi("disky").await.unwrap()["metadata"]["uid"].clone();
+    let (ok, out) = cli(&c, &["node", "drain", "b", "--force"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("default/disky: stopping (evictionStrategy None)")
+            && out.contains("default/disky: stopped")
+            && out.contains("default/mig: moved to a")
+            && out.contains("default/shared: moved to a"),
+        "{out}"
+    );
+    assert!(
+        c.vmi("disky")
+            .await
+            .is_none_or(|v| v["metadata"]["uid"] != disky_uid),
+        "disky's instance was stopped"
+    );
 
     for name in ["mig", "disky", "shared"] {
         c.delete(&format!("{VMS}/{name}")).await;

@@ -257,6 +257,13 @@ impl ControlPlane for FakeControlPlane {
     ) -> R<'a, crate::registry::DockerConfig> {
         Box::pin(async move { anyhow::bail!("no secret {ns}/{name} in the fake") })
     }
+    fn secret_data<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+    ) -> R<'a, std::collections::BTreeMap<String, Vec<u8>>> {
+        Box::pin(async move { anyhow::bail!("no secret {ns}/{name} in the fake") })
+    }
     fn tunnel<'a>(&'a self, path: &'a str) -> R<'a, Ws> {
         // No peer ever pairs: the tunnel side waits until its task is stopped.
         Box::pin(async move {
@@ -462,6 +469,21 @@ impl Launchers for FakeLaunchers {
             self.launcher(uid)?;
             self.aborted.notify_one();
             Ok(())
+        })
+    }
+
+    fn guest_agent<'a>(
+        &'a self,
+        uid: &'a str,
+        command: Value,
+        _timeout: std::time::Duration,
+    ) -> BoxFuture<'a, Result<Value, LauncherError>> {
+        Box::pin(async move {
+            self.record(format!("guest-agent {uid} {}", command["execute"]));
+            self.launcher(uid)?;
+            Err(LauncherError::AgentUnavailable(
+                "fake has no guest agent".into(),
+            ))
         })
     }
 

@@ -230,6 +230,26 @@ impl Launchers for Sockets {
         })
     }
 
+    fn guest_agent<'a>(
+        &'a self,
+        uid: &'a str,
+        command: serde_json::Value,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<serde_json::Value, LauncherError>> {
+        Box::pin(async move {
+            let mut c = self.connect(uid).await?;
+            let secs = u32::try_from(timeout.as_secs()).unwrap_or(60).max(1);
+            c.call_within(
+                Request::GuestAgent {
+                    command,
+                    timeout_secs: secs,
+                },
+                timeout + Duration::from_secs(5),
+            )
+            .await
+        })
+    }
+
     fn forget<'a>(&'a self, uid: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             self.conns.lock().await.remove(uid);

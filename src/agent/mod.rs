@@ -7,6 +7,7 @@
 mod console;
 #[cfg(test)]
 mod fake;
+mod guest;
 pub mod join;
 mod launchers;
 mod migrate;
@@ -91,6 +92,8 @@ pub struct Agent {
     pub disks: crate::registry::Cache,
     /// Instances whose disks failed to prepare: uid → (next try, tries so far).
     pub prepare_retry: Mutex<HashMap<String, (Instant, u32)>>,
+    /// Probes and guest-agent credentials of running instances, by VMI uid.
+    pub guest: Mutex<guest::GuestWorks>,
 }
 
 impl Agent {
@@ -214,6 +217,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
             cfg.registry_mirrors.clone(),
         ),
         prepare_retry: Default::default(),
+        guest: Default::default(),
     });
     prepare::ensure_network(&agent).await?;
     register(&agent, &facts).await?;

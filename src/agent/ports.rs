@@ -99,6 +99,12 @@ pub trait ControlPlane: Send + Sync {
     fn get_image<'a>(&'a self, name: &'a str) -> R<'a, Image>;
     /// The registry credentials of a `kubernetes.io/dockerconfigjson` Secret.
     fn pull_secret<'a>(&'a self, ns: &'a str, name: &'a str) -> R<'a, DockerConfig>;
+    /// A Secret's data (decoded), for access credentials; an error names what is missing.
+    fn secret_data<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+    ) -> R<'a, std::collections::BTreeMap<String, Vec<u8>>>;
     /// One side of a migration tunnel through the controller's relay.
     fn tunnel<'a>(&'a self, path: &'a str) -> R<'a, Ws>;
 }
@@ -131,6 +137,14 @@ pub trait Launchers: Send + Sync {
     fn migrate<'a>(&'a self, uid: &'a str, req: Request) -> L<'a, ()>;
     /// Abort the running migration of a VMI (on its own connection: `migrate` holds one).
     fn abort_migration<'a>(&'a self, uid: &'a str) -> L<'a, ()>;
+    /// A guest agent command through the VMI's launcher (on its own connection, as it may
+    /// wait up to `timeout`), answered with what the command returned.
+    fn guest_agent<'a>(
+        &'a self,
+        uid: &'a str,
+        command: Value,
+        timeout: std::time::Duration,
+    ) -> L<'a, Value>;
     /// Drop what is known of a VMI's launcher (its domain left or is gone).
     fn forget<'a>(&'a self, uid: &'a str) -> BoxFuture<'a, ()>;
 }
@@ -306,6 +320,30 @@ impl ControlPlane for Http {
             };
             DockerConfig::from_secret(&s)
                 .map_err(|e| anyhow::anyhow!("imagePullSecret {ns}/{name}: {e}"))
+        })
+    }
+    fn secret_data<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+    ) -> R<'a, std::collections::BTreeMap<String, Vec<u8>>> {
+        Box::pin(async move {
+            use base64::Engine as _;
+            let path = format!("/api/v1/namespaces/{ns}/secrets/{name}");
+            let Some(s) = self.0.get_opt(&path).await? else {
+                anyhow::bail!("Secret {ns}/{name} does not exist");
+            };
+            let mut out = std::collections::BTreeMap::new();
+            for (k, v) in s["data"].as_object().into_iter().flatten() {
+                let bytes = v
+                    .as_str()
+                    .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
+                    .ok_or_else(|| {
+                        anyhow::anyhow!("Secret {ns}/{name}: data[{k:?}] is not base64")
+                    })?;
+                out.insert(k.clone(), bytes);
+            }
+            Ok(out)
         })
     }
     fn tunnel<'a>(&'a self, path: &'a str) -> R<'a, Ws> {

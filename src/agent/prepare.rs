@@ -261,7 +261,9 @@ pub async fn prepare(
             made_volume |= make_overlay(&base, &format, &overlay).await?;
             disks.insert(v.name.clone(), local_disk(&overlay));
         } else if let Some(ci) = &v.cloud_init_no_cloud {
-            let iso = cloud_init_iso(&run_dir, &uid, &name, &v.name, ci).await?;
+            let keys = no_cloud_keys(agent, &ns, spec).await?;
+            let host = spec.hostname.as_deref().unwrap_or(&name);
+            let iso = cloud_init_iso(&run_dir, &uid, host, &v.name, ci, &keys).await?;
             disks.insert(
                 v.name.clone(),
                 ResolvedDisk {
@@ -387,6 +389,7 @@ async fn cloud_init_iso(
     hostname: &str,
     vol: &str,
     ci: &crate::types::kubevirt::CloudInitNoCloud,
+    keys: &[String],
 ) -> anyhow::Result<PathBuf> {
     use base64::Engine;
     let b64 = |s: &Option<String>| -> anyhow::Result<Option<String>> {
@@ -404,6 +407,8 @@ async fn cloud_init_iso(
         .clone()
         .or(b64(&ci.user_data_base64)?)
         .unwrap_or_default();
+    let user = crate::rules::guest::user_data_with_keys(&user, keys)
+        .map_err(|e| anyhow::anyhow!("volume {vol}: {}", e.0))?;
     let net = ci.network_data.clone().or(b64(&ci.network_data_base64)?);
     let dir = run_dir.join(format!("cloudinit-{vol}"));
     tokio::fs::create_dir_all(&dir).await?;
@@ -430,6 +435,34 @@ async fn cloud_init_iso(
     args.extend(paths.iter().map(String::as_str));
     run_tool("genisoimage", &args).await?;
     Ok(iso)
+}
+
+/// The SSH keys `accessCredentials` propagates through cloud-init NoCloud, from their
+/// Secrets in namespace `ns`.
+async fn no_cloud_keys(
+    agent: &Agent,
+    ns: &str,
+    spec: &crate::types::kubevirt::VirtualMachineInstanceSpec,
+) -> anyhow::Result<Vec<String>> {
+    let mut keys = Vec::new();
+    for c in &spec.access_credentials {
+        if let Some(k) = &c.ssh_public_key
+            && k.propagation_method.no_cloud.is_some()
+            && let Some(s) = &k.source.secret
+        {
+            let data = agent
+                .cp
+                .secret_data(ns, &s.secret_name)
+                .await
+                .context("accessCredentials")?;
+            for key in crate::rules::guest::authorized_keys(&data) {
+                if !keys.contains(&key) {
+                    keys.push(key);
+                }
+            }
+        }
+    }
+    Ok(keys)
 }
 
 /// Start a launcher for a VMI as a detached process (its own session), logging to a file.

@@ -196,10 +196,24 @@ pub(super) async fn sync_vmi(
         .ok()
         .flatten()
         .unwrap_or(status);
+    // Probes and guest-agent credentials, on a running guest.
+    let guest = if now_status.status.state == Some(DomainState::Running) {
+        super::guest::tick(agent, vmi, &now_status).await
+    } else {
+        Default::default()
+    };
+    if let Some(why) = &guest.dead {
+        tracing::warn!(%dom, %why, "stopping the instance: its liveness probe failed");
+        if let Err(e) = agent.launchers.call(&uid, Request::Destroy).await {
+            tracing::warn!(%dom, error = %e, "destroying the domain failed");
+            return Ok(());
+        }
+        return set_final(agent, stored, Phase::Failed, "LivenessProbeFailed", why).await;
+    }
     // migrationState is not the sync loop's: left out, the server keeps the stored one.
     let mut before = vmi.status.clone().unwrap_or_default();
     before.migration_state = None;
-    let after = running_status(agent, vmi, &before, &now_status);
+    let after = running_status(agent, vmi, &before, &now_status, &guest);
     if after != before {
         let mut body = stored.status_change(&Some(before), &Some(after));
         if let Some(o) = body.as_object_mut() {
@@ -229,6 +243,7 @@ fn running_status(
     vmi: &VirtualMachineInstance,
     old: &VirtualMachineInstanceStatus,
     ls: &LauncherStatus,
+    guest: &super::guest::Outcome,
 ) -> VirtualMachineInstanceStatus {
     let s: &Status = &ls.status;
     let mut st = old.clone();
@@ -270,15 +285,32 @@ fn running_status(
         st.guest_agent_info = Some(g.clone());
     }
     let conds = &mut st.conditions;
+    // Ready: running, not paused, and the readiness probe (if any) passing.
+    let (ready, reason, message) = match &guest.ready {
+        _ if paused => (false, "Paused", ""),
+        Some((false, why)) => (false, "GuestNotReady", why.as_str()),
+        _ => (true, "", ""),
+    };
     set_condition(
         conds,
-        Condition::new(
-            ConditionType::Ready,
-            !paused,
-            if paused { "Paused" } else { "" },
-            "",
-        ),
+        Condition::new(ConditionType::Ready, ready, reason, message),
     );
+    if let Some((ok, why)) = &guest.credentials {
+        let reason = if *ok {
+            super::guest::CREDENTIALS_SYNCED
+        } else {
+            super::guest::CREDENTIALS_FAILED
+        };
+        set_condition(
+            conds,
+            Condition::new(
+                ConditionType::AccessCredentialsSynchronized,
+                *ok,
+                reason,
+                why,
+            ),
+        );
+    }
     set_condition(
         conds,
         Condition::new(
@@ -372,6 +404,7 @@ async fn set_final(
     msg: &str,
 ) -> anyhow::Result<()> {
     let vmi = &stored.obj;
+    super::guest::forget(agent, vmi.uid()).await;
     let before = vmi.status.clone();
     let mut st = before.clone().unwrap_or_default();
     st.enter_phase(p.clone(), false);
@@ -444,6 +477,7 @@ async fn finish_deletion(
     agent.launchers.forget(uid).await;
     agent.starting.lock().await.remove(uid);
     agent.prepare_retry.lock().await.remove(uid);
+    super::guest::forget(agent, uid).await;
     let _ = tokio::fs::remove_dir_all(agent.run_dir(uid)).await;
     let _ = tokio::fs::remove_file(crate::launcher::socket_path(&agent.launchers_dir(), uid)).await;
     collect_container_disks(agent).await;

@@ -11,8 +11,8 @@ use super::output::{Format, age, created_age, decode, items, print_value, s, tab
 use crate::types::Meta;
 use crate::types::edgevirt::Node;
 use crate::types::kubevirt::{
-    ConditionType, MigrationPhase, Phase, VirtualMachineInstance, VirtualMachineInstanceMigration,
-    condition,
+    ConditionType, EvictionStrategy, MigrationPhase, Phase, VirtualMachineInstance,
+    VirtualMachineInstanceMigration, condition,
 };
 
 #[derive(Args, Debug)]
@@ -38,14 +38,21 @@ enum NodeCmd {
     },
     /// Place no new VMs on a node (running ones stay).
     Cordon { name: String },
-    /// Cordon a node and live-migrate every VM off it, before maintenance. Reports the VMs
-    /// that could not move (not live-migratable, no node to take them, failed) and exits
-    /// non-zero if there are any.
+    /// Cordon a node and move every VM off it, before maintenance, as each VM's
+    /// `evictionStrategy` says: `LiveMigrate` (and unset) live-migrate, `LiveMigrateIfPossible`
+    /// migrates when the VM is live-migratable and is otherwise treated as `None`, and `None`
+    /// stays unless --force, which stops it (its run strategy then decides whether it starts
+    /// again on another node). Reports the VMs left on the node (not migratable, no node to
+    /// take them, failed, `None` without --force) and exits non-zero if there are any.
     Drain {
         name: String,
         /// Also move VMs whose disks are local, copying the disks (block migration).
         #[arg(long)]
         block: bool,
+        /// Stop the VMs whose evictionStrategy is None (or LiveMigrateIfPossible and not
+        /// live-migratable) instead of leaving them running.
+        #[arg(long)]
+        force: bool,
     },
     /// Let the scheduler use a cordoned node again.
     Uncordon { name: String },
@@ -220,7 +227,7 @@ pub async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
             .await?;
             println!("node/{name} cordoned");
         }
-        NodeCmd::Drain { name, block } => drain(&c, &name, block).await?,
+        NodeCmd::Drain { name, block, force } => drain(&c, &name, block, force).await?,
         NodeCmd::Uncordon { name } => {
             c.merge_patch(
                 &format!("{NODES}/{name}"),
@@ -319,7 +326,12 @@ pub async fn wait_migration(
     }
 }
 
-async fn drain(c: &crate::client::Client, node: &str, block: bool) -> anyhow::Result<()> {
+async fn drain(
+    c: &crate::client::Client,
+    node: &str,
+    block: bool,
+    force: bool,
+) -> anyhow::Result<()> {
     c.merge_patch(
         &format!("{NODES}/{node}"),
         &json!({"spec": {"unschedulable": true}}),
@@ -333,9 +345,34 @@ async fn drain(c: &crate::client::Client, node: &str, block: bool) -> anyhow::Re
         .await?;
     let mut stuck: Vec<String> = Vec::new();
     let mut started: Vec<(String, String, String)> = Vec::new();
+    let mut stopped: Vec<(String, String, String)> = Vec::new();
     for v in items::<VirtualMachineInstance>(&vmis)? {
         let (ns, name) = (v.namespace(), v.name());
         if v.status.as_ref().and_then(|s| s.phase.as_ref()) != Some(&Phase::Running) {
+            continue;
+        }
+        let migratable = v.status.as_ref().is_some_and(|s| {
+            crate::types::kubevirt::condition_true(&s.conditions, &ConditionType::LiveMigratable)
+        });
+        let stays = match v.spec.eviction_strategy {
+            Some(EvictionStrategy::None) => Some("None"),
+            Some(EvictionStrategy::LiveMigrateIfPossible) if !migratable && !block => {
+                Some("LiveMigrateIfPossible, and it is not live-migratable")
+            }
+            _ => None,
+        };
+        if let Some(why) = stays {
+            if !force {
+                println!("{ns}/{name}: evictionStrategy {why}: left running (--force stops it)");
+                stuck.push(format!("{ns}/{name}"));
+                continue;
+            }
+            c.delete(&format!(
+                "/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances/{name}"
+            ))
+            .await?;
+            println!("{ns}/{name}: stopping (evictionStrategy {why})");
+            stopped.push((ns.to_string(), name.to_string(), v.uid().to_string()));
             continue;
         }
         let path = format!(
@@ -358,6 +395,25 @@ async fn drain(c: &crate::client::Client, node: &str, block: bool) -> anyhow::Re
                 println!("{ns}/{name}: cannot migrate: {e}");
                 stuck.push(format!("{ns}/{name}"));
             }
+        }
+    }
+    for (ns, name, uid) in stopped {
+        // Gone when no instance of that name has this uid any more (its VM may have
+        // started a new one elsewhere).
+        let path = format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances/{name}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+        loop {
+            let now = c.get_opt(&path).await?;
+            if now.is_none_or(|v| v["metadata"]["uid"].as_str() != Some(uid.as_str())) {
+                println!("{ns}/{name}: stopped");
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                println!("{ns}/{name}: still stopping after 10 minutes");
+                stuck.push(format!("{ns}/{name}"));
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
     }
     for (ns, name, mname) in started {

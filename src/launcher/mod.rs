@@ -287,6 +287,21 @@ impl Launcher {
                 r
             }
             Request::AbortMigration => self.act(|hv, n| hv.abort_job(n)).await,
+            Request::GuestAgent {
+                command,
+                timeout_secs,
+            } => {
+                let cmd = command.to_string();
+                let t = timeout_secs.clamp(1, 60) as i32;
+                self.blocking(move |hv, n| hv.agent_command(n, &cmd, t))
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|out| {
+                        serde_json::from_str::<Value>(&out)
+                            .map(|v| v["return"].clone())
+                            .map_err(|e| format!("bad guest agent reply: {e}"))
+                    })
+            }
             Request::SoftReboot => {
                 let agent = self.status.read().await.agent_connected;
                 self.act(move |hv, n| hv.reboot(n, agent)).await

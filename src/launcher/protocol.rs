@@ -54,6 +54,14 @@ pub enum Request {
     },
     /// Abort a running migration; the `Migrate` call then fails.
     AbortMigration,
+    /// One guest agent command (`{"execute": ..., "arguments": {...}}`), answered with what
+    /// it returned; for probes and access credentials. A launcher of a release before this
+    /// request answers "bad request" (`LauncherError::Unsupported`).
+    GuestAgent {
+        command: serde_json::Value,
+        #[serde(default)]
+        timeout_secs: u32,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

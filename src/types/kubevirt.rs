@@ -185,6 +185,186 @@ pub struct VirtualMachineInstanceSpec {
     /// here (docs/kubevirt-fields.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
+    /// SSH keys and passwords from Secrets, put into the guest through cloud-init or the
+    /// guest agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub access_credentials: Vec<AccessCredential>,
+    /// Whether the guest is ready: the VMI's `Ready` condition waits for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness_probe: Option<Probe>,
+    /// Whether the guest is alive: when it fails, the VMI fails (and its VM's run strategy
+    /// decides whether it starts again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness_probe: Option<Probe>,
+    /// What `edgevirt node drain` does with the instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction_strategy: Option<EvictionStrategy>,
+    /// The guest's hostname (cloud-init `local-hostname`); the VMI's name when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Kept for a move to Kubernetes (a headless Service's DNS domain); edgevirt has no
+    /// cluster DNS, so it has no effect here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subdomain: Option<String>,
+}
+
+/// KubeVirt's `evictionStrategy`: what a node drain does with the instance.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub enum EvictionStrategy {
+    /// Not moved: the drain stops it only when forced (`--force`), and its VM's run
+    /// strategy decides whether it starts again elsewhere.
+    None,
+    /// Live-migrated; the drain fails if it cannot move.
+    LiveMigrate,
+    /// Live-migrated when it can be, else treated as `None`.
+    LiveMigrateIfPossible,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct AccessCredential {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_public_key: Option<SshPublicKeyAccessCredential>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_password: Option<UserPasswordAccessCredential>,
+}
+
+/// Authorized SSH keys: every value of the Secret holds one or more keys, one per line.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct SshPublicKeyAccessCredential {
+    pub source: AccessCredentialSource,
+    pub propagation_method: SshPropagation,
+}
+
+/// Passwords: the Secret maps user names to their passwords.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct UserPasswordAccessCredential {
+    pub source: AccessCredentialSource,
+    pub propagation_method: PasswordPropagation,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct AccessCredentialSource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<SecretName>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct SecretName {
+    pub secret_name: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct SshPropagation {
+    /// Into the user data of the VMI's `cloudInitNoCloud` volume (`ssh_authorized_keys`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_cloud: Option<Empty>,
+    /// Into the user data of the VMI's `cloudInitConfigDrive` volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_drive: Option<Empty>,
+    /// Written by the guest agent into each user's `~/.ssh/authorized_keys`, and kept in
+    /// step while the VMI runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qemu_guest_agent: Option<GuestAgentUsers>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct GuestAgentUsers {
+    pub users: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct PasswordPropagation {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qemu_guest_agent: Option<Empty>,
+}
+
+/// KubeVirt's `Probe`: one of its actions, with Kubernetes' timings.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct Probe {
+    /// The guest agent answers a ping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_agent_ping: Option<Empty>,
+    /// A command run in the guest by the guest agent; exit status 0 is success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecAction>,
+    /// A TCP connection to the guest's address accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_socket: Option<TcpSocketAction>,
+    /// An HTTP GET to the guest's address answered with a status from 200 to 399.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_get: Option<HttpGetAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_delay_seconds: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period_seconds: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success_threshold: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_threshold: Option<i32>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct ExecAction {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+}
+
+/// A port by number; a named port (a container's) has no meaning for a VM.
+pub type IntOrString = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct TcpSocketAction {
+    pub port: IntOrString,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct HttpGetAction {
+    pub port: IntOrString,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// HTTP or HTTPS (whose certificate is not checked, as Kubernetes' probes do not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub http_headers: Vec<HttpHeader>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct HttpHeader {
+    pub name: String,
+    pub value: String,
 }
 
 impl VirtualMachineInstanceSpec {
@@ -930,6 +1110,8 @@ crate::open_enum! {
         Failed => "Failed",
         /// A VM's: it cannot start (its instancetype is missing or conflicts with it).
         Failure => "Failure",
+        /// A VMI's: the guest agent wrote its access credentials (or why not).
+        AccessCredentialsSynchronized => "AccessCredentialsSynchronized",
     }
 }
 

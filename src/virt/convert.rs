@@ -230,6 +230,7 @@ pub fn mac_for(seed: &str, index: usize) -> String {
 /// Check the parts of a spec the converter relies on, before anything is stored.
 pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     validate_domain(spec)?;
+    crate::rules::guest::validate(spec)?;
     guest_memory(spec)?;
     vcpu_count(spec)?;
     crate::cpu::policy::validate(spec.domain.cpu.as_ref())?;

@@ -629,6 +629,57 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             json!({"domain": {"firmware": {"uuid": "x".repeat(4096)}}}),
             "uuid",
         ),
+        // Probes run by the agent, and credentials it writes into guests.
+        (
+            "probe-exec-1MiB-command",
+            json!({"livenessProbe": {"exec": {"command": vec!["x".repeat(KIB); 1024]}}}),
+            "exec.command",
+        ),
+        (
+            "probe-tcp-host-not-an-address",
+            json!({"readinessProbe": {"tcpSocket": {"port": 22, "host": "metadata.internal"}}}),
+            "host",
+        ),
+        (
+            "probe-http-header-injection",
+            json!({"readinessProbe": {"httpGet": {"port": 80,
+                "httpHeaders": [{"name": "X\r\nHost", "value": "evil"}]}}}),
+            "httpHeaders",
+        ),
+        (
+            "probe-http-path-control-chars",
+            json!({"readinessProbe": {"httpGet": {"port": 80, "path": "/\r\nGET /x"}}}),
+            "path",
+        ),
+        (
+            "probe-period-negative",
+            json!({"readinessProbe": {"guestAgentPing": {}, "periodSeconds": -1}}),
+            "periodSeconds",
+        ),
+        (
+            "probe-two-actions",
+            json!({"livenessProbe": {"guestAgentPing": {}, "tcpSocket": {"port": 1}}}),
+            "exactly one",
+        ),
+        (
+            "credentials-user-path",
+            json!({"accessCredentials": [{"sshPublicKey": {
+                "source": {"secret": {"secretName": "k"}},
+                "propagationMethod": {"qemuGuestAgent": {"users": ["../../root"]}}}}]}),
+            "user name",
+        ),
+        (
+            "credentials-secret-name-traversal",
+            json!({"accessCredentials": [{"userPassword": {
+                "source": {"secret": {"secretName": "../../secrets/x"}},
+                "propagationMethod": {"qemuGuestAgent": {}}}}]}),
+            "secret",
+        ),
+        (
+            "eviction-strategy-unknown",
+            json!({"evictionStrategy": "External"}),
+            "evictionStrategy",
+        ),
     ] {
         c.push(
             post(name)
@@ -693,6 +744,68 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             json!({"stringData": {"k": "x".repeat(8 * MIB)}}),
         )
         .expect(&[413]),
+    );
+
+    // ---- instancetypes and preferences: sizes, quantities, names; the cluster kinds and
+    // ControllerRevisions are the administrator's (the viewer's 403 is checked for every write).
+    let it_path = format!(
+        "/apis/instancetype.kubevirt.io/v1beta1/namespaces/{NS}/virtualmachineinstancetypes"
+    );
+    let instancetype = |name: &str, spec: Value| {
+        Case::new(name, Method::POST, it_path.clone()).json(&json!({
+            "apiVersion": "instancetype.kubevirt.io/v1beta1",
+            "kind": "VirtualMachineInstancetype",
+            "metadata": {"name": format!("hostile-{}", name.to_lowercase())},
+            "spec": spec,
+        }))
+    };
+    for (name, spec, needle) in [
+        (
+            "instancetype-cpu-0",
+            json!({"cpu": {"guest": 0}, "memory": {"guest": "1Gi"}}),
+            "cpu",
+        ),
+        (
+            "instancetype-cpu-4-billion",
+            json!({"cpu": {"guest": 4_000_000_000u64}, "memory": {"guest": "1Gi"}}),
+            "cpu",
+        ),
+        (
+            "instancetype-memory-garbage",
+            json!({"cpu": {"guest": 1}, "memory": {"guest": "lots"}}),
+            "memory",
+        ),
+        (
+            "instancetype-memory-1Ei",
+            json!({"cpu": {"guest": 1}, "memory": {"guest": "1Ei"}}),
+            "memory",
+        ),
+        (
+            "instancetype-overcommit-101",
+            json!({"cpu": {"guest": 1}, "memory": {"guest": "1Gi", "overcommitPercent": 101}}),
+            "overcommitPercent",
+        ),
+        (
+            "instancetype-no-cpu",
+            json!({"memory": {"guest": "1Gi"}}),
+            "cpu",
+        ),
+    ] {
+        c.push(instancetype(name, spec).expect(&[400, 422]).msg(needle));
+    }
+    c.push(
+        Case::new(
+            "instancetype-name-with-slash",
+            Method::POST,
+            it_path.clone(),
+        )
+        .json(&json!({
+            "apiVersion": "instancetype.kubevirt.io/v1beta1",
+            "kind": "VirtualMachineInstancetype",
+            "metadata": {"name": "a/../b"},
+            "spec": {"cpu": {"guest": 1}, "memory": {"guest": "1Gi"}},
+        }))
+        .expect(&[400, 422]),
     );
 
     // ---- 5. selectors, 6. query parameters (reads)

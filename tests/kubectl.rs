@@ -187,6 +187,16 @@ async fn suite(which: &str, bin: PathBuf) {
         ""
     );
 
+    // KubeVirt's older version, asked for by name: the object comes back as v1alpha3.
+    let old = k.ok(&[
+        "get",
+        "virtualmachines.v1alpha3.kubevirt.io",
+        "kv",
+        "-o",
+        "yaml",
+    ]);
+    assert!(old.contains("apiVersion: kubevirt.io/v1alpha3"), "{old}");
+
     // edit through KUBE_EDITOR, merge and JSON patches: the API sees each change.
     let o = k.run_env(
         &["edit", "vm", "kv"],

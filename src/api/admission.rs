@@ -26,6 +26,14 @@ pub async fn admit(
     mut obj: Value,
     existing: Option<&Value>,
 ) -> ApiResult<Value> {
+    // An object written as an older alias of its version (kubevirt.io/v1alpha3) is stored
+    // as the current one.
+    if let Some(av) = obj.get("apiVersion").and_then(Value::as_str)
+        && crate::types::is_alias(av)
+        && av.split('/').next() == Some(kind.group())
+    {
+        obj["apiVersion"] = json!(kind.api_version());
+    }
     if let Some(av) = obj.get("apiVersion").and_then(Value::as_str)
         && av != kind.api_version()
     {

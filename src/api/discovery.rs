@@ -116,11 +116,36 @@ fn aggregated(items: Vec<Value>) -> Response {
         .into_response()
 }
 
+/// The versions a group is served at, preferred first: its own, then the older aliases the
+/// resource paths take too (KubeVirt's `v1alpha3`).
+fn versions_of(group: &str) -> Vec<&'static str> {
+    let mut v = vec![version_of(group)];
+    if !group.is_empty() && crate::types::is_alias(&format!("{group}/v1alpha3")) {
+        v.push("v1alpha3");
+    }
+    v
+}
+
 fn aggregated_group(group: &str) -> Value {
-    let resources: Vec<Value> = resources_of(group)
+    let versions: Vec<Value> = versions_of(group)
+        .into_iter()
+        .map(|version| {
+            json!({"version": version, "resources": aggregated_resources(group, version),
+                "freshness": "Current"})
+        })
+        .collect();
+    let mut meta = json!({"creationTimestamp": null});
+    if !group.is_empty() {
+        meta["name"] = json!(group);
+    }
+    json!({"metadata": meta, "versions": versions})
+}
+
+fn aggregated_resources(group: &str, version: &str) -> Vec<Value> {
+    resources_of(group)
         .iter()
         .map(|r| {
-            let gvk = json!({"group": group, "version": r.kind.version(), "kind": r.kind.name()});
+            let gvk = json!({"group": group, "version": version, "kind": r.kind.name()});
             let mut v = json!({
                 "resource": r.kind.plural(),
                 "responseKind": gvk,
@@ -141,18 +166,10 @@ fn aggregated_group(group: &str) -> Value {
             }
             v
         })
-        .collect();
-    let mut meta = json!({"creationTimestamp": null});
-    if !group.is_empty() {
-        meta["name"] = json!(group);
-    }
-    json!({
-        "metadata": meta,
-        "versions": [{"version": version_of(group), "resources": resources, "freshness": "Current"}],
-    })
+        .collect()
 }
 
-fn resource_list(group: &str) -> Value {
+fn resource_list(group: &str, version: &str) -> Value {
     let mut list = vec![];
     if group == "subresources.kubevirt.io" {
         for (plural, sub) in SUBRESOURCES {
@@ -187,7 +204,7 @@ fn resource_list(group: &str) -> Value {
     let gv = if group.is_empty() {
         "v1".to_string()
     } else {
-        format!("{group}/{}", version_of(group))
+        format!("{group}/{version}")
     };
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list})
 }
@@ -217,13 +234,15 @@ pub async fn core_version(Path(version): Path<String>) -> ApiResult<Json<Value>>
             "version {version} is not served"
         )));
     }
-    Ok(Json(resource_list("")))
+    Ok(Json(resource_list("", "v1")))
 }
 
 fn group_entry(name: &str) -> Value {
-    let version = version_of(name);
-    let v = json!({"groupVersion": format!("{name}/{version}"), "version": version});
-    json!({"name": name, "versions": [v], "preferredVersion": v})
+    let versions: Vec<Value> = versions_of(name)
+        .into_iter()
+        .map(|version| json!({"groupVersion": format!("{name}/{version}"), "version": version}))
+        .collect();
+    json!({"name": name, "preferredVersion": versions[0], "versions": versions})
 }
 
 /// `GET /apis`
@@ -247,12 +266,12 @@ pub async fn group_version(
     Path((group, version)): Path<(String, String)>,
 ) -> ApiResult<Json<Value>> {
     let known = GROUPS.contains(&group.as_str()) || group == "subresources.kubevirt.io";
-    if group.is_empty() || !known || version != version_of(&group) {
+    if group.is_empty() || !known || !versions_of(&group).contains(&version.as_str()) {
         return Err(ApiError::not_found(format!(
             "the server could not find the requested resource ({group}/{version})"
         )));
     }
-    Ok(Json(resource_list(&group)))
+    Ok(Json(resource_list(&group, &version)))
 }
 
 #[cfg(test)]
@@ -261,7 +280,7 @@ mod tests {
 
     #[test]
     fn kubevirt_group_lists_kinds_with_short_names_and_status() {
-        let l = resource_list("kubevirt.io");
+        let l = resource_list("kubevirt.io", "v1");
         let names: Vec<&str> = l["resources"]
             .as_array()
             .unwrap()
@@ -282,7 +301,7 @@ mod tests {
         assert_eq!(l["resources"][0]["shortNames"], json!(["vm", "vms"]));
         assert_eq!(l["resources"][2]["shortNames"], json!(["vmi", "vmis"]));
         assert_eq!(l["resources"][0]["categories"], json!(["all"]));
-        let core = resource_list("");
+        let core = resource_list("", "v1");
         assert_eq!(core["groupVersion"], "v1");
         assert_eq!(core["resources"][0]["shortNames"], json!(["ns"]));
         assert_eq!(core["resources"][0]["namespaced"], false);

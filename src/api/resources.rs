@@ -47,7 +47,7 @@ pub struct ListParams {
 /// Map a path's group, version and plural onto a kind this server stores.
 pub fn kind_for(group: &str, version: &str, plural: &str) -> ApiResult<Kind> {
     let version_ok = version == crate::types::version_of(group)
-        || (group == "kubevirt.io" && version == "v1alpha3");
+        || crate::types::is_alias(&format!("{group}/{version}"));
     match Kind::from_plural(group, plural) {
         Some(k) if version_ok => Ok(k),
         _ => Err(ApiError::not_found(format!(
@@ -483,6 +483,10 @@ struct Target {
     /// The path's namespace, if it has one.
     ns: Option<String>,
     name: Option<String>,
+    /// The path's group and version when it is an older alias of the kind's (KubeVirt's
+    /// `kubevirt.io/v1alpha3`): objects are stored as the current version and answered as
+    /// the asked one.
+    alias: Option<String>,
 }
 
 impl Target {
@@ -494,10 +498,12 @@ impl Target {
             take("plural").unwrap_or_default(),
         );
         let kind = kind_for(&group, &version, &plural)?;
+        let alias = (version != kind.version()).then(|| format!("{group}/{version}"));
         Ok(Target {
             kind,
             ns: take("ns"),
             name: take("name"),
+            alias,
         })
     }
 }
@@ -526,6 +532,27 @@ pub async fn resource(
     let kind = t.kind;
     let ns = t.ns.unwrap_or_default();
     let name = t.name.unwrap_or_default();
+    if let Some(alias) = t.alias {
+        let watch = matches!(q.watch.as_deref(), Some("true") | Some("1"));
+        let resp = Box::pin(run_verb(st, p, verb, kind, ns, name, q, headers, body)).await?;
+        return Ok(as_alias(resp, &kind.api_version(), &alias, watch).await);
+    }
+    run_verb(st, p, verb, kind, ns, name, q, headers, body).await
+}
+
+/// One verb on one kind, the path checked.
+#[allow(clippy::too_many_arguments)]
+async fn run_verb(
+    st: Arc<AppState>,
+    p: Principal,
+    verb: Verb,
+    kind: Kind,
+    ns: String,
+    name: String,
+    q: ListParams,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
     match verb {
         Verb::List => list(st, kind, (!ns.is_empty()).then_some(ns), q, &headers).await,
         Verb::Get => get(st, kind, &ns, &name, q, &headers).await,
@@ -540,6 +567,77 @@ pub async fn resource(
             .await?
             .into_response()),
     }
+}
+
+/// Objects, lists and watch events of a JSON response with `apiVersion` `current` (at the
+/// top, in `items`, in a watch event's `object`) relabelled as `alias`.
+fn relabel(v: &mut Value, current: &str, alias: &str) {
+    if v["apiVersion"] == current {
+        v["apiVersion"] = json!(alias);
+    }
+    if let Some(items) = v.get_mut("items").and_then(Value::as_array_mut) {
+        for i in items {
+            relabel(i, current, alias);
+        }
+    }
+    if v.get("type").is_some_and(Value::is_string)
+        && let Some(o) = v.get_mut("object")
+    {
+        relabel(o, current, alias);
+    }
+}
+
+/// A response in the version the path asked for (KubeVirt's `v1alpha3`): JSON bodies and
+/// newline-delimited watch streams relabelled; tables and protobuf are left as they are.
+async fn as_alias(resp: Response, current: &str, alias: &str, watch: bool) -> Response {
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/json"));
+    let table = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.contains("as=Table"));
+    if !json || table {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let (current, alias) = (current.to_string(), alias.to_string());
+    if watch {
+        let mut rest: Vec<u8> = Vec::new();
+        let stream = body.into_data_stream().map(move |chunk| {
+            rest.extend_from_slice(&chunk?);
+            let mut out = Vec::with_capacity(rest.len());
+            while let Some(i) = rest.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = rest.drain(..=i).collect();
+                match serde_json::from_slice::<Value>(&line) {
+                    Ok(mut v) => {
+                        relabel(&mut v, &current, &alias);
+                        out.extend(serde_json::to_vec(&v).unwrap_or_default());
+                        out.push(b'\n');
+                    }
+                    Err(_) => out.extend(line),
+                }
+            }
+            Ok::<_, axum::Error>(Bytes::from(out))
+        });
+        return Response::from_parts(parts, Body::from_stream(stream));
+    }
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(e) => return ApiError::internal(format!("reading the response: {e}")).into_response(),
+    };
+    let out = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(mut v) => {
+            relabel(&mut v, &current, &alias);
+            Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+        }
+        Err(_) => bytes,
+    };
+    Response::from_parts(parts, Body::from(out))
 }
 
 fn dry_run(q: &ListParams) -> bool {

@@ -1063,3 +1063,101 @@ async fn one_refusal_names_every_field_at_fault() {
         .get(crate::types::Kind::VirtualMachine, "default", "three");
     assert!(stored.await.unwrap().is_none());
 }
+
+/// KubeVirt still serves `kubevirt.io/v1alpha3`: an object written or read through it comes
+/// back labelled `v1alpha3` (objects, lists, watch events) and is stored as `v1`, and
+/// discovery lists both versions, `v1` preferred.
+#[tokio::test]
+async fn objects_read_through_v1alpha3_come_back_as_v1alpha3() {
+    let t = setup().await;
+    let old = "/apis/kubevirt.io/v1alpha3/namespaces/default/virtualmachines";
+    let body = vm("old", json!({})).replace("kubevirt.io/v1\"", "kubevirt.io/v1alpha3\"");
+    assert!(body.contains("v1alpha3"));
+    let (code, v) = call(
+        &t,
+        "POST",
+        old,
+        Some("admin-tok"),
+        "application/json",
+        &body,
+    )
+    .await;
+    assert_eq!(code, StatusCode::CREATED, "{v}");
+    assert_eq!(v["apiVersion"], "kubevirt.io/v1alpha3");
+    let (_, v) = call(&t, "GET", &format!("{VMS}/old"), Some("admin-tok"), "", "").await;
+    assert_eq!(v["apiVersion"], "kubevirt.io/v1", "stored as v1");
+    let (_, v) = call(&t, "GET", &format!("{old}/old"), Some("admin-tok"), "", "").await;
+    assert_eq!(v["apiVersion"], "kubevirt.io/v1alpha3");
+    let (_, l) = call(&t, "GET", old, Some("admin-tok"), "", "").await;
+    assert_eq!(l["apiVersion"], "kubevirt.io/v1alpha3", "{l}");
+    assert_eq!(l["items"][0]["apiVersion"], "kubevirt.io/v1alpha3", "{l}");
+    let (code, v) = call(
+        &t,
+        "PATCH",
+        &format!("{old}/old"),
+        Some("admin-tok"),
+        "application/merge-patch+json",
+        r#"{"metadata":{"labels":{"patched":"yes"}}}"#,
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{v}");
+    assert_eq!(
+        (
+            v["apiVersion"].as_str(),
+            v["metadata"]["labels"]["patched"].as_str()
+        ),
+        (Some("kubevirt.io/v1alpha3"), Some("yes"))
+    );
+    let (_, bytes) = {
+        let (c, _, b) = raw_get(&t, &format!("{old}?watch=true&timeoutSeconds=1")).await;
+        (c, b)
+    };
+    let first: Value =
+        serde_json::from_slice(bytes.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    assert_eq!(first["type"], "ADDED");
+    assert_eq!(first["object"]["apiVersion"], "kubevirt.io/v1alpha3");
+    // Another group's version is not taken as an alias.
+    let body = vm("x", json!({})).replace("kubevirt.io/v1\"", "kubevirt.io/v2\"");
+    let (code, _) = call(
+        &t,
+        "POST",
+        VMS,
+        Some("admin-tok"),
+        "application/json",
+        &body,
+    )
+    .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    // Discovery: both versions, v1 preferred; the alias's resource list names itself.
+    let (_, g) = call(&t, "GET", "/apis", Some("admin-tok"), "", "").await;
+    let kv = g["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "kubevirt.io")
+        .unwrap()
+        .clone();
+    assert_eq!(kv["preferredVersion"]["version"], "v1");
+    assert_eq!(kv["versions"][1]["groupVersion"], "kubevirt.io/v1alpha3");
+    let (code, l) = call(
+        &t,
+        "GET",
+        "/apis/kubevirt.io/v1alpha3",
+        Some("admin-tok"),
+        "",
+        "",
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(l["groupVersion"], "kubevirt.io/v1alpha3");
+    let (code, _) = call(
+        &t,
+        "GET",
+        "/apis/kubevirt.io/v1beta9",
+        Some("admin-tok"),
+        "",
+        "",
+    )
+    .await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+}

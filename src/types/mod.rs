@@ -258,6 +258,12 @@ pub fn version_of(group: &str) -> &'static str {
     }
 }
 
+/// An older group/version served as the current one: KubeVirt's `kubevirt.io/v1alpha3`
+/// (the same schema as `v1`, which KubeVirt still serves).
+pub fn is_alias(api_version: &str) -> bool {
+    api_version == "kubevirt.io/v1alpha3"
+}
+
 /// A check of user input failed; the message names the field and what to do.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]

@@ -950,6 +950,28 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
             let domain = spec["domain"].as_object_mut().unwrap();
             domain.remove("cpu");
             domain.remove("memory");
+            // KubeVirt's device switches, as libvirt and the guest see them.
+            domain.insert("ioThreadsPolicy".into(), json!("shared"));
+            let devices = domain["devices"].as_object_mut().unwrap();
+            for (k, v) in [
+                (
+                    "inputs",
+                    json!([{"name": "tablet", "type": "tablet", "bus": "usb"}]),
+                ),
+                ("video", json!({"type": "virtio"})),
+                (
+                    "watchdog",
+                    json!({"name": "wd", "i6300esb": {"action": "reset"}}),
+                ),
+                ("sound", json!({"name": "audio"})),
+                ("panicDevices", json!([{"model": "isa"}])),
+                ("blockMultiQueue", json!(true)),
+                ("networkInterfaceMultiqueue", json!(true)),
+                ("useVirtioTransitional", json!(true)),
+                ("autoattachMemBalloon", json!(false)),
+            ] {
+                devices.insert(k.into(), v);
+            }
             spec["accessCredentials"] = json!([
                 {"sshPublicKey": {"source": {"secret": {"secretName": "my-keys"}},
                     "propagationMethod": {"qemuGuestAgent": {"users": ["root"]}}}},
@@ -983,8 +1005,36 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
     );
     let (_, xml) = virsh(&["dumpxml", &dom]);
     assert!(
-        xml.contains("<rng model='virtio'>"),
+        xml.contains("<rng model='virtio-transitional'>"),
         "the preference's RNG: {xml}"
+    );
+    for want in [
+        "<iothreads>1</iothreads>",
+        "iothread='1'",
+        "queues='1'",
+        "<input type='tablet' bus='usb'>",
+        "<model type='virtio' heads='1' primary='yes'/>",
+        "<watchdog model='i6300esb' action='reset'>",
+        "<sound model='ich9'>",
+        "<panic model='isa'",
+        "<memballoon model='none'/>",
+        "<model type='virtio-transitional'/>",
+    ] {
+        assert!(xml.contains(want), "{want} not in {xml}");
+    }
+    // The guest's PCI bus has the watchdog (8086:25ab) and the sound card (8086:293e).
+    let pci = guest_exec(
+        &dom,
+        "/bin/sh",
+        &[
+            "-c",
+            "cat /sys/bus/pci/devices/*/vendor /sys/bus/pci/devices/*/device",
+        ],
+    )
+    .unwrap_or_default();
+    assert!(
+        pci.contains("0x25ab") && pci.contains("0x293e"),
+        "watchdog and sound on the guest's PCI bus: {pci}"
     );
     let vm = a.vm("sized").await.unwrap();
     let revision = vm["status"]["instancetypeRef"]["controllerRevisionRef"]["name"]

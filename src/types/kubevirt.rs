@@ -403,6 +403,10 @@ pub struct DomainSpec {
     /// The SMBIOS chassis the guest sees.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chassis: Option<Chassis>,
+    /// I/O threads for virtio disks: `shared` (one for all) or `auto` (a pool of up to two
+    /// per vCPU, disks spread over it); a disk with `dedicatedIOThread` gets its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_threads_policy: Option<String>,
 }
 
 /// KubeVirt's `FeatureState`: present means on unless `enabled: false`.
@@ -663,6 +667,102 @@ pub struct Devices {
     /// A virtio random number generator fed from the host's `/dev/urandom`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rng: Option<Rng>,
+    /// Pointing devices: a tablet on USB or virtio (absolute pointer, for VNC).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<Input>,
+    /// A tablet even when `inputs` names none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoattach_input_device: Option<bool>,
+    /// `false`: no memory balloon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoattach_mem_balloon: Option<bool>,
+    /// The graphics adapter behind the VNC console.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub video: Option<VideoDevice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watchdog: Option<Watchdog>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sound: Option<SoundDevice>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub panic_devices: Vec<PanicDevice>,
+    /// One queue per vCPU on virtio disks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_multi_queue: Option<bool>,
+    /// One queue per vCPU on virtio network interfaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_interface_multiqueue: Option<bool>,
+    /// virtio devices in their transitional form, for guests older than virtio 1.0
+    /// (RHEL 6 and the like).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_virtio_transitional: Option<bool>,
+    /// Accepted: the serial console goes to the launcher's socket (`edgevirt console`)
+    /// either way; no separate log is kept yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_serial_console: Option<bool>,
+    /// Accepted: edgevirt does not hotplug volumes or interfaces yet, so there is nothing
+    /// to disable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disable_hotplug: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct Input {
+    pub name: String,
+    /// `tablet`, the one type KubeVirt has.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `usb` (the default) or `virtio`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bus: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct VideoDevice {
+    /// `vga` (the default), `virtio`, `bochs` or `cirrus`.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct Watchdog {
+    pub name: String,
+    /// Intel 6300ESB, the x86 watchdog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub i6300esb: Option<I6300EsbWatchdog>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct I6300EsbWatchdog {
+    /// `reset` (the default), `poweroff` or `shutdown` when the guest stops feeding it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct SoundDevice {
+    pub name: String,
+    /// `ich9` (the default) or `ac97`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct PanicDevice {
+    /// `isa` (the default on x86), `hyperv` or `pvpanic`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// KubeVirt's `devices.rng`: no settings; its presence adds the device.
@@ -683,6 +783,13 @@ pub struct Disk {
     pub boot_order: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial: Option<String>,
+    /// An I/O thread of its own (with `domain.ioThreadsPolicy`, or alone).
+    #[serde(
+        default,
+        rename = "dedicatedIOThread",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub dedicated_io_thread: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

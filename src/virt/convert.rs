@@ -68,6 +68,11 @@ struct DiskXml {
     boot_order: Option<u32>,
     serial: Option<String>,
     alias: String,
+    /// `model='virtio-transitional'` on the disk.
+    transitional: bool,
+    /// `queues='N'` (virtio, blockMultiQueue).
+    queues: Option<u32>,
+    iothread: Option<u32>,
 }
 
 /// One Hyper-V enlightenment: its libvirt element, state, and extra attributes/children.
@@ -98,6 +103,8 @@ struct NicXml {
     mac: String,
     model: String,
     alias: String,
+    /// `<driver queues='N'/>` (virtio, networkInterfaceMultiqueue).
+    queues: Option<u32>,
 }
 
 #[derive(Template)]
@@ -149,6 +156,18 @@ struct DomainXml<'a> {
     serial_socket: Option<String>,
     rng: bool,
     vnc_socket: Option<String>,
+    /// `virtio` or `virtio-transitional`, for the RNG and the balloon.
+    virtio_model: &'static str,
+    memballoon: bool,
+    /// The video model and whether it takes a `vram` size.
+    video: String,
+    video_vram: bool,
+    /// `usb` or `virtio`, one per tablet.
+    tablets: Vec<String>,
+    watchdog: Option<String>,
+    sound: Option<String>,
+    panics: Vec<String>,
+    iothreads: u32,
 }
 
 /// Guest memory in bytes: `memory.guest`, else `resources.requests.memory`.
@@ -367,8 +386,105 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// One of `allowed` or the field's name and the choices.
+fn one_of(field: &str, v: &str, allowed: &[&str]) -> Result<(), Invalid> {
+    if allowed.contains(&v) {
+        Ok(())
+    } else {
+        Err(Invalid(format!(
+            "{field}: {v:?} is not one of {}",
+            allowed.join(", ")
+        )))
+    }
+}
+
+/// The device settings the converter maps one to one.
+fn validate_devices(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
+    let dev = &spec.domain.devices;
+    for (i, input) in dev.inputs.iter().enumerate() {
+        let at = format!("spec.domain.devices.inputs[{i}]");
+        one_of(&format!("{at}.type"), &input.type_, &["tablet"])?;
+        one_of(
+            &format!("{at}.bus"),
+            input.bus.as_deref().unwrap_or("usb"),
+            &["usb", "virtio"],
+        )?;
+    }
+    if let Some(t) = dev.video.as_ref().and_then(|v| v.type_.as_deref()) {
+        one_of("spec.domain.devices.video.type", t, &VIDEO_TYPES)?;
+    }
+    if let Some(w) = &dev.watchdog {
+        let Some(esb) = &w.i6300esb else {
+            return Err(Invalid(
+                "spec.domain.devices.watchdog: i6300esb is required (the x86 watchdog)".into(),
+            ));
+        };
+        one_of(
+            "spec.domain.devices.watchdog.i6300esb.action",
+            esb.action.as_deref().unwrap_or("reset"),
+            &["reset", "poweroff", "shutdown"],
+        )?;
+    }
+    if let Some(m) = dev.sound.as_ref().and_then(|s| s.model.as_deref()) {
+        one_of("spec.domain.devices.sound.model", m, &["ich9", "ac97"])?;
+    }
+    for (i, p) in dev.panic_devices.iter().enumerate() {
+        one_of(
+            &format!("spec.domain.devices.panicDevices[{i}].model"),
+            p.model.as_deref().unwrap_or("isa"),
+            &["isa", "hyperv", "pvpanic"],
+        )?;
+    }
+    if let Some(p) = &spec.domain.io_threads_policy {
+        if p == "supplementalPool" {
+            return Err(Invalid(
+                "spec.domain.ioThreadsPolicy: supplementalPool is not supported yet; use shared                  or auto"
+                    .into(),
+            ));
+        }
+        one_of("spec.domain.ioThreadsPolicy", p, &["shared", "auto"])?;
+    }
+    Ok(())
+}
+
+const VIDEO_TYPES: [&str; 4] = ["vga", "virtio", "bochs", "cirrus"];
+
+/// Which I/O thread each disk uses (by index into `disks`, virtio disks only), and how many
+/// threads the domain has: `shared` puts every disk on thread 1, `auto` spreads them over a
+/// pool of up to two per vCPU, and a disk with `dedicatedIOThread` gets one of its own.
+fn io_threads(
+    policy: Option<&str>,
+    vcpus: u32,
+    virtio: &[bool],
+    dedicated: &[bool],
+) -> (u32, Vec<Option<u32>>) {
+    let pooled: Vec<usize> = (0..virtio.len())
+        .filter(|&i| virtio[i] && !dedicated[i])
+        .collect();
+    let pool = match policy {
+        Some("shared") => 1,
+        Some("auto") => (pooled.len() as u32).clamp(1, 2 * vcpus.max(1)),
+        _ => 0,
+    };
+    let mut out = vec![None; virtio.len()];
+    if pool > 0 {
+        for (n, &i) in pooled.iter().enumerate() {
+            out[i] = Some(n as u32 % pool + 1);
+        }
+    }
+    let mut next = pool;
+    for i in 0..virtio.len() {
+        if virtio[i] && dedicated[i] {
+            next += 1;
+            out[i] = Some(next);
+        }
+    }
+    (next, out)
+}
+
 /// The domain-level checks of features, clock and firmware identity.
 fn validate_domain(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
+    validate_devices(spec)?;
     let d = &spec.domain;
     if let Some(v) = d
         .features
@@ -708,6 +824,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
     let kernel_boot = firmware.kernel_boot.clone();
 
     let mut disks = Vec::new();
+    let mut dedicated: Vec<bool> = Vec::new();
     let mut counters: BTreeMap<&str, u8> = BTreeMap::new();
     for d in &spec.domain.devices.disks {
         let vol = spec
@@ -743,7 +860,11 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             boot_order: d.boot_order,
             serial: d.serial.clone(),
             alias: d.name.clone(),
+            transitional: false,
+            queues: None,
+            iothread: None,
         });
+        dedicated.push(d.dedicated_io_thread == Some(true));
     }
     // Volumes without a disk entry (KubeVirt adds one for each volume): virtio disks.
     for v in &spec.volumes {
@@ -768,7 +889,31 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             boot_order: None,
             serial: None,
             alias: v.name.clone(),
+            transitional: false,
+            queues: None,
+            iothread: None,
         });
+        dedicated.push(false);
+    }
+    let devs = &spec.domain.devices;
+    let transitional = devs.use_virtio_transitional == Some(true);
+    let vcpus = sockets * cores * threads;
+    let virtio: Vec<bool> = disks
+        .iter()
+        .map(|d| d.bus == "virtio" && d.device == "disk")
+        .collect();
+    let (iothreads, assigned) = io_threads(
+        spec.domain.io_threads_policy.as_deref(),
+        vcpus,
+        &virtio,
+        &dedicated,
+    );
+    for ((d, v), t) in disks.iter_mut().zip(&virtio).zip(assigned) {
+        if *v {
+            d.transitional = transitional;
+            d.queues = (devs.block_multi_queue == Some(true)).then_some(vcpus);
+            d.iothread = t;
+        }
     }
 
     let mut nics = Vec::new();
@@ -779,6 +924,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             mac: mac_for(&ctx.mac_seed, 0),
             model: "virtio".into(),
             alias: spec.networks[0].name.clone(),
+            queues: None,
         });
     }
     for (i, iface) in ifaces.iter().enumerate() {
@@ -790,8 +936,30 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
                 .unwrap_or_else(|| mac_for(&ctx.mac_seed, i)),
             model: iface.model.clone().unwrap_or_else(|| "virtio".into()),
             alias: iface.name.clone(),
+            queues: None,
         });
     }
+    for n in &mut nics {
+        if n.model == "virtio" {
+            if transitional {
+                n.model = "virtio-transitional".into();
+            }
+            n.queues = (devs.network_interface_multiqueue == Some(true)).then_some(vcpus);
+        }
+    }
+    let mut tablets: Vec<String> = devs
+        .inputs
+        .iter()
+        .map(|i| i.bus.clone().unwrap_or_else(|| "usb".into()))
+        .collect();
+    if tablets.is_empty() && devs.autoattach_input_device == Some(true) {
+        tablets.push("usb".into());
+    }
+    let video = devs
+        .video
+        .as_ref()
+        .and_then(|v| v.type_.clone())
+        .unwrap_or_else(|| "vga".into());
 
     let tpl = DomainXml {
         accel: &ctx.accel,
@@ -858,6 +1026,31 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
         } else {
             ctx.vnc_socket.clone()
         },
+        virtio_model: if transitional {
+            "virtio-transitional"
+        } else {
+            "virtio"
+        },
+        memballoon: devs.autoattach_mem_balloon != Some(false),
+        video_vram: ["vga", "cirrus"].contains(&video.as_str()),
+        video,
+        tablets,
+        watchdog: devs.watchdog.as_ref().map(|w| {
+            w.i6300esb
+                .as_ref()
+                .and_then(|e| e.action.clone())
+                .unwrap_or_else(|| "reset".into())
+        }),
+        sound: devs
+            .sound
+            .as_ref()
+            .map(|s| s.model.clone().unwrap_or_else(|| "ich9".into())),
+        panics: devs
+            .panic_devices
+            .iter()
+            .map(|p| p.model.clone().unwrap_or_else(|| "isa".into()))
+            .collect(),
+        iothreads,
     };
     tpl.render()
         .map_err(|e| Invalid(format!("rendering domain XML: {e}")))

@@ -675,6 +675,28 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                 "propagationMethod": {"qemuGuestAgent": {}}}}]}),
             "secret",
         ),
+        // Device settings land in the domain XML: only the listed values, never markup.
+        (
+            "video-type-xml-injection",
+            json!({"domain": {"devices": {"video": {"type": "vga'/><disk type='block'"}}}}),
+            "video.type",
+        ),
+        (
+            "watchdog-action-xml-injection",
+            json!({"domain": {"devices": {"watchdog": {"name": "w",
+                "i6300esb": {"action": "reset' foo='"}}}}}),
+            "action",
+        ),
+        (
+            "input-bus-unknown",
+            json!({"domain": {"devices": {"inputs": [{"name": "t", "type": "tablet", "bus": "ps2'"}]}}}),
+            "bus",
+        ),
+        (
+            "io-threads-policy-unknown",
+            json!({"domain": {"ioThreadsPolicy": "all-of-them"}}),
+            "ioThreadsPolicy",
+        ),
         (
             "eviction-strategy-unknown",
             json!({"evictionStrategy": "External"}),

@@ -205,6 +205,65 @@ fn disk_cloudinit_kvm_efi() {
     golden("disk-cloudinit-kvm-efi", "kvm");
 }
 
+/// KubeVirt's device switches: transitional virtio, multi-queue disks and NICs, an I/O
+/// thread pool plus a dedicated thread, tablets, virtio video, watchdog, sound, panic, no
+/// balloon.
+#[test]
+fn devices_tcg() {
+    golden("devices-tcg", "qemu");
+}
+
+#[test]
+fn io_threads_are_shared_pooled_or_dedicated() {
+    let v = [true, true, true, false];
+    let none = [false; 4];
+    assert_eq!(
+        io_threads(None, 2, &v, &none),
+        (0, vec![None, None, None, None])
+    );
+    assert_eq!(
+        io_threads(Some("shared"), 2, &v, &none),
+        (1, vec![Some(1), Some(1), Some(1), None])
+    );
+    // auto: a pool of min(disks, 2 x vCPUs); a dedicated disk gets the next thread.
+    assert_eq!(
+        io_threads(Some("auto"), 1, &v, &[false, true, false, false]),
+        (3, vec![Some(1), Some(3), Some(2), None])
+    );
+    assert_eq!(
+        io_threads(None, 1, &v, &[false, true, false, false]),
+        (1, vec![None, Some(1), None, None])
+    );
+}
+
+#[test]
+fn device_settings_are_checked() {
+    for (yaml, needle) in [
+        ("{inputs: [{name: m, type: mouse}]}", "inputs[0].type"),
+        (
+            "{inputs: [{name: t, type: tablet, bus: ps2}]}",
+            "inputs[0].bus",
+        ),
+        ("{video: {type: qxl}}", "video.type"),
+        ("{watchdog: {name: w}}", "i6300esb is required"),
+        ("{watchdog: {name: w, i6300esb: {action: dump}}}", "action"),
+        ("{sound: {name: s, model: sb16}}", "sound.model"),
+        ("{panicDevices: [{model: s390}]}", "panicDevices[0].model"),
+    ] {
+        let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(&format!(
+            "domain: {{memory: {{guest: 64Mi}}, devices: {yaml}}}"
+        ))
+        .unwrap();
+        let e = validate(&spec).unwrap_err().0;
+        assert!(e.contains(needle), "{yaml}: {e}");
+    }
+    let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(
+        "domain: {memory: {guest: 64Mi}, ioThreadsPolicy: supplementalPool, devices: {}}",
+    )
+    .unwrap();
+    assert!(validate(&spec).unwrap_err().0.contains("not supported yet"));
+}
+
 /// KubeVirt's Windows settings: features, Hyper-V, clock and timers, SMBIOS identity.
 #[test]
 fn windows_features_kvm() {

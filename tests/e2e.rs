@@ -91,18 +91,9 @@ async fn vm_lifecycle_on_a_real_guest() {
         xml.contains("<rng model='virtio'>") && xml.contains("/dev/urandom</backend>"),
         "no virtio RNG in {xml}"
     );
-    let iso = xml
-        .split("<source file='")
-        .filter_map(|s| s.split('\'').next())
-        .find(|p| p.ends_with("cloudinit.iso"))
-        .unwrap_or_else(|| panic!("no NoCloud disk in {xml}"))
-        .to_string();
-    let out = std::process::Command::new("isoinfo")
-        .args(["-R", "-i", &iso, "-x", "/user-data"])
-        .output()
-        .unwrap();
+    let iso = nocloud_iso(&xml);
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("hostname: life-ci"),
+        nocloud_user_data(&iso).contains("hostname: life-ci"),
         "user-data not in {iso}"
     );
     let out = std::process::Command::new("isoinfo")
@@ -906,6 +897,24 @@ async fn container_disks_come_from_registries_and_forget_their_writes() {
     .await;
 }
 
+/// The NoCloud disk of a domain's XML (the cloud-init ISO the agent wrote).
+fn nocloud_iso(xml: &str) -> String {
+    xml.split("<source file='")
+        .filter_map(|s| s.split('\'').next())
+        .find(|p| p.ends_with(".iso"))
+        .unwrap_or_else(|| panic!("no NoCloud disk in {xml}"))
+        .to_string()
+}
+
+/// The user data inside a NoCloud ISO.
+fn nocloud_user_data(iso: &str) -> String {
+    let out = std::process::Command::new("isoinfo")
+        .args(["-R", "-i", iso, "-x", "/user-data"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The status of a VMI's condition of `type_` (`None` when it has none).
 fn cond_status(vmi: &serde_json::Value, type_: &str) -> Option<(String, String)> {
     vmi["status"]["conditions"]
@@ -1056,17 +1065,7 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
     })
     .await;
     assert_eq!(synced.1, "AccessCredentialsSyncSuccess");
-    let iso = xml
-        .split("<source file='")
-        .filter_map(|s| s.split('\'').next())
-        .find(|p| p.ends_with(".iso"))
-        .unwrap_or_else(|| panic!("no NoCloud disk in {xml}"))
-        .to_string();
-    let out = std::process::Command::new("isoinfo")
-        .args(["-R", "-i", &iso, "-x", "/user-data"])
-        .output()
-        .unwrap();
-    let user_data = String::from_utf8_lossy(&out.stdout);
+    let user_data = nocloud_user_data(&nocloud_iso(&xml));
     assert!(
         user_data.starts_with("#cloud-config")
             && user_data.contains(key)

@@ -18,6 +18,8 @@ use crate::types::kubevirt::{Probe, VirtualMachineInstance};
 /// KubeVirt's reasons of the `AccessCredentialsSynchronized` condition.
 pub const CREDENTIALS_SYNCED: &str = "AccessCredentialsSyncSuccess";
 pub const CREDENTIALS_FAILED: &str = "AccessCredentialsSyncFailed";
+/// The reason of a VMI its liveness probe failed (as KubeVirt's).
+pub const LIVENESS_FAILED: &str = "LivenessProbeFailed";
 
 /// How often credentials are read again from their Secrets (and written when they changed).
 const CREDENTIALS_EVERY: Duration = Duration::from_secs(10);
@@ -32,6 +34,9 @@ pub struct GuestWork {
     credentials: Option<String>,
     credentials_at: Option<Instant>,
     credentials_status: Option<(bool, String)>,
+    /// The liveness probe failed and the agent stopped the domain: why. A domain found
+    /// gone afterwards ended for this reason, not by a shutdown of its own.
+    killed: Option<String>,
 }
 
 pub type GuestWorks = HashMap<String, GuestWork>;
@@ -135,6 +140,22 @@ fn probe_kind(p: &Probe) -> &'static str {
     } else {
         "guestAgentPing"
     }
+}
+
+/// Remember that the agent stops this instance because its liveness probe failed.
+pub async fn mark_killed(agent: &Agent, uid: &str, why: &str) {
+    let mut works = agent.guest.lock().await;
+    works.entry(uid.to_string()).or_default().killed = Some(why.to_string());
+}
+
+/// Why the agent stopped this instance, if it did (its liveness probe failed).
+pub async fn killed(agent: &Agent, uid: &str) -> Option<String> {
+    agent
+        .guest
+        .lock()
+        .await
+        .get(uid)
+        .and_then(|w| w.killed.clone())
 }
 
 /// Forget an instance that stopped or left the node.
@@ -321,17 +342,23 @@ async fn sync_credentials(
 ) -> Result<Option<String>, String> {
     use base64::Engine as _;
     let ns = vmi.namespace();
+    let secret = |name: &str| {
+        let name = name.to_string();
+        async move {
+            agent
+                .cp
+                .secret_data(ns, &name)
+                .await
+                .map_err(|e| format!("{e:#}"))
+        }
+    };
     let mut commands: Vec<Value> = Vec::new();
     for c in &vmi.spec.access_credentials {
         if let Some(k) = &c.ssh_public_key
             && let Some(g) = &k.propagation_method.qemu_guest_agent
             && let Some(s) = &k.source.secret
         {
-            let data = agent
-                .cp
-                .secret_data(ns, &s.secret_name)
-                .await
-                .map_err(|e| format!("{e:#}"))?;
+            let data = secret(&s.secret_name).await?;
             let keys = authorized_keys(&data);
             for user in &g.users {
                 commands.push(json!({"execute": "guest-ssh-add-authorized-keys",
@@ -341,11 +368,7 @@ async fn sync_credentials(
         if let Some(p) = &c.user_password
             && let Some(s) = &p.source.secret
         {
-            let data = agent
-                .cp
-                .secret_data(ns, &s.secret_name)
-                .await
-                .map_err(|e| format!("{e:#}"))?;
+            let data = secret(&s.secret_name).await?;
             for (user, password) in &data {
                 crate::rules::guest::check_user(user, "user")
                     .map_err(|e| format!("Secret {}: {}", s.secret_name, e.0))?;

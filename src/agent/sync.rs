@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::Agent;
+use super::guest::LIVENESS_FAILED;
 use super::launchers::START_TIMEOUT;
 use super::ports::{LauncherStatus, Stored};
 use super::prepare::{domain_name, prepare};
@@ -146,6 +147,11 @@ pub(super) async fn sync_vmi(
                 .await;
             }
             (None, _) => {
+                // Stopped by this agent for a failed liveness probe (its launcher may have
+                // exited before answering the destroy), or ended on its own.
+                if let Some(why) = super::guest::killed(agent, &uid).await {
+                    return set_final(agent, stored, Phase::Failed, LIVENESS_FAILED, &why).await;
+                }
                 return set_final(
                     agent,
                     stored,
@@ -159,6 +165,9 @@ pub(super) async fn sync_vmi(
         return Ok(());
     };
     let Some(state) = status.status.state else {
+        if let Some(why) = super::guest::killed(agent, &uid).await {
+            return set_final(agent, stored, Phase::Failed, LIVENESS_FAILED, &why).await;
+        }
         return set_final(
             agent,
             stored,
@@ -204,11 +213,14 @@ pub(super) async fn sync_vmi(
     };
     if let Some(why) = &guest.dead {
         tracing::warn!(%dom, %why, "stopping the instance: its liveness probe failed");
+        super::guest::mark_killed(agent, &uid, why).await;
         if let Err(e) = agent.launchers.call(&uid, Request::Destroy).await {
-            tracing::warn!(%dom, error = %e, "destroying the domain failed");
+            // The launcher often exits with its domain before it answers; the next pass
+            // finds the domain gone and fails the instance for the probe all the same.
+            tracing::warn!(%dom, error = %e, "destroying the domain did not answer");
             return Ok(());
         }
-        return set_final(agent, stored, Phase::Failed, "LivenessProbeFailed", why).await;
+        return set_final(agent, stored, Phase::Failed, LIVENESS_FAILED, why).await;
     }
     // migrationState is not the sync loop's: left out, the server keeps the stored one.
     let mut before = vmi.status.clone().unwrap_or_default();

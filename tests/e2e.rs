@@ -8,6 +8,7 @@ use serde_json::json;
 use testkit::*;
 
 const BOOT: Duration = Duration::from_secs(120);
+const DVS: &str = "/apis/cdi.kubevirt.io/v1beta1/namespaces/default/datavolumes";
 const FIRMWARE_UUID: &str = "5d307ca9-b3ef-428c-8861-06e72d69f223";
 
 #[tokio::test]
@@ -886,6 +887,140 @@ async fn container_disks_come_from_registries_and_forget_their_writes() {
     assert_eq!(code, 201, "{v}");
     a.wait_running("withcreds", None, BOOT).await;
 
+    // DataVolumes: one on its own, filled by an HTTP download; a VM whose templates fill one
+    // from the registry (through the mirror) and clone the first. Each disk has the size
+    // asked for, and a write survives a restart.
+    let files = tempfile::tempdir().unwrap();
+    std::fs::copy(&blank, files.path().join("blank.qcow2")).unwrap();
+    let web = FileServer::start(files.path().to_path_buf());
+    let dv = |name: &str, source: serde_json::Value, size: &str| {
+        json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+               "metadata": {"name": name},
+               "spec": {"source": source, "storage": {"resources": {"requests": {"storage": size}}}}})
+    };
+    let (code, v) = a
+        .post_yaml(
+            DVS,
+            &dv(
+                "dv-web",
+                json!({"http": {"url": format!("{}/blank.qcow2", web.url)}}),
+                "48Mi",
+            )
+            .to_string(),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    let templates = json!([
+        {"metadata": {"name": "dvm-data"},
+         "spec": dv("", json!({"registry": {"url": format!("docker://{image}")}}), "64Mi")["spec"]},
+        {"metadata": {"name": "dvm-copy"},
+         "spec": dv("", json!({"pvc": {"name": "dv-web"}}), "56Mi")["spec"]},
+    ]);
+    let dvm = Vm::guest("dvm")
+        .memory("128Mi")
+        .disk("data", json!({"dataVolume": {"name": "dvm-data"}}))
+        .disk("web", json!({"dataVolume": {"name": "dv-web"}}))
+        .disk("copy", json!({"dataVolume": {"name": "dvm-copy"}}))
+        .with(|v| v["spec"]["dataVolumeTemplates"] = templates);
+    let (code, v) = a.post_yaml(VMS, &dvm.yaml()).await;
+    assert_eq!(code, 201, "{v}");
+    let owned = wait_for("dvm-data created from its template", BOOT, || async {
+        let (code, v) = a.get(&format!("{DVS}/dvm-data")).await;
+        (code == 200).then_some(v)
+    })
+    .await;
+    assert_eq!(
+        owned["metadata"]["ownerReferences"][0]["name"], "dvm",
+        "{owned}"
+    );
+    let vmi = a.wait_running("dvm", None, BOOT).await;
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    for name in ["dvm-data", "dv-web", "dvm-copy"] {
+        let v = a.get(&format!("{DVS}/{name}")).await.1;
+        assert_eq!(
+            (
+                v["status"]["phase"].as_str(),
+                v["status"]["progress"].as_str()
+            ),
+            (Some("Succeeded"), Some("100.0%")),
+            "{v}"
+        );
+    }
+    let sectors = |dev: &str| guest_exec(&dom, "/bin/cat", &[&format!("/sys/block/{dev}/size")]);
+    for (dev, size) in [("vda", "131072"), ("vdb", "98304"), ("vdc", "114688")] {
+        let got = wait_for(&format!("dvm: {dev} seen"), BOOT, || async { sectors(dev) }).await;
+        assert_eq!(
+            got.trim(),
+            size,
+            "{dev}: its DataVolume's size in 512-byte sectors"
+        );
+    }
+    let marker = format!("edgevirt-dv-{}", std::process::id());
+    let write = format!("printf {marker} > /dev/vda && sync && echo written");
+    wait_for("dvm: marker written", BOOT, || async {
+        guest_exec(&dom, "/bin/sh", &["-c", &write]).filter(|o| o.contains("written"))
+    })
+    .await;
+    let uid = vmi["metadata"]["uid"].as_str().unwrap().to_string();
+    assert_eq!(a.action("dvm", "restart").await, 202);
+    let vmi = a.wait_running("dvm", Some(&uid), BOOT).await;
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    let got = wait_for("dvm: disk read after restart", BOOT, || async {
+        read_vda(&dom, marker.len())
+    })
+    .await;
+    assert_eq!(got, marker, "a DataVolume lost its write across a restart");
+    let filled = datavolume_disks(&a.dir);
+    assert_eq!(filled.len(), 3, "{filled:?}");
+
+    // A download that fails: the instance waits and says why, the DataVolume says Failed
+    // with the reason, and nothing is left on disk.
+    let bad = Vm::guest("dvbad")
+        .memory("128Mi")
+        .disk("data", json!({"dataVolume": {"name": "dvbad-data"}}))
+        .with(|v| {
+            v["spec"]["dataVolumeTemplates"] = json!([{"metadata": {"name": "dvbad-data"},
+                "spec": dv("", json!({"http": {"url": format!("{}/missing.img", web.url)}}), "16Mi")["spec"]}])
+        });
+    let (code, v) = a.post_yaml(VMS, &bad.yaml()).await;
+    assert_eq!(code, 201, "{v}");
+    let failed = wait_for("dvbad-data: Failed", BOOT, || async {
+        let v = a.get(&format!("{DVS}/dvbad-data")).await.1;
+        (v["status"]["phase"] == "Failed").then_some(v)
+    })
+    .await;
+    assert!(failed.to_string().contains("404"), "{failed}");
+    let waiting = wait_for("dvbad: DataVolumeNotReady", BOOT, || async {
+        a.vmi("dvbad").await.filter(|v| {
+            cond_status(v, "Synchronized").is_some_and(|(_, r)| r == "DataVolumeNotReady")
+        })
+    })
+    .await;
+    assert_eq!(waiting["status"]["phase"], "Scheduled", "{waiting}");
+    assert_eq!(
+        datavolume_disks(&a.dir),
+        filled,
+        "a failed fill left a file"
+    );
+
+    // dvm goes and its two DataVolumes with it (their disks too); dv-web stays.
+    for name in ["dvm", "dvbad"] {
+        let (code, v) = a.delete(&format!("{VMS}/{name}")).await;
+        assert_eq!(code, 200, "{name}: {v}");
+    }
+    wait_for("dvm's DataVolumes and disks gone", BOOT, || async {
+        let left = a.get(DVS).await.1["items"]
+            .as_array()
+            .map(|l| {
+                l.iter()
+                    .map(|d| d["metadata"]["name"].to_string())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        (left == ["\"dv-web\""] && datavolume_disks(&a.dir).len() == 1).then_some(())
+    })
+    .await;
+
     // With every VM gone, the cache empties (image_gc_grace is 0 here).
     for name in ["eph", "keep", "nocreds", "withcreds"] {
         let (code, v) = a.delete(&format!("{VMS}/{name}")).await;
@@ -895,6 +1030,19 @@ async fn container_disks_come_from_registries_and_forget_their_writes() {
         (a.our_domains().is_empty() && cached_disks(&a.dir).is_empty()).then_some(())
     })
     .await;
+}
+
+/// The DataVolume disks on the appliance's node (not half-written ones).
+fn datavolume_disks(data_dir: &std::path::Path) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(data_dir.join("datavolumes"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
 }
 
 /// The NoCloud disk of a domain's XML (the cloud-init ISO the agent wrote).

@@ -80,7 +80,7 @@ spec:
 /// What each example does here today. A file whose outcome changes fails the test: update
 /// this table with the change that caused it.
 const EXPECT: &[(&str, Outcome)] = &[
-    ("vm-alpine-datavolume.yaml", Refused("dataVolumeTemplates")),
+    ("vm-alpine-datavolume.yaml", Runs),
     ("vm-alpine-multipvc.yaml", Runs),
     ("vm-cirros-clarge-virtio.yaml", Refused(CONFLICT)),
     ("vm-cirros-clarge-windows.yaml", Refused(CONFLICT)),
@@ -135,7 +135,11 @@ fn images() -> Vec<String> {
     for e in std::fs::read_dir(examples_dir()).unwrap().flatten() {
         let text = std::fs::read_to_string(e.path()).unwrap();
         for line in text.lines() {
-            if let Some(img) = line.trim().strip_prefix("image: registry:5000/")
+            let line = line.trim();
+            // containerDisks, and the registry sources of DataVolume templates.
+            if let Some(img) = line
+                .strip_prefix("image: registry:5000/")
+                .or_else(|| line.strip_prefix("url: docker://registry:5000/"))
                 && !out.iter().any(|o| o == img)
             {
                 out.push(img.to_string());

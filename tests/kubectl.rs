@@ -197,6 +197,46 @@ async fn suite(which: &str, bin: PathBuf) {
     ]);
     assert!(old.contains("apiVersion: kubevirt.io/v1alpha3"), "{old}");
 
+    // A DataVolume (CDI's kind) by its short name, with CDI's columns; one nobody uses
+    // waits for its first consumer.
+    let dv = a.dir.join("dv.yaml");
+    std::fs::write(
+        &dv,
+        "apiVersion: cdi.kubevirt.io/v1beta1\nkind: DataVolume\nmetadata: {name: spare}\n\
+         spec: {source: {blank: {}}, storage: {resources: {requests: {storage: 1Gi}}}}\n",
+    )
+    .unwrap();
+    k.ok(&["apply", "-f", &dv.to_string_lossy()]);
+    let dvs = wait_for("spare's first status", BOOT, || async {
+        let get = words(&k.ok(&["get", "dv"]));
+        (get.len() > 1 && get[1].len() > 2).then_some(get)
+    })
+    .await;
+    assert_eq!(dvs[0], ["NAME", "PHASE", "PROGRESS", "RESTARTS", "AGE"]);
+    assert_eq!(dvs[1][..4], ["spare", "WaitForFirstConsumer", "N/A", "0"]);
+    k.ok(&["delete", "datavolumes.cdi.kubevirt.io", "spare"]);
+    let sc = words(&k.ok(&["get", "sc"]));
+    assert_eq!(
+        sc[0],
+        [
+            "NAME",
+            "PROVISIONER",
+            "RECLAIMPOLICY",
+            "VOLUMEBINDINGMODE",
+            "ALLOWVOLUMEEXPANSION",
+            "AGE"
+        ]
+    );
+    assert_eq!(
+        sc[1][..4],
+        [
+            "local",
+            "edgevirt.io/local",
+            "Delete",
+            "WaitForFirstConsumer"
+        ]
+    );
+
     // edit through KUBE_EDITOR, merge and JSON patches: the API sees each change.
     let o = k.run_env(
         &["edit", "vm", "kv"],

@@ -55,6 +55,7 @@ pub const VMI: &str = "vmi";
 pub const VM: &str = "vm";
 pub const VMIM: &str = "vmim";
 pub const NODE: &str = "node";
+pub const DV: &str = "dv";
 
 fn key(ns: &str, name: &str) -> String {
     format!("{ns}/{name}")
@@ -263,6 +264,32 @@ impl ControlPlane for FakeControlPlane {
         name: &'a str,
     ) -> R<'a, std::collections::BTreeMap<String, Vec<u8>>> {
         Box::pin(async move { anyhow::bail!("no secret {ns}/{name} in the fake") })
+    }
+    fn get_data_volume<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+    ) -> R<'a, Option<Stored<crate::types::cdi::DataVolume>>> {
+        Box::pin(async move {
+            match self.get(DV, &key(ns, name)) {
+                Some(v) => Ok(Some(Stored::decode(v)?)),
+                None => Ok(None),
+            }
+        })
+    }
+    fn data_volumes<'a>(&'a self) -> R<'a, Vec<Stored<crate::types::cdi::DataVolume>>> {
+        Box::pin(async move { Ok(decode_items(self.list(DV))) })
+    }
+    fn patch_data_volume_status<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+        patch: Value,
+    ) -> R<'a, ()> {
+        Box::pin(async move {
+            self.record("patch_data_volume_status", key(ns, name), &patch);
+            self.merge(DV, key(ns, name), &patch)
+        })
     }
     fn tunnel<'a>(&'a self, path: &'a str) -> R<'a, Ws> {
         // No peer ever pairs: the tunnel side waits until its task is stopped.

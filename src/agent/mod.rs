@@ -5,6 +5,7 @@
 //! VMI owns any more. It talks to the controller only over the API, with its own token.
 
 mod console;
+mod datavolume;
 #[cfg(test)]
 mod fake;
 mod guest;
@@ -94,6 +95,8 @@ pub struct Agent {
     pub prepare_retry: Mutex<HashMap<String, (Instant, u32)>>,
     /// Probes and guest-agent credentials of running instances, by VMI uid.
     pub guest: Mutex<guest::GuestWorks>,
+    /// Wakes the DataVolume filler: an instance waits for a disk.
+    pub wake_fills: tokio::sync::Notify,
 }
 
 impl Agent {
@@ -186,7 +189,14 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     let hv2 = hv.clone();
     let facts = tokio::task::spawn_blocking(move || hv2.host_facts()).await??;
     let accel = resolve_accel(&cfg.accel, &facts.domain_types)?;
-    for d in ["run/launchers", "run/vmi", "images", "volumes", "log"] {
+    for d in [
+        "run/launchers",
+        "run/vmi",
+        "images",
+        "volumes",
+        "datavolumes",
+        "log",
+    ] {
         std::fs::create_dir_all(cfg.data_dir.join(d))?;
     }
     if let Some((name, path)) = &cfg.shared_pool {
@@ -218,12 +228,14 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         ),
         prepare_retry: Default::default(),
         guest: Default::default(),
+        wake_fills: Default::default(),
     });
     prepare::ensure_network(&agent).await?;
     register(&agent, &facts).await?;
     agent.launchers.adopt_all().await;
     tokio::spawn(watch_vmis(agent.clone(), cancel.clone()));
     tokio::spawn(console::run(agent.clone(), cancel.clone()));
+    tokio::spawn(datavolume::run(agent.clone(), cancel.clone()));
     tracing::info!(node = %cfg.node_name, %accel, "agent started");
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut last_beat = Instant::now();

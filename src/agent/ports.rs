@@ -22,6 +22,7 @@ use crate::client::Client;
 use crate::launcher::client::LauncherError;
 use crate::launcher::protocol::{Request, Status};
 use crate::registry::DockerConfig;
+use crate::types::cdi::DataVolume;
 use crate::types::object::{apply_change, empty};
 use crate::types::{Invalid, Typed, VirtualMachine, VirtualMachineInstance};
 use crate::types::{VirtualMachineInstanceMigration, edgevirt::Image};
@@ -105,8 +106,27 @@ pub trait ControlPlane: Send + Sync {
         ns: &'a str,
         name: &'a str,
     ) -> R<'a, std::collections::BTreeMap<String, Vec<u8>>>;
+    /// A DataVolume, if it exists.
+    fn get_data_volume<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+    ) -> R<'a, Option<Stored<DataVolume>>>;
+    /// Every DataVolume (to remove the disks of those that are gone).
+    fn data_volumes<'a>(&'a self) -> R<'a, Vec<Stored<DataVolume>>>;
+    /// Merge-patch a DataVolume's status (`{"status": {...}}`).
+    fn patch_data_volume_status<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+        patch: Value,
+    ) -> R<'a, ()>;
     /// One side of a migration tunnel through the controller's relay.
     fn tunnel<'a>(&'a self, path: &'a str) -> R<'a, Ws>;
+}
+
+fn dv_path(ns: &str, name: &str) -> String {
+    format!("/apis/cdi.kubevirt.io/v1beta1/namespaces/{ns}/datavolumes/{name}")
 }
 
 /// What a launcher reports about its domain.
@@ -310,6 +330,38 @@ impl ControlPlane for Http {
                 .get(&format!("/apis/edgevirt.io/v1/images/{name}"))
                 .await?;
             Ok(serde_json::from_value(v)?)
+        })
+    }
+    fn get_data_volume<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+    ) -> R<'a, Option<Stored<DataVolume>>> {
+        Box::pin(async move {
+            match self.0.get_opt(&dv_path(ns, name)).await? {
+                Some(v) => Ok(Some(Stored::decode(v)?)),
+                None => Ok(None),
+            }
+        })
+    }
+    fn data_volumes<'a>(&'a self) -> R<'a, Vec<Stored<DataVolume>>> {
+        Box::pin(async move {
+            Ok(decode_items(
+                self.0
+                    .get("/apis/cdi.kubevirt.io/v1beta1/datavolumes")
+                    .await?,
+            ))
+        })
+    }
+    fn patch_data_volume_status<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+        patch: Value,
+    ) -> R<'a, ()> {
+        Box::pin(async move {
+            let path = format!("{}/status", dv_path(ns, name));
+            self.0.merge_patch(&path, &patch).await.map(drop)
         })
     }
     fn pull_secret<'a>(&'a self, ns: &'a str, name: &'a str) -> R<'a, DockerConfig> {

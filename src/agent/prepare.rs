@@ -253,8 +253,14 @@ pub async fn prepare(
             let disk = run_dir.join(format!("empty-{}.qcow2", v.name));
             create_qcow2(&disk, &[], Some(bytes)).await?;
             disks.insert(v.name.clone(), local_disk(&disk));
+        } else if let Some(dv) = &v.data_volume
+            && let Some(disk) = super::datavolume::disk(agent, &ns, &dv.name).await?
+        {
+            // A DataVolume's own disk, filled on this node: persistent, the DataVolume's.
+            disks.insert(v.name.clone(), local_disk(&disk));
         } else if let Some(dv) = &v.data_volume {
-            // Persistent: the volume belongs to the VM and outlives its instances.
+            // An imported image, under a persistent overlay that belongs to the VM and
+            // outlives its instances.
             let (base, format) = local_image(agent, &dv.name).await?;
             tokio::fs::create_dir_all(&vol_dir).await?;
             let overlay = vol_dir.join(format!("{}.qcow2", v.name));

@@ -375,7 +375,12 @@ async fn prepare_failed(
     e: anyhow::Error,
 ) -> anyhow::Result<()> {
     let vmi = &stored.obj;
-    let tries = {
+    let waiting = e.downcast_ref::<super::datavolume::NotFilled>().is_some();
+    let tries = if waiting {
+        // Waiting for a DataVolume's disk is no failure: no back-off, tried every pass.
+        agent.prepare_retry.lock().await.remove(uid);
+        0
+    } else {
         let mut retry = agent.prepare_retry.lock().await;
         let n = retry.get(uid).map_or(0, |r| r.1) + 1;
         let wait = Duration::from_secs(5 << n.min(6)).min(Duration::from_secs(300));
@@ -383,14 +388,18 @@ async fn prepare_failed(
         n
     };
     let pull = e.downcast_ref::<crate::registry::PullError>().is_some();
-    let reason = if pull {
+    let reason = if waiting {
+        "DataVolumeNotReady"
+    } else if pull {
         crate::types::kubevirt::ERR_IMAGE_PULL
     } else {
         "FailedPrepare"
     };
     let msg = format!("{e:#}");
-    tracing::warn!(namespace = %vmi.namespace(), name = %vmi.name(), %reason, tries, error = %msg,
-        "cannot prepare the VMI's disks; trying again later");
+    if !waiting {
+        tracing::warn!(namespace = %vmi.namespace(), name = %vmi.name(), %reason, tries, error = %msg,
+            "cannot prepare the VMI's disks; trying again later");
+    }
     let before = vmi.status.clone();
     let mut st = before.clone().unwrap_or_default();
     set_condition(

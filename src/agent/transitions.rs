@@ -72,6 +72,7 @@ fn world() -> World {
         migration_dir: dir.path().join("migration"),
         disks: crate::registry::Cache::new(dir.path().join("images/registry"), Default::default()),
         prepare_retry: Default::default(),
+        wake_fills: Default::default(),
         guest: Default::default(),
     });
     World {

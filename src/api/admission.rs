@@ -8,11 +8,12 @@ use crate::controller::instancetype::Resolved;
 use crate::http::error::{ApiError, ApiResult};
 use crate::registry::{self, PullPolicy, Source};
 use crate::store::Store;
+use crate::types::cdi::{DataVolumeSpec, Fill};
 use crate::types::instancetype::{InstancetypeSpec, PreferenceSpec};
 use crate::types::kubevirt::{
     VirtualMachineInstanceMigrationSpec, VirtualMachineInstanceSpec, VirtualMachineSpec,
 };
-use crate::types::{Kind, check_name, decode};
+use crate::types::{FieldError, FieldErrors, Kind, check_name, decode};
 use crate::virt::convert;
 
 pub use crate::types::annotations::{LAUNCHER_FINALIZER, MIGRATION_FINALIZER, VOLUMES_FINALIZER};
@@ -113,7 +114,33 @@ pub async fn admit(
                 &obj["spec"]["template"]["metadata"],
                 "spec.template.metadata",
             )?;
-            check_vm_instancetype(store, ns, &name, &vm).await?;
+            let mut problems = Vec::new();
+            let mut names: Vec<String> = Vec::new();
+            for (i, t) in vm.data_volume_templates.iter().enumerate() {
+                let at = format!("spec.dataVolumeTemplates[{i}]");
+                if let Err(e) = check_name("name", &t.metadata.name) {
+                    problems.push(FieldError {
+                        field: format!("{at}.metadata.name"),
+                        reason: "FieldValueInvalid",
+                        message: e.0,
+                    });
+                } else if names.contains(&t.metadata.name) {
+                    problems.push(FieldError {
+                        field: format!("{at}.metadata.name"),
+                        reason: "FieldValueDuplicate",
+                        message: format!("{:?} names two templates", t.metadata.name),
+                    });
+                }
+                names.push(t.metadata.name.clone());
+                problems.extend(data_volume_problems(&t.spec, ns, &format!("{at}.spec")));
+            }
+            if !problems.is_empty() {
+                return Err(refused(FieldErrors {
+                    kind: kind.name().into(),
+                    errors: problems,
+                }));
+            }
+            check_vm_instancetype(store, ns, &name, &vm, &names).await?;
             obj["spec"] = serde_json::to_value(&vm).map_err(ApiError::internal)?;
             if existing.is_none() {
                 add_finalizer(&mut obj, VOLUMES_FINALIZER);
@@ -135,7 +162,7 @@ pub async fn admit(
                 }
             } else {
                 check_hooks(&obj["metadata"], "metadata")?;
-                check_vmi_spec(store, &vmi, "spec").await?;
+                check_vmi_spec(store, ns, &vmi, "spec", &[]).await?;
                 add_finalizer(&mut obj, LAUNCHER_FINALIZER);
                 obj["status"] = json!({"phase": "Pending"});
             }
@@ -170,6 +197,36 @@ pub async fn admit(
             obj["spec"] = canon;
         }
         Kind::Node | Kind::ControllerRevision => {}
+        Kind::StorageClass => {
+            return Err(ApiError::invalid(format!(
+                "storage classes are edgevirt's own: {:?} (the node's disk, bound when a VM \
+                 first uses a DataVolume); they cannot be created or changed",
+                crate::types::cdi::LOCAL_CLASS
+            )));
+        }
+        Kind::DataVolume => {
+            if spec.is_null() {
+                return Err(ApiError::invalid("spec is required"));
+            }
+            let dv: DataVolumeSpec = decode(kind.name(), spec).map_err(refused)?;
+            let problems = data_volume_problems(&dv, ns, "spec");
+            if !problems.is_empty() {
+                return Err(refused(FieldErrors {
+                    kind: kind.name().into(),
+                    errors: problems,
+                }));
+            }
+            let canon = serde_json::to_value(&dv).map_err(ApiError::internal)?;
+            if let Some(old) = existing
+                && old["spec"] != canon
+            {
+                return Err(ApiError::invalid(
+                    "the spec of a DataVolume cannot be changed once created (as in CDI); \
+                     create another one",
+                ));
+            }
+            obj["spec"] = canon;
+        }
         Kind::VirtualMachineInstancetype | Kind::VirtualMachineClusterInstancetype => {
             let it: InstancetypeSpec = decode(kind.name(), spec).map_err(refused)?;
             check_instancetype(&it)?;
@@ -226,10 +283,11 @@ async fn check_vm_instancetype(
     ns: &str,
     name: &str,
     vm: &VirtualMachineSpec,
+    templates: &[String],
 ) -> ApiResult<()> {
     let at = "spec.template.spec";
     if vm.instancetype.is_none() && vm.preference.is_none() {
-        return check_vmi_spec(store, &vm.template.spec, at).await;
+        return check_vmi_spec(store, ns, &vm.template.spec, at, templates).await;
     }
     for (m, preference, field) in [
         (&vm.instancetype, false, "spec.instancetype"),
@@ -267,7 +325,7 @@ async fn check_vm_instancetype(
         )
     })?;
     if missing.is_empty() {
-        check_vmi_spec(store, &spec, at).await?;
+        check_vmi_spec(store, ns, &spec, at, templates).await?;
     } else {
         tracing::info!(namespace = %ns, %name, missing = %missing.join("; "), "VM taken before its instancetype or preference exists");
     }
@@ -403,10 +461,29 @@ fn add_finalizer(obj: &mut Value, f: &str) {
 
 /// The checks of a VMI spec shared by VMs and standalone VMIs: structure, then that every
 /// image it names was imported.
+/// Every problem of a DataVolume spec, the image reference of a registry source included.
+fn data_volume_problems(spec: &DataVolumeSpec, ns: &str, at: &str) -> Vec<FieldError> {
+    let mut problems = spec.check(ns, at);
+    if let Some(Fill::Registry(image)) = spec.fill(ns)
+        && let Err(e) = registry::check_reference(&image)
+    {
+        problems.push(FieldError {
+            field: format!("{at}.source.registry.url"),
+            reason: "FieldValueInvalid",
+            message: e.to_string(),
+        });
+    }
+    problems
+}
+
+/// Check an instance spec in namespace `ns`; `templates` are the names of the DataVolumes
+/// its VM creates (its `dataVolume` volumes may name them before they exist).
 async fn check_vmi_spec(
     store: &Store,
+    ns: &str,
     spec: &VirtualMachineInstanceSpec,
     at: &str,
+    templates: &[String],
 ) -> ApiResult<()> {
     convert::validate(spec).map_err(|e| ApiError::invalid(format!("{at}: {}", e.0)))?;
     // A registry reference is pulled by the node at start: here only its syntax and pull
@@ -473,14 +550,26 @@ async fn check_vmi_spec(
             }
         }
     }
+    // A dataVolume names a DataVolume (existing, or one of the VM's templates) or else an
+    // imported image.
+    let mut data_volumes = Vec::new();
+    for v in &spec.volumes {
+        if let Some(d) = &v.data_volume
+            && (templates.contains(&d.name)
+                || store.get(Kind::DataVolume, ns, &d.name).await?.is_some())
+        {
+            data_volumes.push(d.name.clone());
+        }
+    }
     for image in referenced_images(spec) {
-        if matches!(Source::of(&image), Source::Registry(_)) {
+        if matches!(Source::of(&image), Source::Registry(_)) || data_volumes.contains(&image) {
             continue;
         }
         if store.get(Kind::Image, "", &image).await?.is_none() {
             return Err(ApiError::invalid(format!(
                 "{at}: image {image:?} does not exist; import it first with \
-                 `edgevirt image import {image} FILE`"
+                 `edgevirt image import {image} FILE` (a dataVolume names a DataVolume in \
+                 the namespace, one of the VM's dataVolumeTemplates, or an imported image)"
             )));
         }
     }

@@ -32,6 +32,7 @@ fn resource(kind: Kind) -> Resource {
         // Kubernetes' own kinds.
         let short: &[&str] = match kind {
             Kind::Namespace => &["ns"],
+            Kind::StorageClass => &["sc"],
             _ => &[],
         };
         return Resource {
@@ -57,12 +58,14 @@ fn resource(kind: Kind) -> Resource {
 }
 
 /// The groups edgevirt serves, each at one version ([`version_of`]): the core group is "".
-pub const GROUPS: [&str; 5] = [
+pub const GROUPS: [&str; 7] = [
     "",
     "kubevirt.io",
     "edgevirt.io",
     crate::types::instancetype::GROUP,
     "apps",
+    crate::types::cdi::GROUP,
+    "storage.k8s.io",
 ];
 
 fn resources_of(group: &str) -> Vec<Resource> {

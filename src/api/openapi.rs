@@ -98,6 +98,15 @@ fn description(kind: Kind) -> &'static str {
             "VirtualMachineClusterPreference holds what a guest OS prefers, for every namespace \
              (edgevirt keeps a common set for current Linux and Windows releases)."
         }
+        Kind::DataVolume => {
+            "DataVolume is a persistent disk filled once from a source (blank, http, a \
+             registry image, another DataVolume's disk), as CDI's; the node that first runs \
+             a VM using it fills it, and VMs using it run there."
+        }
+        Kind::StorageClass => {
+            "StorageClass says where DataVolumes' disks live, as in Kubernetes: edgevirt keeps \
+             `local` (the node's own disk, bound when a VM first uses the DataVolume)."
+        }
         Kind::ControllerRevision => {
             "ControllerRevision is the copy of an instancetype or preference a VM keeps using, \
              so changing the object does not change the VM."

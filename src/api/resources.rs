@@ -466,7 +466,8 @@ impl Verb {
                 Verb::Create | Verb::Replace | Verb::Patch | Verb::Delete,
                 Kind::VirtualMachineClusterInstancetype
                 | Kind::VirtualMachineClusterPreference
-                | Kind::ControllerRevision,
+                | Kind::ControllerRevision
+                | Kind::StorageClass,
             ) => &[Access::Admin],
             (Verb::Create | Verb::Replace | Verb::Patch, Kind::Node) => &[Access::AgentWrite],
             (Verb::Patch, _) => &[Access::Operate, Access::AgentWrite],

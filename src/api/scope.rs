@@ -1,6 +1,7 @@
 //! What a node's agent may change. A joined agent's credential is bound to its node (user
 //! `node:<name>`): it may register and update that Node, write the status and metadata of
-//! the instances placed on it, and the metadata of their VMs; nothing else. The spec of its
+//! the instances placed on it, the metadata of their VMs and the status of the DataVolumes
+//! bound to it; nothing else. The spec of its
 //! Node (cordon) belongs to administrators.
 
 use serde_json::Value;
@@ -52,6 +53,12 @@ pub async fn check(
             let s = &m["status"]["migrationState"];
             s["sourceNode"].as_str() == Some(node) || s["targetNode"].as_str() == Some(node)
         }),
+        // The status of a DataVolume bound to its node: the agent there fills it.
+        Kind::DataVolume => {
+            existing.and_then(|o| {
+                o["metadata"]["annotations"][crate::types::cdi::NODE_ANNOTATION].as_str()
+            }) == Some(node)
+        }
         Kind::VirtualMachine => {
             existing.and_then(|o| o["metadata"]["annotations"][VOLUMES_NODE_ANNOTATION].as_str())
                 == Some(node)

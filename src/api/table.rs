@@ -73,6 +73,20 @@ fn make_columns(kind: Kind) -> Vec<Column> {
                 col("Age", "date", ".metadata.creationTimestamp", 0),
             ];
         }
+        Kind::StorageClass => {
+            return vec![
+                col("Provisioner", "string", ".provisioner", 0),
+                col("ReclaimPolicy", "string", ".reclaimPolicy", 0),
+                col("VolumeBindingMode", "string", ".volumeBindingMode", 0),
+                col(
+                    "AllowVolumeExpansion",
+                    "boolean",
+                    ".allowVolumeExpansion",
+                    0,
+                ),
+                col("Age", "date", ".metadata.creationTimestamp", 0),
+            ];
+        }
         Kind::ControllerRevision => {
             return vec![
                 col(
@@ -217,8 +231,10 @@ mod tests {
 
     fn vmi() -> Value {
         json!({
+            // Three days old: the age reads the same whatever second the test runs in.
             "metadata": {"name": "web", "namespace": "default",
-                "creationTimestamp": crate::types::now()},
+                "creationTimestamp": (chrono::Utc::now() - chrono::Duration::days(3))
+                    .format("%Y-%m-%dT%H:%M:%SZ").to_string()},
             "status": {"phase": "Running", "nodeName": "n1",
                 "interfaces": [{"ipAddress": "10.0.0.5"}],
                 "conditions": [{"type": "Paused", "status": "False"},
@@ -276,7 +292,7 @@ mod tests {
         assert_eq!(
             t["rows"][0]["cells"],
             json!([
-                "web", "0s", "Running", "10.0.0.5", "n1", "True", "False", "False"
+                "web", "3d", "Running", "10.0.0.5", "n1", "True", "False", "False"
             ])
         );
         assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");

@@ -3,6 +3,7 @@
 //! state and is idempotent; a per-object queue is fed by store events and a periodic resync,
 //! and a failed reconcile is retried with backoff.
 
+pub mod datavolume;
 pub mod instancetype;
 mod migration;
 mod node;
@@ -88,6 +89,9 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
     let ctx = Arc::new(Context {
         store: store.clone(),
     });
+    if let Err(e) = datavolume::keep_storage_class(&store).await {
+        tracing::warn!(error = %e, "could not keep the local storage class");
+    }
     if let Err(e) = instancetype::keep_common_set(&store).await {
         tracing::warn!(error = %e, "could not keep the common instancetypes and preferences");
     }
@@ -117,6 +121,7 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                         Kind::VirtualMachineInstanceMigration => {
                             queue.push(&(Kind::VirtualMachineInstanceMigration, ns, name));
                         }
+                        Kind::DataVolume => queue.push(&(Kind::DataVolume, ns, name)),
                         Kind::Image
                         | Kind::Namespace
                         | Kind::Secret
@@ -124,7 +129,8 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                         | Kind::VirtualMachineClusterInstancetype
                         | Kind::VirtualMachinePreference
                         | Kind::VirtualMachineClusterPreference
-                        | Kind::ControllerRevision => {}
+                        | Kind::ControllerRevision
+                        | Kind::StorageClass => {}
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => resync(&ctx, &queue).await,
@@ -149,6 +155,9 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                 Kind::VirtualMachineInstanceMigration => {
                     migration::reconcile_migration(&ctx, &key.1, &key.2).await
                 }
+                Kind::DataVolume => datavolume::reconcile_dv(&ctx, &key.1, &key.2)
+                    .await
+                    .map(|()| Action::Done),
                 _ => Ok(Action::Done),
             };
             match r {

@@ -63,6 +63,12 @@ pub async fn pick_node(
     let claims = shared_disks(vmi);
     let needs_pool = !claims.is_empty();
     let source_pool = source_node.and_then(pool_of);
+    // DataVolumes live on the node that first ran a VM using them.
+    let bound: Vec<(String, String)> = super::datavolume::used_by(&ctx.store, vmi)
+        .await?
+        .into_iter()
+        .filter_map(|(dv, node)| node.map(|n| (dv, n)))
+        .collect();
     let running_cpu: Option<GuestCpu> = vmi
         .annotation(crate::cpu::policy::GUEST_CPU_ANNOTATION)
         .and_then(|s| serde_json::from_str(s).ok());
@@ -82,6 +88,12 @@ pub async fn pick_node(
         }
         if !selector.iter().all(|(k, v)| n.label(k) == Some(v.as_str())) {
             reasons.push(format!("{name}: does not match nodeSelector"));
+            continue;
+        }
+        if let Some((dv, there)) = bound.iter().find(|(_, there)| *there != name) {
+            reasons.push(format!(
+                "{name}: DataVolume {dv} lives on node {there} (local storage)"
+            ));
             continue;
         }
         if needs_pool {
@@ -189,6 +201,8 @@ pub async fn schedule(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<boo
     let (ns, name) = (vmi.namespace(), vmi.name());
     match picked {
         Ok((node, guest_cpu)) => {
+            // Its DataVolumes first: the agent fills only those bound to its node.
+            super::datavolume::bind(&ctx.store, vmi, &node).await?;
             let cpu_json = serde_json::to_string(&guest_cpu).unwrap_or_default();
             ctx.store
                 .update_typed(ns, name, |o: &mut VirtualMachineInstance| {

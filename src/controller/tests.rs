@@ -415,3 +415,126 @@ async fn an_idle_resync_writes_nothing() {
     let h3 = get_vm(&ctx, "h3").await;
     assert_eq!(printable(&h3), "Stopped");
 }
+
+/// A VM's dataVolumeTemplates become DataVolumes it owns, waiting for their first consumer;
+/// the node its instance is placed on gets them, every later instance goes there (even when
+/// another node has more room), and they go when the VM goes.
+#[tokio::test]
+async fn data_volumes_wait_bind_to_the_first_node_and_go_with_their_vm() {
+    use crate::types::cdi::{DataVolume, NODE_ANNOTATION};
+    let (_d, ctx) = ctx().await;
+    add_node(&ctx, "first", 4 << 30).await;
+    ctx.store
+        .create(
+            Kind::VirtualMachine,
+            json!({"metadata": {"name": "d", "namespace": "default"}, "spec": {
+                "runStrategy": "Always",
+                "dataVolumeTemplates": [{"metadata": {"name": "d-root", "labels": {"app": "d"}},
+                    "spec": {"source": {"blank": {}},
+                             "storage": {"resources": {"requests": {"storage": "1Gi"}}}}}],
+                "template": {"spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {}},
+                    "volumes": [{"name": "root", "dataVolume": {"name": "d-root"}}]}}}}),
+            false,
+        )
+        .await
+        .unwrap();
+    vm::reconcile_vm(&ctx, "default", "d").await.unwrap();
+    let dv: DataVolume = ctx
+        .store
+        .get_typed("default", "d-root")
+        .await
+        .unwrap()
+        .unwrap();
+    let owner = &dv.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("VirtualMachine", "d")
+    );
+    assert_eq!(dv.metadata.labels.as_ref().unwrap()["app"], "d");
+    let st = dv.status.clone().unwrap();
+    assert_eq!(st.phase.as_deref(), Some("WaitForFirstConsumer"));
+    assert_eq!(dv.annotation(NODE_ANNOTATION), None);
+
+    vm::reconcile_vmi(&ctx, "default", "d").await.unwrap();
+    assert_eq!(get_vmi(&ctx, "d").await.unwrap().node_name(), Some("first"));
+    let dv: DataVolume = ctx
+        .store
+        .get_typed("default", "d-root")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(dv.annotation(NODE_ANNOTATION), Some("first"));
+
+    // A roomier node joins; the next instance still goes where its disk is.
+    add_node(&ctx, "roomy", 64 << 30).await;
+    let vmi = get_vmi(&ctx, "d").await.unwrap();
+    let none = Default::default();
+    let (node, _) = scheduler::pick_node(&ctx, &vmi, None, &none)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(node, "first");
+    // Migrating away finds no node, and says why.
+    let why = scheduler::pick_node(&ctx, &vmi, Some("first"), &none)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        why.contains("roomy: DataVolume d-root lives on node first"),
+        "{why}"
+    );
+
+    // The VM goes: its DataVolume goes too.
+    ctx.store
+        .delete(Kind::VirtualMachine, "default", "d", None)
+        .await
+        .unwrap();
+    // (the volumes finalizer is the agent's; without it the VM is gone at once)
+    vm::reconcile_vm(&ctx, "default", "d").await.unwrap();
+    assert!(
+        ctx.store
+            .get(Kind::DataVolume, "default", "d-root")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+/// A DataVolume created on its own gets CDI's first status.
+#[tokio::test]
+async fn a_lone_data_volume_waits_for_its_first_consumer() {
+    let (_d, ctx) = ctx().await;
+    ctx.store
+        .create(
+            Kind::DataVolume,
+            json!({"metadata": {"name": "lone", "namespace": "default"}, "spec": {
+                "source": {"http": {"url": "http://example.com/d.img"}},
+                "storage": {"resources": {"requests": {"storage": "1Gi"}}}}}),
+            false,
+        )
+        .await
+        .unwrap();
+    datavolume::reconcile_dv(&ctx, "default", "lone")
+        .await
+        .unwrap();
+    let dv: crate::types::cdi::DataVolume = ctx
+        .store
+        .get_typed("default", "lone")
+        .await
+        .unwrap()
+        .unwrap();
+    let st = dv.status.unwrap();
+    assert_eq!(
+        (
+            st.phase.as_deref(),
+            st.progress.as_deref(),
+            st.claim_name.as_deref()
+        ),
+        (Some("WaitForFirstConsumer"), Some("N/A"), Some("lone"))
+    );
+    assert!(
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == "Bound" && c.status == "False")
+    );
+}

@@ -36,8 +36,9 @@ pub async fn reconcile_vm(ctx: &Context, ns: &str, name: &str) -> Result<Action,
     let vm = read::<VirtualMachine>(ctx, ns, name).await?;
     let vmi = read::<VirtualMachineInstance>(ctx, ns, name).await?;
     let Some(vm) = vm else {
-        // The VM is gone: its revisions go, and its instance too.
+        // The VM is gone: its revisions and DataVolumes go, and its instance too.
         instancetype::forget_revisions(store, ns, name).await?;
+        super::datavolume::forget_owned(store, ns, name).await?;
         if let Some(vmi) = vmi
             && vmi.owner_uid("VirtualMachine").is_some()
             && !vmi.deleting()
@@ -64,6 +65,10 @@ pub async fn reconcile_vm(ctx: &Context, ns: &str, name: &str) -> Result<Action,
         set_vm_status(ctx, ns, name, vmi.as_ref()).await?;
         return Ok(Action::Done);
     }
+
+    // Its DataVolumes exist from the start, as KubeVirt creates them (they wait for a
+    // consumer).
+    super::datavolume::ensure_templates(store, &vm).await?;
 
     // The instancetype and preference it uses are copied before anything starts it.
     if instancetype::needs_revisions(&vm) {

@@ -1161,3 +1161,124 @@ async fn objects_read_through_v1alpha3_come_back_as_v1alpha3() {
     .await;
     assert_eq!(code, StatusCode::NOT_FOUND);
 }
+
+/// DataVolumes through the API: every problem of a spec in one 422 (as kubectl shows it),
+/// an immutable spec, VMs naming their templates' DataVolumes before they exist, a name that
+/// is neither a DataVolume nor an image refused, and storage classes read-only.
+#[tokio::test]
+async fn data_volumes_are_checked_whole_and_named_by_vms() {
+    let t = setup().await;
+    const DVS: &str = "/apis/cdi.kubevirt.io/v1beta1/namespaces/default/datavolumes";
+    let dv = |name: &str, spec: Value| {
+        json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+               "metadata": {"name": name}, "spec": spec})
+        .to_string()
+    };
+    let post = |path: &'static str, body: String| {
+        let t = &t;
+        async move {
+            call(
+                t,
+                "POST",
+                path,
+                Some("admin-tok"),
+                "application/json",
+                &body,
+            )
+            .await
+        }
+    };
+    let (code, s) = post(
+        DVS,
+        dv(
+            "bad",
+            json!({"source": {"http": {"url": "ftp://x/y"}},
+                   "storage": {"resources": {"requests": {"storage": "0"}}, "storageClassName": "nfs"}}),
+        ),
+    )
+    .await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{s}");
+    let fields: Vec<&str> = s["details"]["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.source.http.url",
+            "spec.storage.resources.requests.storage",
+            "spec.storage.storageClassName"
+        ],
+        "{s}"
+    );
+    assert_eq!(s["details"]["group"], "cdi.kubevirt.io");
+    let msg = s["message"].as_str().unwrap();
+    assert!(msg.contains("source.http.url: \"ftp://x/y\""), "{msg}");
+
+    let good = json!({"source": {"blank": {}}, "storage": {"resources": {"requests": {"storage": "1Gi"}}}});
+    let (code, s) = post(DVS, dv("disk", good.clone())).await;
+    assert_eq!(code, StatusCode::CREATED, "{s}");
+    let mut grown = good.clone();
+    grown["storage"]["resources"]["requests"]["storage"] = json!("2Gi");
+    let (code, s) = call(
+        &t,
+        "PUT",
+        &format!("{DVS}/disk"),
+        Some("admin-tok"),
+        "application/json",
+        &dv("disk", grown),
+    )
+    .await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{s}");
+    assert!(s["message"].as_str().unwrap().contains("cannot be changed"));
+
+    // A VM names an existing DataVolume and one of its own templates.
+    let mut v: Value = serde_json::from_str(&vm("user", json!({}))).unwrap();
+    v["spec"]["dataVolumeTemplates"] =
+        json!([{"metadata": {"name": "user-root"}, "spec": good.clone()}]);
+    v["spec"]["template"]["spec"]["domain"]["devices"]["disks"] =
+        json!([{"name": "a", "disk": {}}, {"name": "b", "disk": {}}]);
+    v["spec"]["template"]["spec"]["volumes"] = json!([
+        {"name": "a", "dataVolume": {"name": "disk"}},
+        {"name": "b", "dataVolume": {"name": "user-root"}}]);
+    let (code, s) = post(VMS, v.to_string()).await;
+    assert_eq!(code, StatusCode::CREATED, "{s}");
+    v["metadata"]["name"] = json!("other");
+    v["spec"]["dataVolumeTemplates"] = json!([]);
+    let (code, s) = post(VMS, v.to_string()).await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{s}");
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"user-root\" does not exist"),
+        "{s}"
+    );
+    // Two templates of one name, and a bad source, in one answer.
+    v["spec"]["dataVolumeTemplates"] = json!([
+        {"metadata": {"name": "twice"}, "spec": good.clone()},
+        {"metadata": {"name": "twice"}, "spec": {"source": {"registry": {"url": "docker://"}}, "storage": good["storage"].clone()}}]);
+    let (code, s) = post(VMS, v.to_string()).await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{s}");
+    assert_eq!(s["details"]["causes"].as_array().unwrap().len(), 2, "{s}");
+
+    // Storage classes: listed, not written.
+    let sc = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                    "metadata": {"name": "fast"}, "provisioner": "x"});
+    let (code, s) = post("/apis/storage.k8s.io/v1/storageclasses", sc.to_string()).await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{s}");
+    let (code, l) = call(
+        &t,
+        "GET",
+        "/apis/storage.k8s.io/v1",
+        Some("viewer-tok"),
+        "",
+        "",
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(l["resources"][0]["name"], "storageclasses", "{l}");
+    assert_eq!(l["resources"][0]["shortNames"], json!(["sc"]), "{l}");
+}

@@ -51,6 +51,10 @@ pub struct VirtualMachineSpec {
     /// Defaults for what the template leaves unset, from a `VirtualMachine(Cluster)Preference`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preference: Option<Matcher>,
+    /// DataVolumes the VM owns: created with it, deleted with it, named by its
+    /// `dataVolume` volumes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data_volume_templates: Vec<super::cdi::DataVolumeTemplateSpec>,
     pub template: VirtualMachineInstanceTemplateSpec,
 }
 
@@ -994,7 +998,8 @@ pub fn names_registry_image(image: &str) -> bool {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct DataVolumeSource {
-    /// The name of an imported image.
+    /// The name of a DataVolume in the VM's namespace (or of one of its
+    /// `dataVolumeTemplates`); else of an imported image, as edgevirt's dashboard writes it.
     pub name: String,
 }
 

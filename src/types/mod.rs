@@ -1,6 +1,7 @@
 //! Resource types and the checks every write goes through before it reaches the store:
 //! names, the KubeVirt fields edgevirt does not support yet, quantities.
 
+pub mod cdi;
 pub mod edgevirt;
 pub mod instancetype;
 pub mod object;
@@ -110,10 +111,14 @@ pub enum Kind {
     VirtualMachineClusterPreference,
     /// `apps/v1`: the copy of an instancetype or preference a VM keeps using.
     ControllerRevision,
+    /// `cdi.kubevirt.io/v1beta1`: a persistent disk filled once from a source.
+    DataVolume,
+    /// `storage.k8s.io/v1`: where DataVolumes' disks live; edgevirt keeps `local`.
+    StorageClass,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 14] = [
         Kind::VirtualMachine,
         Kind::VirtualMachineInstance,
         Kind::VirtualMachineInstanceMigration,
@@ -126,6 +131,8 @@ impl Kind {
         Kind::VirtualMachinePreference,
         Kind::VirtualMachineClusterPreference,
         Kind::ControllerRevision,
+        Kind::DataVolume,
+        Kind::StorageClass,
     ];
 
     pub fn name(self) -> &'static str {
@@ -142,6 +149,8 @@ impl Kind {
             Kind::VirtualMachinePreference => "VirtualMachinePreference",
             Kind::VirtualMachineClusterPreference => "VirtualMachineClusterPreference",
             Kind::ControllerRevision => "ControllerRevision",
+            Kind::DataVolume => "DataVolume",
+            Kind::StorageClass => "StorageClass",
         }
     }
 
@@ -159,6 +168,8 @@ impl Kind {
             Kind::VirtualMachinePreference => "virtualmachinepreferences",
             Kind::VirtualMachineClusterPreference => "virtualmachineclusterpreferences",
             Kind::ControllerRevision => "controllerrevisions",
+            Kind::DataVolume => "datavolumes",
+            Kind::StorageClass => "storageclasses",
         }
     }
 
@@ -174,6 +185,8 @@ impl Kind {
             | Kind::VirtualMachinePreference
             | Kind::VirtualMachineClusterPreference => instancetype::GROUP,
             Kind::ControllerRevision => "apps",
+            Kind::DataVolume => cdi::GROUP,
+            Kind::StorageClass => "storage.k8s.io",
         }
     }
 
@@ -208,6 +221,7 @@ impl Kind {
                 | Kind::VirtualMachineInstancetype
                 | Kind::VirtualMachinePreference
                 | Kind::ControllerRevision
+                | Kind::DataVolume
         )
     }
 
@@ -234,7 +248,10 @@ impl Kind {
             Kind::VirtualMachineClusterPreference => {
                 instancetype::VirtualMachineClusterPreference::crd()
             }
-            Kind::Namespace | Kind::Secret | Kind::ControllerRevision => return None,
+            Kind::DataVolume => cdi::DataVolume::crd(),
+            Kind::Namespace | Kind::Secret | Kind::ControllerRevision | Kind::StorageClass => {
+                return None;
+            }
         })
     }
 
@@ -249,9 +266,10 @@ impl Kind {
     }
 }
 
-/// The version a group is served at: `v1beta1` for instancetypes, `v1` for the rest.
+/// The version a group is served at: `v1beta1` for instancetypes and DataVolumes, `v1` for
+/// the rest.
 pub fn version_of(group: &str) -> &'static str {
-    if group == instancetype::GROUP {
+    if group == instancetype::GROUP || group == cdi::GROUP {
         "v1beta1"
     } else {
         "v1"
@@ -426,7 +444,9 @@ impl FieldError {
             // The message names the field itself (KubeVirt's instancetype conflicts).
             _ if self.message.contains(&self.field) => self.message.clone(),
             "FieldValueForbidden" => format!("field {at} is {}", self.message),
-            "FieldValueInvalid" => format!("unknown field {at}"),
+            "FieldValueInvalid" if self.message.starts_with("unknown field") => {
+                format!("unknown field {at}")
+            }
             _ => format!("{at}: {}", self.message),
         }
     }

@@ -64,6 +64,12 @@ impl Typed for super::instancetype::VirtualMachinePreference {
 impl Typed for super::instancetype::VirtualMachineClusterPreference {
     const KIND: Kind = Kind::VirtualMachineClusterPreference;
 }
+impl Typed for k8s_openapi::api::storage::v1::StorageClass {
+    const KIND: Kind = Kind::StorageClass;
+}
+impl Typed for super::cdi::DataVolume {
+    const KIND: Kind = Kind::DataVolume;
+}
 impl Typed for k8s_openapi::api::apps::v1::ControllerRevision {
     const KIND: Kind = Kind::ControllerRevision;
 }
@@ -97,13 +103,15 @@ pub fn check_status(kind: Kind, status: &Value) -> Result<(), Invalid> {
         }
         Kind::Node => fits::<edgevirt::NodeStatus>(status),
         Kind::Image => fits::<edgevirt::ImageStatus>(status),
+        Kind::DataVolume => fits::<super::cdi::DataVolumeStatus>(status),
         Kind::Namespace
         | Kind::Secret
         | Kind::VirtualMachineInstancetype
         | Kind::VirtualMachineClusterInstancetype
         | Kind::VirtualMachinePreference
         | Kind::VirtualMachineClusterPreference
-        | Kind::ControllerRevision => Ok(()),
+        | Kind::ControllerRevision
+        | Kind::StorageClass => Ok(()),
     }
 }
 

@@ -49,6 +49,7 @@ pub fn spec_definition(kind: &str) -> Option<&'static str> {
         "VirtualMachinePreference" | "VirtualMachineClusterPreference" => {
             Some("v1beta1.VirtualMachinePreferenceSpec")
         }
+        "DataVolume" => Some("v1beta1.DataVolumeSpec"),
         _ => None,
     }
 }

@@ -830,6 +830,111 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
         .expect(&[400, 422]),
     );
 
+    // ---- DataVolumes: sources that reach the host (file URLs, other namespaces, traversing
+    // names), sizes, storage classes, and the status agents write (a viewer and an
+    // administrator may not; the agent only for its own node, checked in the API tests).
+    let dv_path = format!("/apis/cdi.kubevirt.io/v1beta1/namespaces/{NS}/datavolumes");
+    let datavolume = |name: &str, spec: Value| {
+        Case::new(name, Method::POST, dv_path.clone()).json(&json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1",
+            "kind": "DataVolume",
+            "metadata": {"name": format!("hostile-{}", name.to_lowercase())},
+            "spec": spec,
+        }))
+    };
+    let size = json!({"resources": {"requests": {"storage": "1Gi"}}});
+    for (name, spec, needle) in [
+        (
+            "dv-http-file-url",
+            json!({"source": {"http": {"url": "file:///etc/shadow"}}, "storage": size}),
+            "http",
+        ),
+        (
+            "dv-http-url-1MiB",
+            json!({"source": {"http": {"url": format!("http://x/{}", "a".repeat(MIB))}}, "storage": size}),
+            "2048",
+        ),
+        (
+            "dv-registry-not-docker",
+            json!({"source": {"registry": {"url": "oci-archive:///etc/passwd"}}, "storage": size}),
+            "docker://",
+        ),
+        (
+            "dv-registry-bad-reference",
+            json!({"source": {"registry": {"url": "docker://UPPER/../x:"}}, "storage": size}),
+            "url",
+        ),
+        (
+            "dv-clone-other-namespace",
+            json!({"source": {"pvc": {"name": "x", "namespace": "kube-system"}}, "storage": size}),
+            "namespace",
+        ),
+        (
+            "dv-clone-traversing-name",
+            json!({"source": {"pvc": {"name": "../../etc"}}, "storage": size}),
+            "name",
+        ),
+        (
+            "dv-size-1Ei",
+            json!({"source": {"blank": {}}, "storage": {"resources": {"requests": {"storage": "1Ei"}}}}),
+            "64Ti",
+        ),
+        (
+            "dv-size-negative",
+            json!({"source": {"blank": {}}, "storage": {"resources": {"requests": {"storage": "-1Gi"}}}}),
+            "storage",
+        ),
+        (
+            "dv-no-size",
+            json!({"source": {"blank": {}}, "storage": {}}),
+            "storage",
+        ),
+        (
+            "dv-unknown-class",
+            json!({"source": {"blank": {}}, "storage": {"resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "../ceph"}}),
+            "storage class",
+        ),
+        (
+            "dv-two-sources",
+            json!({"source": {"blank": {}, "upload": {}}, "storage": size}),
+            "upload",
+        ),
+        (
+            "dv-s3-source",
+            json!({"source": {"s3": {"url": "s3://bucket/disk"}}, "storage": size}),
+            "does not support",
+        ),
+        (
+            "dv-archive",
+            json!({"source": {"blank": {}}, "storage": size, "contentType": "archive"}),
+            "contentType",
+        ),
+    ] {
+        c.push(datavolume(name, spec).expect(&[400, 422]).msg(needle));
+    }
+    c.push(
+        Case::new("dv-template-bad-name", Method::POST, VMS.to_string())
+            .json(&json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                "metadata": {"name": "hostile-dv-template"},
+                "spec": {"runStrategy": "Halted",
+                    "dataVolumeTemplates": [{"metadata": {"name": "../x"},
+                        "spec": {"source": {"blank": {}}, "storage": size}}],
+                    "template": {"spec": {"domain": {"devices": {}}}}}
+            }))
+            .expect(&[400, 422])
+            .msg("dataVolumeTemplates"),
+    );
+    c.push(
+        Case::new(
+            "dv-status-by-an-operator",
+            Method::PUT,
+            format!("{dv_path}/hostile-nothing/status"),
+        )
+        .json(&json!({"status": {"phase": "Succeeded"}}))
+        .expect(&[404]),
+    );
+
     // ---- 5. selectors, 6. query parameters (reads)
     for sel in [
         "!!", "((((!!==", "a=b=c", "a in (b", "=x", "a b", "!a=b", "a=(b)",

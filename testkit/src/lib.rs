@@ -11,10 +11,12 @@
 //! - [`hostile`]: the hostile-request cases of the hardening test and benchmark.
 //! - [`registry`]: a real OCI registry on loopback and containerDisk images pushed to it.
 //! - [`Kubectl`]: a kubectl binary with a kubeconfig for an appliance.
+//! - [`FileServer`]: plain HTTP downloads from a folder, on loopback.
 //! - host helpers: [`virsh`], [`domstate`], [`domid`], [`guest_uptime`], [`wait_for`],
 //!   [`serial_echo`].
 
 mod appliance;
+mod files;
 pub mod hostile;
 mod kubectl;
 pub mod registry;
@@ -22,6 +24,7 @@ pub mod serve;
 mod vm;
 
 pub use appliance::*;
+pub use files::FileServer;
 pub use kubectl::{Kubectl, Out, kubeconfig, kubeconfig_yaml};
 pub use registry::Registry;
 pub use vm::Vm;

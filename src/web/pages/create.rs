@@ -240,6 +240,7 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, String> {
     let mut vm = VirtualMachine::new(
         f.name.trim(),
         VirtualMachineSpec {
+            data_volume_templates: Vec::new(),
             running: None,
             run_strategy: Some(if f.start {
                 RunStrategy::Always

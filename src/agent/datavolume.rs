@@ -1,0 +1,454 @@
+//! DataVolumes, the node's part. A DataVolume the scheduler bound to this node (its first
+//! consumer was placed here) is filled by a task of its own ([`run`]), so that a long
+//! download never holds up the sync loop: blank (`qemu-img create`), a registry image (the
+//! node's image cache, then converted), an HTTP download (streamed, with its progress in the
+//! DataVolume's status), or a clone of another DataVolume on this node. The disk is written
+//! under a temporary name and renamed when whole, so a crash leaves no half disk under the
+//! real name; a failed fill removes what it wrote, says why in the status, and is tried
+//! again later (`restartCount`), as CDI's importer pods are.
+//!
+//! An instance using a DataVolume waits (it stays `Scheduled`) until its disk is there,
+//! then uses that file directly: the disk is the DataVolume's, kept across restarts, and
+//! goes only when the DataVolume is deleted.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use serde_json::json;
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+
+use super::Agent;
+use super::ports::Stored;
+use crate::registry::{DockerConfig, PullPolicy};
+use crate::types::Meta;
+use crate::types::cdi::{
+    DataVolume, DataVolumeCondition, DataVolumeStatus, Fill, MAX_BYTES, NODE_ANNOTATION, phase,
+};
+
+/// Why an instance cannot start yet: its DataVolume is still being filled (not a failure).
+#[derive(Debug, thiserror::Error)]
+#[error("DataVolume {0} is not filled yet ({1})")]
+pub struct NotFilled(pub String, pub String);
+
+/// Where the disk of the DataVolume with `uid` lives on this node.
+pub fn disk_path(agent: &Agent, uid: &str) -> PathBuf {
+    agent
+        .cfg
+        .data_dir
+        .join("datavolumes")
+        .join(format!("{uid}.qcow2"))
+}
+
+/// The disk of the DataVolume `name` in `ns` for an instance on this node: `Ok(None)` when
+/// no DataVolume has that name (it names an imported image), [`NotFilled`] while it fills.
+pub async fn disk(agent: &Agent, ns: &str, name: &str) -> anyhow::Result<Option<PathBuf>> {
+    let Some(dv) = agent.cp.get_data_volume(ns, name).await? else {
+        return Ok(None);
+    };
+    let dv = dv.obj;
+    let here = agent.cfg.node_name.as_str();
+    match dv.annotation(NODE_ANNOTATION) {
+        Some(n) if n == here => {}
+        Some(other) => bail!("DataVolume {ns}/{name} lives on node {other}, not on {here}"),
+        None => return Err(NotFilled(format!("{ns}/{name}"), "not bound yet".into()).into()),
+    }
+    let path = disk_path(agent, dv.uid());
+    if path.is_file() {
+        return Ok(Some(path));
+    }
+    agent.wake_fills.notify_one();
+    let st = dv.status.unwrap_or_default();
+    let said = match st.phase.as_deref() {
+        Some(phase::FAILED) => format!(
+            "failed: {}",
+            running_message(&st).unwrap_or_else(|| "see its status".into())
+        ),
+        Some(p) => p.to_string(),
+        None => "pending".into(),
+    };
+    Err(NotFilled(format!("{ns}/{name}"), said.trim().to_string()).into())
+}
+
+fn running_message(st: &DataVolumeStatus) -> Option<String> {
+    st.conditions
+        .iter()
+        .find(|c| c.type_ == "Running")
+        .and_then(|c| c.message.clone())
+}
+
+/// Fill the DataVolumes bound to this node whose disks are missing, one at a time, and
+/// remove the disks of DataVolumes that are gone.
+pub async fn run(agent: Arc<Agent>, cancel: CancellationToken) {
+    let mut next_try: HashMap<String, Instant> = HashMap::new();
+    let mut last_collect = Instant::now();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = agent.wake_fills.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+        let Ok(dvs) = agent.cp.data_volumes().await else {
+            continue;
+        };
+        let here = agent.cfg.node_name.clone();
+        for dv in &dvs {
+            let d = &dv.obj;
+            if d.annotation(NODE_ANNOTATION) != Some(here.as_str())
+                || d.deleting()
+                || disk_path(&agent, d.uid()).is_file()
+                || next_try.get(d.uid()).is_some_and(|t| Instant::now() < *t)
+            {
+                continue;
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = fill(&agent, dv) => if r.is_err() {
+                    let restarts = d.status.as_ref().and_then(|s| s.restart_count).unwrap_or(0);
+                    let wait = Duration::from_secs(10 << restarts.clamp(0, 5));
+                    next_try.insert(d.uid().to_string(), Instant::now() + wait);
+                } else {
+                    agent.wake.notify_one();
+                },
+            }
+        }
+        if last_collect.elapsed() > Duration::from_secs(30) {
+            last_collect = Instant::now();
+            collect(&agent, &dvs).await;
+        }
+    }
+}
+
+/// Remove the disks (and half-written files) of DataVolumes that no longer exist.
+async fn collect(agent: &Agent, dvs: &[Stored<DataVolume>]) {
+    let live: HashSet<&str> = dvs.iter().map(|d| d.obj.uid()).collect();
+    let dir = agent.cfg.data_dir.join("datavolumes");
+    let Ok(mut entries) = tokio::fs::read_dir(&dir).await else {
+        return;
+    };
+    while let Ok(Some(e)) = entries.next_entry().await {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let uid = name.trim_start_matches('.').split('.').next().unwrap_or("");
+        if !uid.is_empty() && !live.contains(uid) {
+            match tokio::fs::remove_file(e.path()).await {
+                Ok(()) => {
+                    tracing::info!(file = %e.path().display(), "removed the disk of a deleted DataVolume")
+                }
+                Err(err) => {
+                    tracing::warn!(file = %e.path().display(), error = %err, "cannot remove the disk of a deleted DataVolume")
+                }
+            }
+        }
+    }
+}
+
+fn condition(t: &str, ok: bool, reason: &str, message: &str) -> DataVolumeCondition {
+    DataVolumeCondition {
+        type_: t.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: Some(reason.into()),
+        message: (!message.is_empty()).then(|| message.to_string()),
+        last_transition_time: Some(crate::types::now()),
+        last_heartbeat_time: Some(crate::types::now()),
+    }
+}
+
+/// Write a DataVolume's status; a failure to write is logged, never fatal to the fill.
+async fn set_status(agent: &Agent, dv: &DataVolume, st: &DataVolumeStatus) {
+    let patch = json!({ "status": st });
+    if let Err(e) = agent
+        .cp
+        .patch_data_volume_status(dv.namespace(), dv.name(), patch)
+        .await
+    {
+        tracing::warn!(datavolume = %dv.name(), error = %e, "cannot write the DataVolume's status");
+    }
+}
+
+/// Fill one DataVolume's disk.
+async fn fill(agent: &Agent, stored: &Stored<DataVolume>) -> anyhow::Result<()> {
+    let dv = &stored.obj;
+    let (ns, name) = (dv.namespace(), dv.name());
+    let restarts = dv
+        .status
+        .as_ref()
+        .and_then(|s| s.restart_count)
+        .unwrap_or(0);
+    let how = dv
+        .spec
+        .fill(ns)
+        .context("the DataVolume has no usable source")?;
+    let running_phase = match how {
+        Fill::Clone(..) => phase::CLONE_IN_PROGRESS,
+        _ => phase::IMPORT_IN_PROGRESS,
+    };
+    let base = DataVolumeStatus {
+        phase: Some(running_phase.into()),
+        progress: Some("0.00%".into()),
+        restart_count: Some(restarts),
+        claim_name: Some(name.to_string()),
+        conditions: vec![
+            condition("Bound", true, "Bound", ""),
+            condition("Ready", false, "TransferRunning", ""),
+            condition("Running", true, "Pod is running", ""),
+        ],
+    };
+    set_status(agent, dv, &base).await;
+    tracing::info!(namespace = %ns, datavolume = %name, source = ?how, "filling DataVolume");
+    let started = Instant::now();
+    let dir = agent.cfg.data_dir.join("datavolumes");
+    tokio::fs::create_dir_all(&dir).await?;
+    let path = disk_path(agent, dv.uid());
+    let tmp = dir.join(format!(".{}.filling", dv.uid()));
+    let download = dir.join(format!(".{}.download", dv.uid()));
+    let r = write_disk(agent, dv, &how, &tmp, &download, &base).await;
+    let _ = tokio::fs::remove_file(&download).await;
+    let r = match r {
+        Ok(()) => tokio::fs::rename(&tmp, &path).await.map_err(Into::into),
+        Err(e) => Err(e),
+    };
+    match r {
+        Ok(()) => {
+            tracing::info!(namespace = %ns, datavolume = %name, secs = started.elapsed().as_secs_f64(), "DataVolume filled");
+            let st = DataVolumeStatus {
+                phase: Some(phase::SUCCEEDED.into()),
+                progress: Some("100.0%".into()),
+                conditions: vec![
+                    condition("Bound", true, "Bound", ""),
+                    condition("Ready", true, "", ""),
+                    condition("Running", false, "Completed", ""),
+                ],
+                ..base
+            };
+            set_status(agent, dv, &st).await;
+            Ok(())
+        }
+        Err(e) => {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            let msg = format!("{e:#}");
+            tracing::warn!(namespace = %ns, datavolume = %name, error = %msg, "filling DataVolume failed; trying again later");
+            let st = DataVolumeStatus {
+                phase: Some(phase::FAILED.into()),
+                progress: Some("N/A".into()),
+                restart_count: Some(restarts.saturating_add(1)),
+                conditions: vec![
+                    condition("Bound", true, "Bound", ""),
+                    condition("Ready", false, "Error", ""),
+                    condition("Running", false, "Error", &msg),
+                ],
+                ..base
+            };
+            set_status(agent, dv, &st).await;
+            Err(e)
+        }
+    }
+}
+
+async fn write_disk(
+    agent: &Agent,
+    dv: &DataVolume,
+    how: &Fill,
+    tmp: &Path,
+    download: &Path,
+    base: &DataVolumeStatus,
+) -> anyhow::Result<()> {
+    let size = dv
+        .spec
+        .size()
+        .context("the DataVolume asks for no storage size")?;
+    let prealloc = dv.spec.preallocation == Some(true);
+    let _ = tokio::fs::remove_file(tmp).await;
+    match how {
+        Fill::Blank => {
+            let mut args = vec![
+                "create".to_string(),
+                "-q".into(),
+                "-f".into(),
+                "qcow2".into(),
+            ];
+            if prealloc {
+                args.extend(["-o".into(), "preallocation=falloc".into()]);
+            }
+            args.extend([tmp.to_string_lossy().into_owned(), size.to_string()]);
+            run_tool("qemu-img", &args).await
+        }
+        Fill::Registry(image) => {
+            let disk = agent
+                .disks
+                .pull(image, PullPolicy::IfNotPresent, &DockerConfig::default())
+                .await?;
+            convert(&disk.path, &disk.format, tmp, size, prealloc).await
+        }
+        Fill::Http(url) => {
+            http_download(agent, dv, url, download, size, base).await?;
+            let format = sniff(download).await?;
+            convert(download, format, tmp, size, prealloc).await
+        }
+        Fill::Clone(sns, sname) => {
+            let src = agent
+                .cp
+                .get_data_volume(sns, sname)
+                .await?
+                .with_context(|| format!("the source DataVolume {sns}/{sname} does not exist"))?
+                .obj;
+            let here = agent.cfg.node_name.as_str();
+            match src.annotation(NODE_ANNOTATION) {
+                Some(n) if n == here => {}
+                Some(n) => bail!(
+                    "the source DataVolume {sns}/{sname} lives on node {n}; cloning across \
+                     nodes is not supported yet"
+                ),
+                None => bail!("the source DataVolume {sns}/{sname} has not been filled yet"),
+            }
+            let from = disk_path(agent, src.uid());
+            if !from.is_file() {
+                bail!("the source DataVolume {sns}/{sname} has not been filled yet");
+            }
+            convert(&from, "qcow2", tmp, size, prealloc).await
+        }
+    }
+}
+
+/// A disk file's format by its first bytes: qcow2's magic, else raw. Compressed files are
+/// refused by name; nothing else is ever probed.
+async fn sniff(path: &Path) -> anyhow::Result<&'static str> {
+    use tokio::io::AsyncReadExt;
+    let mut head = [0u8; 6];
+    let mut f = tokio::fs::File::open(path).await?;
+    let n = f.read(&mut head).await?;
+    let head = &head[..n];
+    if head.starts_with(b"QFI\xfb") {
+        Ok("qcow2")
+    } else if head.starts_with(&[0x1f, 0x8b]) || head.starts_with(b"\xfd7zXZ\x00") {
+        bail!("the download is compressed (gzip or xz); serve the disk image uncompressed")
+    } else {
+        Ok("raw")
+    }
+}
+
+/// `qemu-img convert` of a checked image into a qcow2 of `size` bytes: refused when the
+/// image is larger than that, grown to it when smaller.
+async fn convert(
+    from: &Path,
+    format: &str,
+    tmp: &Path,
+    size: u64,
+    prealloc: bool,
+) -> anyhow::Result<()> {
+    let (format, virtual_size) = crate::virt::image::inspect(from, Some(format))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if virtual_size > size {
+        bail!(
+            "the image's virtual size ({virtual_size} bytes) is larger than the storage the \
+             DataVolume asks for ({size} bytes)"
+        );
+    }
+    let mut args: Vec<String> = vec!["convert".into(), "-q".into(), "-f".into(), format];
+    args.extend(["-O".into(), "qcow2".into()]);
+    if prealloc {
+        args.extend(["-o".into(), "preallocation=falloc".into()]);
+    }
+    args.push(from.to_string_lossy().into_owned());
+    args.push(tmp.to_string_lossy().into_owned());
+    run_tool("qemu-img", &args).await?;
+    if virtual_size < size {
+        run_tool(
+            "qemu-img",
+            &[
+                "resize".into(),
+                "-q".into(),
+                "-f".into(),
+                "qcow2".into(),
+                tmp.to_string_lossy().into_owned(),
+                size.to_string(),
+            ],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+async fn run_tool(cmd: &str, args: &[String]) -> anyhow::Result<()> {
+    let out = tokio::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .await
+        .with_context(|| format!("running {cmd}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd} {} failed: {}",
+            args.first().map(String::as_str).unwrap_or(""),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Download `url` into `to`, writing the progress into the DataVolume's status every few
+/// seconds. The download may be at most the requested size plus a little (a qcow2's
+/// metadata): a server cannot fill the node's disk.
+async fn http_download(
+    agent: &Agent,
+    dv: &DataVolume,
+    url: &str,
+    to: &Path,
+    size: u64,
+    base: &DataVolumeStatus,
+) -> anyhow::Result<()> {
+    let limit = size
+        .saturating_add(size / 10)
+        .saturating_add(64 << 20)
+        .min(MAX_BYTES);
+    let client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(30))
+        .read_timeout(Duration::from_secs(60))
+        .build()?;
+    let resp = client
+        .get(url)
+        .send()
+        .await
+        .with_context(|| format!("GET {url}"))?;
+    if !resp.status().is_success() {
+        bail!("GET {url}: the server answered {}", resp.status());
+    }
+    let total = resp.content_length();
+    if total.is_some_and(|t| t > limit) {
+        bail!(
+            "GET {url}: {} bytes is more than the DataVolume's storage ({size} bytes) can hold",
+            total.unwrap_or(0)
+        );
+    }
+    let mut file = tokio::fs::File::create(to).await?;
+    let mut body = resp.bytes_stream();
+    let mut got: u64 = 0;
+    let mut reported = Instant::now();
+    while let Some(chunk) = futures::StreamExt::next(&mut body).await {
+        let chunk = chunk.with_context(|| format!("GET {url}"))?;
+        got += chunk.len() as u64;
+        if got > limit {
+            bail!("GET {url}: the download is larger than the DataVolume's storage ({size} bytes)");
+        }
+        file.write_all(&chunk).await?;
+        if let Some(t) = total.filter(|t| *t > 0)
+            && reported.elapsed() > Duration::from_secs(2)
+        {
+            reported = Instant::now();
+            let st = DataVolumeStatus {
+                progress: Some(format!("{:.2}%", got as f64 * 100.0 / t as f64)),
+                ..base.clone()
+            };
+            set_status(agent, dv, &st).await;
+        }
+    }
+    file.sync_all().await?;
+    if let Some(t) = total
+        && got != t
+    {
+        bail!("GET {url}: the download ended after {got} of {t} bytes");
+    }
+    Ok(())
+}

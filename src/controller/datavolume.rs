@@ -1,0 +1,198 @@
+//! DataVolumes (`cdi.kubevirt.io/v1beta1`), the controller's part: a VM's
+//! `dataVolumeTemplates` become DataVolumes it owns (and go with it), and a new DataVolume
+//! waits for its first consumer, as CDI's local storage does. The scheduler binds it to the
+//! node it places that consumer on ([`bind`]); the agent there fills it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::Context;
+use crate::store::{Error, FieldSelector, LabelSelector, Store};
+use crate::types::cdi::{
+    DataVolume, DataVolumeCondition, DataVolumeStatus, NODE_ANNOTATION, phase,
+};
+use crate::types::{Meta, Typed, VirtualMachine, VirtualMachineInstance, now};
+
+/// Keep the storage class DataVolumes name, `local`, as Kubernetes lists classes.
+pub async fn keep_storage_class(store: &Store) -> Result<(), Error> {
+    use crate::types::Kind;
+    if store
+        .get(Kind::StorageClass, "", crate::types::cdi::LOCAL_CLASS)
+        .await?
+        .is_some()
+    {
+        return Ok(());
+    }
+    let sc = serde_json::json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": crate::types::cdi::LOCAL_CLASS,
+                     "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+        "provisioner": "edgevirt.io/local",
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "allowVolumeExpansion": false,
+    });
+    match store.create(Kind::StorageClass, sc, false).await {
+        Ok(_) | Err(Error::AlreadyExists { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The status of a DataVolume nobody has used yet.
+fn waiting(name: &str) -> DataVolumeStatus {
+    let cond = |t: &str, reason: &str| DataVolumeCondition {
+        type_: t.into(),
+        status: "False".into(),
+        reason: Some(reason.into()),
+        message: None,
+        last_transition_time: Some(now()),
+        last_heartbeat_time: Some(now()),
+    };
+    DataVolumeStatus {
+        phase: Some(phase::WAIT_FOR_FIRST_CONSUMER.into()),
+        progress: Some("N/A".into()),
+        restart_count: Some(0),
+        claim_name: Some(name.into()),
+        conditions: vec![
+            cond("Bound", "WaitForFirstConsumer"),
+            cond("Ready", "WaitForFirstConsumer"),
+            cond("Running", "WaitForFirstConsumer"),
+        ],
+    }
+}
+
+/// A new DataVolume gets its first status.
+pub async fn reconcile_dv(ctx: &Context, ns: &str, name: &str) -> Result<(), Error> {
+    let Some(dv) = ctx.store.get_typed::<DataVolume>(ns, name).await? else {
+        return Ok(());
+    };
+    if dv.status.as_ref().is_some_and(|s| s.phase.is_some()) || dv.deleting() {
+        return Ok(());
+    }
+    ctx.store
+        .update_typed(ns, name, |o: &mut DataVolume| {
+            if o.status.as_ref().is_none_or(|s| s.phase.is_none()) {
+                o.status = Some(waiting(name));
+            }
+            Ok(())
+        })
+        .await?;
+    Ok(())
+}
+
+/// Create the DataVolumes of a VM's templates that do not exist yet, owned by the VM.
+/// One that exists already (created by hand, or by an earlier pass) is left as it is.
+pub async fn ensure_templates(store: &Store, vm: &VirtualMachine) -> Result<(), Error> {
+    for t in &vm.spec.data_volume_templates {
+        let name = &t.metadata.name;
+        if store
+            .get(DataVolume::KIND, vm.namespace(), name)
+            .await?
+            .is_some()
+        {
+            continue;
+        }
+        let dv = DataVolume {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(vm.namespace().to_string()),
+                labels: (!t.metadata.labels.is_empty()).then(|| t.metadata.labels.clone()),
+                annotations: (!t.metadata.annotations.is_empty())
+                    .then(|| t.metadata.annotations.clone()),
+                owner_references: Some(vec![vm.owner_reference()]),
+                ..Default::default()
+            },
+            spec: t.spec.clone(),
+            status: Some(waiting(name)),
+        };
+        match store.create_typed(&dv).await {
+            Ok(_) | Err(Error::AlreadyExists { .. }) => {
+                tracing::info!(namespace = %vm.namespace(), vm = %vm.name(), datavolume = %name, "created DataVolume from the VM's template");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The VM named `vm` is gone: the DataVolumes it owned go too.
+pub async fn forget_owned(store: &Store, ns: &str, vm: &str) -> Result<(), Error> {
+    let dvs: Vec<DataVolume> = store
+        .list_typed(
+            Some(ns),
+            &LabelSelector::default(),
+            &FieldSelector::default(),
+        )
+        .await?;
+    for dv in dvs {
+        let owned = dv
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.kind == "VirtualMachine" && o.name == vm && o.controller == Some(true));
+        if owned && !dv.deleting() {
+            match store.delete(DataVolume::KIND, ns, dv.name(), None).await {
+                Ok(_) | Err(Error::NotFound { .. }) => {
+                    tracing::info!(namespace = %ns, %vm, datavolume = %dv.name(), "deleted the DataVolume of a deleted VM");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The DataVolumes (by name) an instance's `dataVolume` volumes name that exist, with the
+/// node each is bound to, if any. A clone that is not bound yet goes where its source is.
+pub async fn used_by(
+    store: &Store,
+    vmi: &VirtualMachineInstance,
+) -> Result<BTreeMap<String, Option<String>>, Error> {
+    let mut out = BTreeMap::new();
+    for v in &vmi.spec.volumes {
+        let Some(d) = &v.data_volume else { continue };
+        let Some(dv) = store
+            .get_typed::<DataVolume>(vmi.namespace(), &d.name)
+            .await?
+        else {
+            continue;
+        };
+        let mut node = dv.annotation(NODE_ANNOTATION).map(str::to_string);
+        if node.is_none()
+            && let Some(crate::types::cdi::Fill::Clone(sns, sname)) = dv.spec.fill(vmi.namespace())
+            && let Some(src) = store.get_typed::<DataVolume>(&sns, &sname).await?
+        {
+            node = src.annotation(NODE_ANNOTATION).map(str::to_string);
+        }
+        out.insert(d.name.clone(), node);
+    }
+    Ok(out)
+}
+
+/// Bind the unbound DataVolumes an instance uses to the node it was placed on.
+pub async fn bind(store: &Store, vmi: &VirtualMachineInstance, node: &str) -> Result<(), Error> {
+    for v in &vmi.spec.volumes {
+        let Some(d) = &v.data_volume else { continue };
+        let ns = vmi.namespace();
+        let Some(dv) = store.get_typed::<DataVolume>(ns, &d.name).await? else {
+            continue;
+        };
+        if dv.annotation(NODE_ANNOTATION).is_some() {
+            continue;
+        }
+        store
+            .update_typed(ns, &d.name, |o: &mut DataVolume| {
+                o.metadata
+                    .annotations
+                    .get_or_insert_default()
+                    .entry(NODE_ANNOTATION.to_string())
+                    .or_insert_with(|| node.to_string());
+                Ok(())
+            })
+            .await?;
+        tracing::info!(namespace = %ns, datavolume = %d.name, %node, "bound DataVolume to the node of its first consumer");
+    }
+    Ok(())
+}

@@ -1,0 +1,528 @@
+//! CDI's `cdi.kubevirt.io/v1beta1` `DataVolume`: a persistent disk filled once from a source
+//! (blank, an HTTP download, a registry image, another DataVolume), which VMs name in a
+//! `dataVolume` volume or create from `spec.dataVolumeTemplates`.
+//!
+//! edgevirt binds DataVolumes the way CDI binds local storage with `WaitForFirstConsumer`:
+//! a DataVolume no VM uses waits; the node that first runs a VM using it fills it there, and
+//! every later start of any VM using it goes to that node. [`DataVolumeSpec::check`] holds
+//! the rules a spec must pass (every problem at once, as KubeVirt's webhooks report them).
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{FieldError, parse_quantity};
+
+/// The API group of DataVolumes.
+pub const GROUP: &str = "cdi.kubevirt.io";
+
+/// The storage class of a node's own disks: the one edgevirt offers.
+pub const LOCAL_CLASS: &str = "local";
+
+/// The annotation naming the node a DataVolume's disk lives on (set when a VM using it is
+/// first scheduled: CDI's `WaitForFirstConsumer`).
+pub const NODE_ANNOTATION: &str = "edgevirt.io/datavolume-node";
+
+/// The largest disk a DataVolume may ask for (64 TiB).
+pub const MAX_BYTES: u64 = 64 << 40;
+
+/// CDI's phases, as `status.phase` spells them.
+pub mod phase {
+    pub const PENDING: &str = "Pending";
+    pub const WAIT_FOR_FIRST_CONSUMER: &str = "WaitForFirstConsumer";
+    pub const IMPORT_IN_PROGRESS: &str = "ImportInProgress";
+    pub const CLONE_IN_PROGRESS: &str = "CloneInProgress";
+    pub const SUCCEEDED: &str = "Succeeded";
+    pub const FAILED: &str = "Failed";
+}
+
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "cdi.kubevirt.io",
+    version = "v1beta1",
+    kind = "DataVolume",
+    namespaced,
+    status = "DataVolumeStatus",
+    shortname = "dv",
+    shortname = "dvs",
+    category = "all",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"The phase the DataVolume is in"}"#,
+    printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress","description":"Transfer progress in percentage if known, N/A otherwise"}"#,
+    printcolumn = r#"{"name":"Restarts","type":"integer","jsonPath":".status.restartCount","description":"The number of times the transfer has been restarted."}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct DataVolumeSpec {
+    /// Where the disk's contents come from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<DataVolumeSource>,
+    /// The claim's size and class, as a `PersistentVolumeClaimSpec`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc: Option<StorageSpec>,
+    /// The same, in CDI's newer form (`storage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<StorageSpec>,
+    /// `kubevirt` (a disk image; the default) or `archive` (a tar of files: refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    /// Allocate the whole disk up front.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preallocation: Option<bool>,
+    /// Accepted without effect: imports run on the node as they come.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+}
+
+/// One source; exactly one must be set.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct DataVolumeSource {
+    /// An empty disk of the requested size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blank: Option<Blank>,
+    /// A disk image (qcow2 or raw) downloaded over HTTP or HTTPS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpSource>,
+    /// The disk inside a containerDisk image (`docker://registry/repository:tag`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry: Option<RegistrySource>,
+    /// A copy of another DataVolume's disk (CDI's clone of its PVC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc: Option<PvcSource>,
+}
+
+/// CDI's `DataVolumeBlankImage`: no fields.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct Blank {}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct HttpSource {
+    pub url: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct RegistrySource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// `pod` or `node`: edgevirt always pulls on the node, through its image cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_method: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct PvcSource {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// The parts of a claim spec a DataVolume's disk uses.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct StorageSpec {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub access_modes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<StorageResources>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    /// `Filesystem` or `Block`: either way the disk is a file on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_mode: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct StorageResources {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DataVolumeStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// `"42.17%"` while it fills, `"100.0%"` once done, `"N/A"` when the size is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_count: Option<i32>,
+    /// The claim it stands for (edgevirt's disk has the DataVolume's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<DataVolumeCondition>,
+}
+
+/// CDI's conditions: `Bound`, `Ready`, `Running`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DataVolumeCondition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_time: Option<String>,
+}
+
+/// What a DataVolume's source is, once checked.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fill {
+    Blank,
+    Http(String),
+    /// An image reference without `docker://`.
+    Registry(String),
+    /// Another DataVolume: namespace and name.
+    Clone(String, String),
+}
+
+impl DataVolumeSpec {
+    /// The claim spec in use: `storage`, else `pvc`.
+    pub fn claim(&self) -> Option<&StorageSpec> {
+        self.storage.as_ref().or(self.pvc.as_ref())
+    }
+
+    /// The requested size in bytes (checked by [`DataVolumeSpec::check`]).
+    pub fn size(&self) -> Option<u64> {
+        self.claim()
+            .and_then(|c| c.resources.as_ref())
+            .and_then(|r| r.requests.get("storage"))
+            .and_then(|q| parse_quantity(q).ok())
+    }
+
+    /// The source, checked (the DataVolume lives in `ns`).
+    pub fn fill(&self, ns: &str) -> Option<Fill> {
+        let s = self.source.as_ref()?;
+        if s.blank.is_some() {
+            Some(Fill::Blank)
+        } else if let Some(h) = &s.http {
+            Some(Fill::Http(h.url.clone()))
+        } else if let Some(r) = &s.registry {
+            let url = r.url.as_deref()?;
+            Some(Fill::Registry(url.strip_prefix("docker://")?.to_string()))
+        } else {
+            s.pvc.as_ref().map(|p| {
+                Fill::Clone(
+                    p.namespace.clone().unwrap_or_else(|| ns.to_string()),
+                    p.name.clone(),
+                )
+            })
+        }
+    }
+
+    /// Every problem of the spec (at `at`, e.g. `spec` or `spec.dataVolumeTemplates[0].spec`)
+    /// for a DataVolume in `ns`.
+    pub fn check(&self, ns: &str, at: &str) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        let mut bad = |field: String, message: String| {
+            errs.push(FieldError {
+                field,
+                reason: "FieldValueInvalid",
+                message,
+            })
+        };
+        match &self.source {
+            None => bad(
+                format!("{at}.source"),
+                "required: one of blank, http, registry or pvc (sourceRef is not supported yet)"
+                    .into(),
+            ),
+            Some(s) => {
+                let n = [
+                    s.blank.is_some(),
+                    s.http.is_some(),
+                    s.registry.is_some(),
+                    s.pvc.is_some(),
+                ]
+                .iter()
+                .filter(|b| **b)
+                .count();
+                if n != 1 {
+                    bad(
+                        format!("{at}.source"),
+                        format!("exactly one source must be set, not {n}"),
+                    );
+                }
+                if let Some(h) = &s.http {
+                    let f = format!("{at}.source.http.url");
+                    match reqwest::Url::parse(&h.url) {
+                        _ if h.url.len() > 2048 => bad(f, "longer than 2048 characters".into()),
+                        Ok(u) if matches!(u.scheme(), "http" | "https") && u.has_host() => {}
+                        _ => bad(f, format!("{:?} is not an http:// or https:// URL", h.url)),
+                    }
+                }
+                if let Some(r) = &s.registry {
+                    let f = format!("{at}.source.registry");
+                    match r.url.as_deref().map(|u| (u, u.strip_prefix("docker://"))) {
+                        None => bad(
+                            format!("{f}.url"),
+                            "required (imageStream is not supported: it needs OpenShift)".into(),
+                        ),
+                        Some((u, None)) => bad(
+                            format!("{f}.url"),
+                            format!("{u:?}: only docker:// image references are supported"),
+                        ),
+                        // The reference's syntax is the registry layer's to check
+                        // (admission does).
+                        Some(_) => {}
+                    }
+                    if let Some(m) = r.pull_method.as_deref()
+                        && !matches!(m, "pod" | "node")
+                    {
+                        bad(
+                            format!("{f}.pullMethod"),
+                            format!("{m:?}: must be pod or node"),
+                        );
+                    }
+                }
+                if let Some(p) = &s.pvc {
+                    let f = format!("{at}.source.pvc");
+                    if let Err(e) = super::check_name("name", &p.name) {
+                        bad(format!("{f}.name"), e.0);
+                    }
+                    if let Some(other) = p.namespace.as_deref()
+                        && other != ns
+                    {
+                        bad(
+                            format!("{f}.namespace"),
+                            format!(
+                                "{other:?}: cloning from another namespace is not supported \
+                                 yet; clone within {ns:?}"
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        match (&self.pvc, &self.storage) {
+            (None, None) => bad(
+                format!("{at}.storage"),
+                "required: storage (or pvc) with resources.requests.storage".into(),
+            ),
+            (Some(_), Some(_)) => bad(
+                format!("{at}.pvc"),
+                "pvc and storage are mutually exclusive; set only storage".into(),
+            ),
+            _ => {}
+        }
+        if let Some(c) = self.claim() {
+            let f = if self.storage.is_some() {
+                format!("{at}.storage")
+            } else {
+                format!("{at}.pvc")
+            };
+            let req = c.resources.as_ref().and_then(|r| r.requests.get("storage"));
+            match req.map(|q| (q, parse_quantity(q))) {
+                None => bad(
+                    format!("{f}.resources.requests.storage"),
+                    "required: the disk's size (e.g. 10Gi)".into(),
+                ),
+                Some((q, Err(e))) => bad(
+                    format!("{f}.resources.requests.storage"),
+                    format!("{q:?}: {e}"),
+                ),
+                Some((q, Ok(b))) if b == 0 || b > MAX_BYTES => bad(
+                    format!("{f}.resources.requests.storage"),
+                    format!("{q:?}: must be more than 0 and at most 64Ti"),
+                ),
+                Some(_) => {}
+            }
+            if let Some(r) = &c.resources {
+                for k in r.requests.keys().chain(r.limits.keys()) {
+                    if k != "storage" {
+                        bad(
+                            format!("{f}.resources"),
+                            format!("{k:?}: only storage can be requested for a disk"),
+                        );
+                    }
+                }
+            }
+            for m in &c.access_modes {
+                if !matches!(
+                    m.as_str(),
+                    "ReadWriteOnce" | "ReadOnlyMany" | "ReadWriteMany" | "ReadWriteOncePod"
+                ) {
+                    bad(
+                        format!("{f}.accessModes"),
+                        format!(
+                            "{m:?}: must be ReadWriteOnce, ReadOnlyMany, ReadWriteMany or \
+                             ReadWriteOncePod"
+                        ),
+                    );
+                }
+            }
+            if let Some(m) = c.volume_mode.as_deref()
+                && !matches!(m, "Filesystem" | "Block")
+            {
+                bad(
+                    format!("{f}.volumeMode"),
+                    format!("{m:?}: must be Filesystem or Block"),
+                );
+            }
+            if let Some(class) = c.storage_class_name.as_deref()
+                && class != LOCAL_CLASS
+            {
+                bad(
+                    format!("{f}.storageClassName"),
+                    format!(
+                        "storage class {class:?} does not exist: edgevirt offers {LOCAL_CLASS:?} \
+                         (the node's own disk)"
+                    ),
+                );
+            }
+        }
+        if let Some(t) = self.content_type.as_deref()
+            && t != "kubevirt"
+        {
+            bad(
+                format!("{at}.contentType"),
+                format!("{t:?}: only kubevirt (a disk image) is supported"),
+            );
+        }
+        errs
+    }
+}
+
+/// The DataVolumes a VM's `dataVolumeTemplates` entry describes.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct DataVolumeTemplateSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub metadata: DataVolumeTemplateMeta,
+    pub spec: DataVolumeSpec,
+    /// KubeVirt's placeholder; ignored.
+    #[serde(default, skip_serializing)]
+    pub status: Option<serde_json::Value>,
+}
+
+/// The part of `ObjectMeta` a DataVolume template carries.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DataVolumeTemplateMeta {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// KubeVirt's generated templates often carry `creationTimestamp: null`; ignored.
+    #[serde(default, skip_serializing)]
+    pub creation_timestamp: Option<serde_json::Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(v: serde_json::Value) -> DataVolumeSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn problems(v: serde_json::Value) -> Vec<String> {
+        spec(v)
+            .check("default", "spec")
+            .iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect()
+    }
+
+    #[test]
+    fn kubevirts_example_passes_and_fills_from_the_registry() {
+        let s = spec(serde_json::json!({
+            "pvc": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "2Gi"}},
+                    "storageClassName": "local"},
+            "source": {"registry": {"url": "docker://registry:5000/kubevirt/alpine-container-disk-demo:devel"}}
+        }));
+        assert!(s.check("default", "spec").is_empty());
+        assert_eq!(s.size(), Some(2 << 30));
+        assert_eq!(
+            s.fill("default"),
+            Some(Fill::Registry(
+                "registry:5000/kubevirt/alpine-container-disk-demo:devel".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn every_problem_is_named_at_once() {
+        let p = problems(serde_json::json!({
+            "source": {"blank": {}, "http": {"url": "file:///etc/shadow"}},
+            "storage": {"resources": {"requests": {"storage": "lots", "cpu": "1"}},
+                        "storageClassName": "ceph", "accessModes": ["Sometimes"], "volumeMode": "Tape"},
+            "contentType": "archive"
+        }));
+        let joined = p.join("\n");
+        for needle in [
+            "spec.source: exactly one source",
+            "spec.source.http.url: \"file:///etc/shadow\"",
+            "spec.storage.resources.requests.storage: \"lots\"",
+            "spec.storage.resources: \"cpu\"",
+            "spec.storage.storageClassName: storage class \"ceph\"",
+            "spec.storage.accessModes: \"Sometimes\"",
+            "spec.storage.volumeMode: \"Tape\"",
+            "spec.contentType: \"archive\"",
+        ] {
+            assert!(joined.contains(needle), "{needle} in:\n{joined}");
+        }
+        let p = problems(serde_json::json!({}));
+        assert_eq!(p.len(), 2, "{p:?}");
+        let p = problems(serde_json::json!({
+            "source": {"registry": {"url": "https://quay.io/x"}, },
+            "pvc": {"resources": {"requests": {"storage": "1Gi"}}},
+            "storage": {"resources": {"requests": {"storage": "0"}}}
+        }));
+        assert!(p.iter().any(|m| m.contains("only docker://")), "{p:?}");
+        assert!(p.iter().any(|m| m.contains("mutually exclusive")), "{p:?}");
+        assert!(p.iter().any(|m| m.contains("more than 0")), "{p:?}");
+        let p = problems(serde_json::json!({
+            "source": {"pvc": {"name": "../x", "namespace": "other"}},
+            "storage": {"resources": {"requests": {"storage": "65Ti"}}}
+        }));
+        assert_eq!(p.len(), 3, "{p:?}");
+    }
+
+    #[test]
+    fn sources_resolve() {
+        let s = spec(serde_json::json!({"source": {"pvc": {"name": "golden"}},
+            "storage": {"resources": {"requests": {"storage": "1Gi"}}}}));
+        assert_eq!(
+            s.fill("team"),
+            Some(Fill::Clone("team".into(), "golden".into()))
+        );
+        let s = spec(
+            serde_json::json!({"source": {"http": {"url": "https://example.com/d.qcow2"}},
+            "storage": {"resources": {"requests": {"storage": "1Gi"}}}}),
+        );
+        assert!(s.check("team", "spec").is_empty());
+        assert_eq!(
+            s.fill("team"),
+            Some(Fill::Http("https://example.com/d.qcow2".into()))
+        );
+    }
+}

@@ -910,6 +910,39 @@ async fn container_disks_come_from_registries_and_forget_their_writes() {
         )
         .await;
     assert_eq!(code, 201, "{v}");
+    // One filled by an upload, as `virtctl image-upload` does it: `edgevirt image upload`.
+    let (code, v) = a
+        .post_yaml(DVS, &dv("dv-up", json!({"upload": {}}), "40Mi").to_string())
+        .await;
+    assert_eq!(code, 201, "{v}");
+    wait_for("dv-up: UploadReady", BOOT, || async {
+        let v = a.get(&format!("{DVS}/dv-up")).await.1;
+        (v["status"]["phase"] == "UploadReady").then_some(())
+    })
+    .await;
+    let upload = || {
+        std::process::Command::new(testkit::exe())
+            .args(["image", "upload", "dv-up"])
+            .arg(&blank)
+            .env("EDGEVIRT_SERVER", &a.url)
+            .env("EDGEVIRT_TOKEN", &a.token)
+            .output()
+            .unwrap()
+    };
+    let out = upload();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("datavolume/dv-up uploaded: qcow2 format"),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again = upload();
+    assert!(
+        !again.status.success()
+            && String::from_utf8_lossy(&again.stderr).contains("already has its data"),
+        "a second upload: {}",
+        String::from_utf8_lossy(&again.stderr)
+    );
     let templates = json!([
         {"metadata": {"name": "dvm-data"},
          "spec": dv("", json!({"registry": {"url": format!("docker://{image}")}}), "64Mi")["spec"]},
@@ -921,6 +954,7 @@ async fn container_disks_come_from_registries_and_forget_their_writes() {
         .disk("data", json!({"dataVolume": {"name": "dvm-data"}}))
         .disk("web", json!({"dataVolume": {"name": "dv-web"}}))
         .disk("copy", json!({"dataVolume": {"name": "dvm-copy"}}))
+        .disk("up", json!({"dataVolume": {"name": "dv-up"}}))
         .with(|v| v["spec"]["dataVolumeTemplates"] = templates);
     let (code, v) = a.post_yaml(VMS, &dvm.yaml()).await;
     assert_eq!(code, 201, "{v}");
@@ -935,7 +969,7 @@ async fn container_disks_come_from_registries_and_forget_their_writes() {
     );
     let vmi = a.wait_running("dvm", None, BOOT).await;
     let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
-    for name in ["dvm-data", "dv-web", "dvm-copy"] {
+    for name in ["dvm-data", "dv-web", "dvm-copy", "dv-up"] {
         let v = a.get(&format!("{DVS}/{name}")).await.1;
         assert_eq!(
             (
@@ -947,7 +981,12 @@ async fn container_disks_come_from_registries_and_forget_their_writes() {
         );
     }
     let sectors = |dev: &str| guest_exec(&dom, "/bin/cat", &[&format!("/sys/block/{dev}/size")]);
-    for (dev, size) in [("vda", "131072"), ("vdb", "98304"), ("vdc", "114688")] {
+    for (dev, size) in [
+        ("vda", "131072"),
+        ("vdb", "98304"),
+        ("vdc", "114688"),
+        ("vdd", "81920"),
+    ] {
         let got = wait_for(&format!("dvm: {dev} seen"), BOOT, || async { sectors(dev) }).await;
         assert_eq!(
             got.trim(),
@@ -971,7 +1010,7 @@ async fn container_disks_come_from_registries_and_forget_their_writes() {
     .await;
     assert_eq!(got, marker, "a DataVolume lost its write across a restart");
     let filled = datavolume_disks(&a.dir);
-    assert_eq!(filled.len(), 3, "{filled:?}");
+    assert_eq!(filled.len(), 4, "{filled:?}");
 
     // A download that fails: the instance waits and says why, the DataVolume says Failed
     // with the reason, and nothing is left on disk.
@@ -1003,7 +1042,7 @@ async fn container_disks_come_from_registries_and_forget_their_writes() {
         "a failed fill left a file"
     );
 
-    // dvm goes and its two DataVolumes with it (their disks too); dv-web stays.
+    // dvm goes and its two DataVolumes with it (their disks too); dv-web and dv-up stay.
     for name in ["dvm", "dvbad"] {
         let (code, v) = a.delete(&format!("{VMS}/{name}")).await;
         assert_eq!(code, 200, "{name}: {v}");
@@ -1017,7 +1056,7 @@ async fn container_disks_come_from_registries_and_forget_their_writes() {
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default();
-        (left == ["\"dv-web\""] && datavolume_disks(&a.dir).len() == 1).then_some(())
+        (left == ["\"dv-up\"", "\"dv-web\""] && datavolume_disks(&a.dir).len() == 2).then_some(())
     })
     .await;
 

@@ -26,7 +26,8 @@ use super::ports::Stored;
 use crate::registry::{DockerConfig, PullPolicy};
 use crate::types::Meta;
 use crate::types::cdi::{
-    DataVolume, DataVolumeCondition, DataVolumeStatus, Fill, MAX_BYTES, NODE_ANNOTATION, phase,
+    DataVolume, DataVolumeCondition, DataVolumeStatus, Fill, MAX_BYTES, NODE_ANNOTATION,
+    UPLOAD_IMAGE_ANNOTATION, phase,
 };
 
 /// Why an instance cannot start yet: its DataVolume is still being filled (not a failure).
@@ -101,6 +102,8 @@ pub async fn run(agent: Arc<Agent>, cancel: CancellationToken) {
                 || d.deleting()
                 || disk_path(&agent, d.uid()).is_file()
                 || next_try.get(d.uid()).is_some_and(|t| Instant::now() < *t)
+                || (d.spec.fill(d.namespace()) == Some(Fill::Upload)
+                    && d.annotation(UPLOAD_IMAGE_ANNOTATION).is_none())
             {
                 continue;
             }
@@ -286,6 +289,15 @@ async fn write_disk(
             http_download(agent, dv, url, download, size, base).await?;
             let format = sniff(download).await?;
             convert(download, format, tmp, size, prealloc).await
+        }
+        Fill::Upload => {
+            let image = dv.annotation(UPLOAD_IMAGE_ANNOTATION).context(
+                "nothing uploaded yet: send the disk image with `edgevirt image upload`",
+            )?;
+            // Fetched from the controller once (on an all-in-one host it is the
+            // controller's own file: never removed here).
+            let (path, format) = super::local_image(agent, image).await?;
+            convert(&path, &format, tmp, size, prealloc).await
         }
         Fill::Clone(sns, sname) => {
             let src = agent

@@ -277,6 +277,51 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
 
 /// Follow the controller's watch of this node's VMIs and wake the sync loop on each change,
 /// so new instances start without waiting for the next tick. Reconnects when it ends.
+/// Make sure an imported image is present in this node's images folder; its local path.
+pub async fn local_image(agent: &Agent, name: &str) -> anyhow::Result<(PathBuf, String)> {
+    let img = agent
+        .cp
+        .get_image(name)
+        .await
+        .with_context(|| format!("looking up image {name:?}"))?;
+    let st = img.status.context("image has no file")?;
+    let file = st.file.as_str();
+    if file.is_empty() {
+        anyhow::bail!("image has no file");
+    }
+    if file.contains('/') || file.starts_with('.') {
+        anyhow::bail!("image {name:?} has an invalid file name");
+    }
+    let format = if st.format.is_empty() {
+        "raw".to_string()
+    } else {
+        st.format.clone()
+    };
+    let path = agent.images_dir().join(file);
+    if !path.exists() {
+        let tmp = agent.images_dir().join(format!(".download-{file}"));
+        let resp = agent
+            .api
+            .request(
+                reqwest::Method::GET,
+                &format!("/apis/edgevirt.io/v1/images/{name}/data"),
+            )
+            .send()
+            .await?
+            .error_for_status()?;
+        // Stream to disk: images can be far larger than memory.
+        let mut file = tokio::fs::File::create(&tmp).await?;
+        let mut body = resp.bytes_stream();
+        while let Some(chunk) = futures::StreamExt::next(&mut body).await {
+            tokio::io::AsyncWriteExt::write_all(&mut file, &chunk?).await?;
+        }
+        file.sync_all().await?;
+        tokio::fs::rename(&tmp, &path).await?;
+        tracing::info!(image = %name, "fetched image from the controller");
+    }
+    Ok((path, format))
+}
+
 async fn watch_vmis(agent: Arc<Agent>, cancel: CancellationToken) {
     use futures::StreamExt;
     let path = format!(

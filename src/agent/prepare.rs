@@ -51,51 +51,6 @@ pub fn owner_uid(vmi: &VirtualMachineInstance) -> String {
         .to_string()
 }
 
-/// Make sure an imported image is present in this node's images folder; its local path.
-async fn local_image(agent: &Agent, name: &str) -> anyhow::Result<(PathBuf, String)> {
-    let img = agent
-        .cp
-        .get_image(name)
-        .await
-        .with_context(|| format!("looking up image {name:?}"))?;
-    let st = img.status.context("image has no file")?;
-    let file = st.file.as_str();
-    if file.is_empty() {
-        bail!("image has no file");
-    }
-    if file.contains('/') || file.starts_with('.') {
-        bail!("image {name:?} has an invalid file name");
-    }
-    let format = if st.format.is_empty() {
-        "raw".to_string()
-    } else {
-        st.format.clone()
-    };
-    let path = agent.images_dir().join(file);
-    if !path.exists() {
-        let tmp = agent.images_dir().join(format!(".download-{file}"));
-        let resp = agent
-            .api
-            .request(
-                reqwest::Method::GET,
-                &format!("/apis/edgevirt.io/v1/images/{name}/data"),
-            )
-            .send()
-            .await?
-            .error_for_status()?;
-        // Stream to disk: images can be far larger than memory.
-        let mut file = tokio::fs::File::create(&tmp).await?;
-        let mut body = resp.bytes_stream();
-        while let Some(chunk) = futures::StreamExt::next(&mut body).await {
-            tokio::io::AsyncWriteExt::write_all(&mut file, &chunk?).await?;
-        }
-        file.sync_all().await?;
-        tokio::fs::rename(&tmp, &path).await?;
-        tracing::info!(image = %name, "fetched image from the controller");
-    }
-    Ok((path, format))
-}
-
 /// The disk of a `persistentVolumeClaim` in this node's shared pool: `POOL/NS/CLAIM.qcow2`
 /// or `POOL/NS/CLAIM.raw` (the path comes from checked names only), with its format.
 /// edgevirt never creates these: the operator puts them there, like a provisioned volume.
@@ -227,7 +182,7 @@ pub async fn prepare(
             // Ephemeral, as in KubeVirt: the overlay lives with this instance and goes with
             // it; a restart (a new instance) starts again from the image.
             let (base, format) = match Source::of(&cd.image) {
-                Source::Imported(name) => local_image(agent, &name).await?,
+                Source::Imported(name) => super::local_image(agent, &name).await?,
                 Source::Registry(image) => {
                     let (policy, auths) = pull_settings(
                         agent,
@@ -261,7 +216,7 @@ pub async fn prepare(
         } else if let Some(dv) = &v.data_volume {
             // An imported image, under a persistent overlay that belongs to the VM and
             // outlives its instances.
-            let (base, format) = local_image(agent, &dv.name).await?;
+            let (base, format) = super::local_image(agent, &dv.name).await?;
             tokio::fs::create_dir_all(&vol_dir).await?;
             let overlay = vol_dir.join(format!("{}.qcow2", v.name));
             made_volume |= make_overlay(&base, &format, &overlay).await?;
@@ -332,7 +287,7 @@ pub async fn prepare(
     } else if let Some(c) = kb {
         if let Some(k) = &c.kernel_path {
             kernel = Some(
-                local_image(agent, k)
+                super::local_image(agent, k)
                     .await?
                     .0
                     .to_string_lossy()
@@ -341,7 +296,7 @@ pub async fn prepare(
         }
         if let Some(i) = &c.initrd_path {
             initrd = Some(
-                local_image(agent, i)
+                super::local_image(agent, i)
                     .await?
                     .0
                     .to_string_lossy()

@@ -16,7 +16,7 @@ use super::AppState;
 use crate::http::auth::Principal;
 use crate::http::error::{ApiError, ApiResult};
 use crate::types::kubevirt::VirtualMachineSpec;
-use crate::types::{Kind, check_name};
+use crate::types::{Kind, Meta, check_name};
 
 pub async fn upload(
     st: Arc<AppState>,
@@ -32,6 +32,131 @@ pub async fn upload(
             format!("image {name:?} already exists; delete it first to replace it"),
         ));
     }
+    let o = store_image(&st, name, json!({}), body).await?;
+    let status = &o["status"];
+    tracing::info!(image = %name, format = %status["format"], size = %status["sizeBytes"], user = %p.user, "imported image");
+    Ok((StatusCode::CREATED, axum::Json(o)).into_response())
+}
+
+/// `PUT .../datavolumes/{name}/upload`: the disk image of an `upload` DataVolume (what
+/// `edgevirt image upload` sends, as CDI's `virtctl image-upload`). It is kept as an image
+/// the DataVolume's annotation names, and the node that runs the first VM using the
+/// DataVolume fills its disk from it. Once only: a DataVolume's data does not change.
+pub async fn upload_data_volume(
+    st: Arc<AppState>,
+    p: Principal,
+    ns: &str,
+    name: &str,
+    body: Body,
+) -> ApiResult<Response> {
+    use crate::types::cdi::{
+        DataVolume, Fill, IMAGE_OWNER_ANNOTATION, UPLOAD_IMAGE_ANNOTATION, phase,
+    };
+    check_name("namespace", ns)?;
+    check_name("name", name)?;
+    let dv: DataVolume = st
+        .store
+        .get_typed(ns, name)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("DataVolume {ns}/{name} not found")))?;
+    if dv.spec.fill(ns) != Some(Fill::Upload) {
+        return Err(ApiError::invalid(format!(
+            "DataVolume {ns}/{name} does not take an upload: its source is not `upload`"
+        )));
+    }
+    if dv.deleting() || dv.annotation(UPLOAD_IMAGE_ANNOTATION).is_some() {
+        return Err(ApiError::conflict(format!(
+            "DataVolume {ns}/{name} already has its data (or is being deleted); create \
+             another DataVolume to upload another image"
+        )));
+    }
+    let image = format!("dv-{}", dv.uid());
+    let size = dv.spec.size().unwrap_or(0);
+    let meta = json!({"annotations": {IMAGE_OWNER_ANNOTATION: format!("{ns}/{name}")}});
+    let o = store_image(&st, &image, meta, body).await?;
+    let vsize = o["status"]["virtualSizeBytes"].as_u64().unwrap_or(0);
+    let refuse = if vsize > size {
+        Some(format!(
+            "the image's virtual size ({vsize} bytes) is larger than the storage DataVolume \
+             {ns}/{name} asks for ({size} bytes)"
+        ))
+    } else {
+        None
+    };
+    let marked = match &refuse {
+        Some(_) => Ok(()),
+        None => st
+            .store
+            .update_typed(ns, name, |d: &mut DataVolume| {
+                if d.annotation(UPLOAD_IMAGE_ANNOTATION).is_some() {
+                    return Err(crate::store::Error::Conflict);
+                }
+                d.metadata
+                    .annotations
+                    .get_or_insert_default()
+                    .insert(UPLOAD_IMAGE_ANNOTATION.into(), image.clone());
+                let st = d.status.get_or_insert_default();
+                st.phase = Some(phase::WAIT_FOR_FIRST_CONSUMER.into());
+                Ok(())
+            })
+            .await
+            .map(drop),
+    };
+    if refuse.is_some() || marked.is_err() {
+        // Nothing of a refused upload stays.
+        if let Some(file) = o["status"]["file"].as_str() {
+            let _ = tokio::fs::remove_file(st.images_dir().join(file)).await;
+        }
+        let _ = st.store.delete(Kind::Image, "", &image, None).await;
+        if let Some(m) = refuse {
+            return Err(ApiError::invalid(m));
+        }
+        marked?;
+    }
+    tracing::info!(namespace = %ns, datavolume = %name, %image, size = %o["status"]["sizeBytes"], user = %p.user, "uploaded the data of a DataVolume");
+    Ok((StatusCode::CREATED, axum::Json(o)).into_response())
+}
+
+/// Remove image files no image names (those of images deleted without the API: the
+/// uploads of DataVolumes that are gone), and uploads interrupted over a day ago.
+async fn sweep(st: &AppState) {
+    let Ok(images) = st.store.all::<crate::types::edgevirt::Image>().await else {
+        return;
+    };
+    let files: std::collections::HashSet<String> = images
+        .iter()
+        .filter_map(|i| i.status.as_ref().map(|s| s.file.clone()))
+        .collect();
+    let Ok(mut entries) = tokio::fs::read_dir(st.images_dir()).await else {
+        return;
+    };
+    while let Ok(Some(e)) = entries.next_entry().await {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let is_file = e.file_type().await.is_ok_and(|t| t.is_file());
+        let stale_upload = name.starts_with(".upload-")
+            && e.metadata()
+                .await
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > std::time::Duration::from_secs(86_400));
+        let orphan = !name.starts_with('.') && uuid::Uuid::parse_str(&name).is_ok();
+        if is_file && (stale_upload || (orphan && !files.contains(&name))) {
+            let _ = tokio::fs::remove_file(e.path()).await;
+            tracing::info!(file = %name, "removed an image file no image names");
+        }
+    }
+}
+
+/// Stream an upload to a file, check it, and create the image `name` with `meta` added
+/// to its metadata; the stored object.
+async fn store_image(
+    st: &AppState,
+    name: &str,
+    meta: serde_json::Value,
+    body: Body,
+) -> ApiResult<serde_json::Value> {
+    sweep(st).await;
     let dir = st.images_dir();
     tokio::fs::create_dir_all(&dir)
         .await
@@ -75,7 +200,7 @@ pub async fn upload(
     tokio::fs::rename(&tmp, &dest)
         .await
         .map_err(ApiError::internal)?;
-    let obj = json!({
+    let mut obj = json!({
         "metadata": {"name": name, "uid": uid},
         "spec": {},
         "status": {
@@ -86,11 +211,13 @@ pub async fn upload(
             "sha256": hex::encode(hasher.finalize()),
         }
     });
-    match st.store.create(Kind::Image, obj, true).await {
-        Ok(o) => {
-            tracing::info!(image = %name, %format, size, user = %p.user, "imported image");
-            Ok((StatusCode::CREATED, axum::Json(o)).into_response())
+    if let Some(m) = meta.as_object() {
+        for (k, v) in m {
+            obj["metadata"][k] = v.clone();
         }
+    }
+    match st.store.create(Kind::Image, obj, true).await {
+        Ok(o) => Ok(o),
         Err(e) => {
             let _ = tokio::fs::remove_file(&dest).await;
             Err(e.into())

@@ -76,6 +76,15 @@ impl Target {
             && self.ns.is_empty()
             && self.sub == "upload"
     }
+
+    /// `PUT .../datavolumes/{name}/upload`: an upload DataVolume's data, streamed too.
+    fn is_data_volume_upload(&self, method: &Method) -> bool {
+        method == Method::PUT
+            && self.group == crate::types::cdi::GROUP
+            && self.plural == "datavolumes"
+            && !self.ns.is_empty()
+            && self.sub == "upload"
+    }
 }
 
 impl Request {
@@ -248,6 +257,10 @@ async fn handle(
     if at.is_upload(&method) {
         p.require(Request::ImageUpload.access())?;
         return images::upload(st, p, &at.name, body).await;
+    }
+    if at.is_data_volume_upload(&method) {
+        p.require(Request::ImageUpload.access())?;
+        return images::upload_data_volume(st, p, &at.ns, &at.name, body).await;
     }
     let bytes = axum::body::to_bytes(body, crate::http::body::OBJECT_LIMIT)
         .await

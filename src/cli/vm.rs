@@ -142,6 +142,16 @@ enum ImageCmd {
         name: String,
         file: PathBuf,
     },
+    /// Send a disk image (qcow2 or raw) to the DataVolume NAME, whose source is `upload: {}`
+    /// (as `virtctl image-upload dv NAME`). The node that first runs a VM using the
+    /// DataVolume fills its disk from it.
+    Upload {
+        /// The DataVolume.
+        name: String,
+        file: PathBuf,
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+    },
     List {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Format,
@@ -431,43 +441,69 @@ pub async fn run_vmi(a: VmiArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// PUT a file as a streamed body, with a progress bar labelled `what`.
+async fn put_file(
+    c: &crate::client::Client,
+    path: &str,
+    file: &std::path::Path,
+    what: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let f = tokio::fs::File::open(file)
+        .await
+        .with_context(|| format!("opening {}", file.display()))?;
+    let len = f.metadata().await?.len();
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_message(format!("uploading {what}"));
+    let b2 = bar.clone();
+    let stream = tokio_util::io::ReaderStream::new(f).inspect(move |chunk| {
+        if let Ok(c) = chunk {
+            b2.inc(c.len() as u64);
+        }
+    });
+    let req = c
+        .request(reqwest::Method::PUT, path)
+        .header("content-type", "application/octet-stream")
+        .header("content-length", len)
+        .body(reqwest::Body::wrap_stream(stream));
+    let r = c.send(req).await;
+    bar.finish_and_clear();
+    r
+}
+
 pub async fn run_image(a: ImageArgs) -> anyhow::Result<()> {
     let c = a.client.client()?;
     match a.cmd {
         ImageCmd::Import { name, file } => {
-            let f = tokio::fs::File::open(&file)
-                .await
-                .with_context(|| format!("opening {}", file.display()))?;
-            let len = f.metadata().await?.len();
-            let bar = indicatif::ProgressBar::new(len);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
-            );
-            bar.set_message(format!("uploading {name}"));
-            let b2 = bar.clone();
-            let stream = tokio_util::io::ReaderStream::new(f).inspect(move |chunk| {
-                if let Ok(c) = chunk {
-                    b2.inc(c.len() as u64);
-                }
-            });
-            let req = c
-                .request(
-                    reqwest::Method::PUT,
-                    &format!("/apis/edgevirt.io/v1/images/{name}/upload"),
-                )
-                .header("content-type", "application/octet-stream")
-                .header("content-length", len)
-                .body(reqwest::Body::wrap_stream(stream));
-            let r = c.send(req).await;
-            bar.finish_and_clear();
-            let img: Image = decode(r?)?;
+            let path = format!("/apis/edgevirt.io/v1/images/{name}/upload");
+            let img: Image = decode(put_file(&c, &path, &file, &name).await?)?;
             let status = img.status.unwrap_or_default();
             println!(
                 "image/{name} imported: {} format, {} bytes, sha256 {}",
+                status.format,
+                status.size_bytes,
+                status.sha256.unwrap_or_default()
+            );
+        }
+        ImageCmd::Upload {
+            name,
+            file,
+            namespace,
+        } => {
+            let path = format!(
+                "/apis/cdi.kubevirt.io/v1beta1/namespaces/{namespace}/datavolumes/{name}/upload"
+            );
+            let img: Image = decode(put_file(&c, &path, &file, &name).await?)?;
+            let status = img.status.unwrap_or_default();
+            println!(
+                "datavolume/{name} uploaded: {} format, {} bytes, sha256 {}; filled on the node \
+                 of the first VM that uses it",
                 status.format,
                 status.size_bytes,
                 status.sha256.unwrap_or_default()

@@ -10,7 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::Context;
 use crate::store::{Error, FieldSelector, LabelSelector, Store};
 use crate::types::cdi::{
-    DataVolume, DataVolumeCondition, DataVolumeStatus, NODE_ANNOTATION, phase,
+    DataVolume, DataVolumeCondition, DataVolumeSpec, DataVolumeStatus, Fill,
+    IMAGE_OWNER_ANNOTATION, NODE_ANNOTATION, phase,
 };
 use crate::types::{Meta, Typed, VirtualMachine, VirtualMachineInstance, now};
 
@@ -39,8 +40,13 @@ pub async fn keep_storage_class(store: &Store) -> Result<(), Error> {
     }
 }
 
-/// The status of a DataVolume nobody has used yet.
-fn waiting(name: &str) -> DataVolumeStatus {
+/// The status of a new DataVolume: an upload waits for its data, the rest for a consumer.
+fn waiting(name: &str, spec: &DataVolumeSpec) -> DataVolumeStatus {
+    let (ph, reason) = if spec.fill("") == Some(Fill::Upload) {
+        (phase::UPLOAD_READY, "UploadReady")
+    } else {
+        (phase::WAIT_FOR_FIRST_CONSUMER, "WaitForFirstConsumer")
+    };
     let cond = |t: &str, reason: &str| DataVolumeCondition {
         type_: t.into(),
         status: "False".into(),
@@ -50,22 +56,22 @@ fn waiting(name: &str) -> DataVolumeStatus {
         last_heartbeat_time: Some(now()),
     };
     DataVolumeStatus {
-        phase: Some(phase::WAIT_FOR_FIRST_CONSUMER.into()),
+        phase: Some(ph.into()),
         progress: Some("N/A".into()),
         restart_count: Some(0),
         claim_name: Some(name.into()),
         conditions: vec![
-            cond("Bound", "WaitForFirstConsumer"),
-            cond("Ready", "WaitForFirstConsumer"),
-            cond("Running", "WaitForFirstConsumer"),
+            cond("Bound", reason),
+            cond("Ready", reason),
+            cond("Running", reason),
         ],
     }
 }
 
-/// A new DataVolume gets its first status.
+/// A new DataVolume gets its first status; a deleted one's uploaded image goes.
 pub async fn reconcile_dv(ctx: &Context, ns: &str, name: &str) -> Result<(), Error> {
     let Some(dv) = ctx.store.get_typed::<DataVolume>(ns, name).await? else {
-        return Ok(());
+        return forget_upload(&ctx.store, ns, name).await;
     };
     if dv.status.as_ref().is_some_and(|s| s.phase.is_some()) || dv.deleting() {
         return Ok(());
@@ -73,7 +79,7 @@ pub async fn reconcile_dv(ctx: &Context, ns: &str, name: &str) -> Result<(), Err
     ctx.store
         .update_typed(ns, name, |o: &mut DataVolume| {
             if o.status.as_ref().is_none_or(|s| s.phase.is_none()) {
-                o.status = Some(waiting(name));
+                o.status = Some(waiting(name, &o.spec));
             }
             Ok(())
         })
@@ -104,13 +110,31 @@ pub async fn ensure_templates(store: &Store, vm: &VirtualMachine) -> Result<(), 
                 ..Default::default()
             },
             spec: t.spec.clone(),
-            status: Some(waiting(name)),
+            status: Some(waiting(name, &t.spec)),
         };
         match store.create_typed(&dv).await {
             Ok(_) | Err(Error::AlreadyExists { .. }) => {
                 tracing::info!(namespace = %vm.namespace(), vm = %vm.name(), datavolume = %name, "created DataVolume from the VM's template");
             }
             Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The image holding what was uploaded for the DataVolume `ns/name`, which is gone.
+async fn forget_upload(store: &Store, ns: &str, name: &str) -> Result<(), Error> {
+    use crate::types::Kind;
+    let owner = format!("{ns}/{name}");
+    let images: Vec<crate::types::edgevirt::Image> = store.all().await?;
+    for img in images {
+        if img.annotation(IMAGE_OWNER_ANNOTATION) == Some(owner.as_str()) {
+            match store.delete(Kind::Image, "", img.name(), None).await {
+                Ok(_) | Err(Error::NotFound { .. }) => {
+                    tracing::info!(datavolume = %owner, image = %img.name(), "deleted the uploaded image of a deleted DataVolume");
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
     Ok(())

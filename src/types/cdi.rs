@@ -25,6 +25,13 @@ pub const LOCAL_CLASS: &str = "local";
 /// first scheduled: CDI's `WaitForFirstConsumer`).
 pub const NODE_ANNOTATION: &str = "edgevirt.io/datavolume-node";
 
+/// The annotation naming the image (`edgevirt.io/v1` Image, kept by the controller) that
+/// holds what `edgevirt image upload` sent for an `upload` DataVolume.
+pub const UPLOAD_IMAGE_ANNOTATION: &str = "edgevirt.io/upload-image";
+
+/// The annotation on such an image naming its DataVolume (`namespace/name`).
+pub const IMAGE_OWNER_ANNOTATION: &str = "edgevirt.io/datavolume";
+
 /// The largest disk a DataVolume may ask for (64 TiB).
 pub const MAX_BYTES: u64 = 64 << 40;
 
@@ -32,6 +39,7 @@ pub const MAX_BYTES: u64 = 64 << 40;
 pub mod phase {
     pub const PENDING: &str = "Pending";
     pub const WAIT_FOR_FIRST_CONSUMER: &str = "WaitForFirstConsumer";
+    pub const UPLOAD_READY: &str = "UploadReady";
     pub const IMPORT_IN_PROGRESS: &str = "ImportInProgress";
     pub const CLONE_IN_PROGRESS: &str = "CloneInProgress";
     pub const SUCCEEDED: &str = "Succeeded";
@@ -93,6 +101,9 @@ pub struct DataVolumeSource {
     /// A copy of another DataVolume's disk (CDI's clone of its PVC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pvc: Option<PvcSource>,
+    /// A disk image sent by `edgevirt image upload` (CDI's `virtctl image-upload`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<Blank>,
 }
 
 /// CDI's `DataVolumeBlankImage`: no fields.
@@ -196,6 +207,8 @@ pub enum Fill {
     Registry(String),
     /// Another DataVolume: namespace and name.
     Clone(String, String),
+    /// What `edgevirt image upload` sent.
+    Upload,
 }
 
 impl DataVolumeSpec {
@@ -222,6 +235,8 @@ impl DataVolumeSpec {
         } else if let Some(r) = &s.registry {
             let url = r.url.as_deref()?;
             Some(Fill::Registry(url.strip_prefix("docker://")?.to_string()))
+        } else if s.upload.is_some() {
+            Some(Fill::Upload)
         } else {
             s.pvc.as_ref().map(|p| {
                 Fill::Clone(
@@ -246,7 +261,8 @@ impl DataVolumeSpec {
         match &self.source {
             None => bad(
                 format!("{at}.source"),
-                "required: one of blank, http, registry or pvc (sourceRef is not supported yet)"
+                "required: one of blank, http, registry, pvc or upload (sourceRef is not \
+                 supported yet)"
                     .into(),
             ),
             Some(s) => {
@@ -255,6 +271,7 @@ impl DataVolumeSpec {
                     s.http.is_some(),
                     s.registry.is_some(),
                     s.pvc.is_some(),
+                    s.upload.is_some(),
                 ]
                 .iter()
                 .filter(|b| **b)

@@ -896,13 +896,18 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
         ),
         (
             "dv-two-sources",
-            json!({"source": {"blank": {}, "upload": {}}, "storage": size}),
-            "upload",
+            json!({"source": {"blank": {}, "http": {"url": "http://x/y"}}, "storage": size}),
+            "exactly one",
         ),
         (
             "dv-s3-source",
             json!({"source": {"s3": {"url": "s3://bucket/disk"}}, "storage": size}),
             "does not support",
+        ),
+        (
+            "dv-upload-with-fields",
+            json!({"source": {"upload": {"path": "/etc/shadow"}}, "storage": size}),
+            "upload",
         ),
         (
             "dv-archive",
@@ -924,6 +929,15 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             }))
             .expect(&[400, 422])
             .msg("dataVolumeTemplates"),
+    );
+    c.push(
+        Case::new(
+            "dv-upload-to-nothing",
+            Method::PUT,
+            format!("{dv_path}/hostile-nothing/upload"),
+        )
+        .raw(Some("application/octet-stream"), vec![0u8; 4096])
+        .expect(&[404]),
     );
     c.push(
         Case::new(

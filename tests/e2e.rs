@@ -1165,6 +1165,7 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
                 ("networkInterfaceMultiqueue", json!(true)),
                 ("useVirtioTransitional", json!(true)),
                 ("autoattachMemBalloon", json!(false)),
+                ("tpm", json!({})),
             ] {
                 devices.insert(k.into(), v);
             }
@@ -1215,9 +1216,19 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
         "<panic model='isa'",
         "<memballoon model='none'/>",
         "<model type='virtio-transitional'/>",
+        "<tpm model='tpm-tis'>",
+        "<backend type='emulator' version='2.0'",
     ] {
         assert!(xml.contains(want), "{want} not in {xml}");
     }
+    // The vTPM (swtpm), as the guest's kernel sees it.
+    assert_eq!(
+        guest_exec(&dom, "/bin/cat", &["/sys/class/tpm/tpm0/tpm_version_major"])
+            .map(|s| s.trim().to_string())
+            .as_deref(),
+        Some("2"),
+        "a TPM 2.0 in the guest"
+    );
     // The guest's PCI bus has the watchdog (8086:25ab) and the sound card (8086:293e).
     let pci = guest_exec(
         &dom,

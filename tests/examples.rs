@@ -37,8 +37,7 @@ const CONFLICT: &str =
     "spec.template.spec.domain.memory.guest conflicts with selected instance type";
 
 /// The instancetypes and preferences the examples name, with the values KubeVirt's example
-/// generator (tools/vms-generator) gives them; they are not among the example files. The
-/// `windows` preference leaves out `preferredTPM`, which edgevirt does not support yet.
+/// generator (tools/vms-generator) gives them; they are not among the example files.
 const INSTANCETYPES: &str = r#"
 apiVersion: instancetype.kubevirt.io/v1beta1
 kind: VirtualMachineInstancetype
@@ -68,7 +67,7 @@ spec:
   clock:
     preferredClockOffset: {utc: {}}
     preferredTimer: {hpet: {present: false}, pit: {tickPolicy: delay}, rtc: {tickPolicy: catchup}, hyperv: {}}
-  devices: {preferredDiskBus: sata, preferredInterfaceModel: e1000}
+  devices: {preferredDiskBus: sata, preferredInterfaceModel: e1000, preferredTPM: {}}
   features:
     preferredAcpi: {}
     preferredApic: {}
@@ -114,7 +113,7 @@ const EXPECT: &[(&str, Outcome)] = &[
     ("vmi-secureboot.yaml", Runs),
     ("vmi-sriov.yaml", Refused("sriov")),
     ("vmi-usb.yaml", Refused("hostDevices")),
-    ("vmi-windows.yaml", Refused("tpm")),
+    ("vmi-windows.yaml", Runs),
     (
         "vmi-with-sidecar-hook-configmap.yaml",
         Refused("hooks.kubevirt.io/hookSidecars"),
@@ -194,6 +193,8 @@ async fn kubevirts_examples_apply_unchanged() {
     std::fs::create_dir_all(pool.path().join("default")).unwrap();
     // The claims the examples name: a bootable one, and a blank data disk.
     std::fs::copy(&bootdisk, pool.path().join("default/disk-alpine.raw")).unwrap();
+    // vmi-windows boots the test guest too (UEFI, Secure Boot, a vTPM, 2 vCPUs).
+    std::fs::copy(&bootdisk, pool.path().join("default/disk-windows.raw")).unwrap();
     let blank = std::fs::File::create(pool.path().join("default/disk-custom.raw")).unwrap();
     blank.set_len(16 << 20).unwrap();
     let mirror = format!("registry:5000=http://{}", registry.host);

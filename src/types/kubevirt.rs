@@ -685,6 +685,9 @@ pub struct Devices {
     pub video: Option<VideoDevice>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watchdog: Option<Watchdog>,
+    /// A virtual TPM 2.0 (swtpm), as Windows 11 and measured boot need.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<TpmDevice>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sound: Option<SoundDevice>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -729,6 +732,26 @@ pub struct VideoDevice {
     /// `vga` (the default), `virtio`, `bochs` or `cirrus`.
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
     pub type_: Option<String>,
+}
+
+/// KubeVirt's `TPMDevice`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct TpmDevice {
+    /// `false` turns off a vTPM a preference asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Keep the vTPM's state across restarts: not supported yet (it lives as long as the
+    /// instance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent: Option<bool>,
+}
+
+impl TpmDevice {
+    pub fn on(t: &Option<TpmDevice>) -> bool {
+        t.as_ref().is_some_and(|t| t.enabled != Some(false))
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

@@ -165,6 +165,8 @@ struct DomainXml<'a> {
     /// `usb` or `virtio`, one per tablet.
     tablets: Vec<String>,
     watchdog: Option<String>,
+    /// A vTPM 2.0 emulated by swtpm.
+    tpm: bool,
     sound: Option<String>,
     panics: Vec<String>,
     iothreads: u32,
@@ -412,6 +414,13 @@ fn validate_devices(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     }
     if let Some(t) = dev.video.as_ref().and_then(|v| v.type_.as_deref()) {
         one_of("spec.domain.devices.video.type", t, &VIDEO_TYPES)?;
+    }
+    if dev.tpm.as_ref().is_some_and(|t| t.persistent == Some(true)) {
+        return Err(Invalid(
+            "spec.domain.devices.tpm.persistent: not supported yet; the vTPM's state lives as \
+             long as the instance (leave persistent out or false)"
+                .into(),
+        ));
     }
     if let Some(w) = &dev.watchdog {
         let Some(esb) = &w.i6300esb else {
@@ -1035,6 +1044,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
         video_vram: ["vga", "cirrus"].contains(&video.as_str()),
         video,
         tablets,
+        tpm: crate::types::kubevirt::TpmDevice::on(&devs.tpm),
         watchdog: devs.watchdog.as_ref().map(|w| {
             w.i6300esb
                 .as_ref()

@@ -183,6 +183,12 @@ pub struct DevicePreferences {
     pub preferred_interface_model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_rng: Option<Rng>,
+    #[serde(
+        default,
+        rename = "preferredTPM",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub preferred_tpm: Option<super::kubevirt::TpmDevice>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -524,6 +530,7 @@ fn prefer(spec: &mut VirtualMachineInstanceSpec, p: &PreferenceSpec) {
             &dev.preferred_autoattach_serial_console,
         );
         fill(&mut devices.rng, &dev.preferred_rng);
+        fill(&mut devices.tpm, &dev.preferred_tpm);
     }
     if let Some(f) = &p.features {
         let features = d.features.get_or_insert_default();

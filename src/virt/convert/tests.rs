@@ -249,6 +249,10 @@ fn device_settings_are_checked() {
         ("{watchdog: {name: w, i6300esb: {action: dump}}}", "action"),
         ("{sound: {name: s, model: sb16}}", "sound.model"),
         ("{panicDevices: [{model: s390}]}", "panicDevices[0].model"),
+        (
+            "{tpm: {persistent: true}}",
+            "tpm.persistent: not supported yet",
+        ),
     ] {
         let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(&format!(
             "domain: {{memory: {{guest: 64Mi}}, devices: {yaml}}}"

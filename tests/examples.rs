@@ -98,7 +98,7 @@ const EXPECT: &[(&str, Outcome)] = &[
     ("vmi-arm.yaml", Runs),
     ("vmi-dra-pgpu.yaml", Refused("gpus")),
     ("vmi-ephemeral.yaml", Runs),
-    ("vmi-fedora-isolated.yaml", Refused("dedicatedCpuPlacement")),
+    ("vmi-fedora-isolated.yaml", Runs),
     ("vmi-fedora.yaml", Runs),
     ("vmi-gpu.yaml", Refused("gpus")),
     ("vmi-host-disk.yaml", Refused("hostDisk")),
@@ -268,6 +268,17 @@ async fn kubevirts_examples_apply_unchanged() {
                 },
                 started.elapsed().as_secs_f64()
             ));
+            if fname == "vmi-fedora-isolated.yaml" {
+                // Its one vCPU and its emulator thread each on a host CPU of their own.
+                let dom = vmi["status"]["domainName"].as_str().unwrap_or_default();
+                let (_, xml) = virsh(&["dumpxml", dom]);
+                assert!(
+                    xml.contains("<vcpupin vcpu='0' cpuset=") && xml.contains("<emulatorpin"),
+                    "{fname}: no pinned CPUs in {xml}"
+                );
+                let pins = vmi["metadata"]["annotations"]["edgevirt.io/dedicated-cpus"].clone();
+                report.push(format!("{fname}: pinned {pins}"));
+            }
             if name == "vmi-migratable" {
                 // KubeVirt's migration example, against this one-node appliance.
                 let m = examples_dir().join("migration-job.yaml");

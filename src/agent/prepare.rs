@@ -320,6 +320,20 @@ pub async fn prepare(
     // The policy reads the scheduler's annotation and the spec.
     let cpu = crate::cpu::policy::for_vmi(&stored.obj, &facts, &agent.accel)?;
     tracing::info!(vmi = %name, mode = cpu.mode.as_str(), model = ?cpu.model, reason = %cpu.reason, "guest CPU");
+    // Dedicated CPUs, as the scheduler gave them (checked against the vCPU count).
+    let pins = crate::rules::cpus::Pins::of(vmi);
+    let (so, co, th) = convert::topology(spec);
+    if let Some((n, emulator)) = crate::rules::cpus::wants(vmi, so * co * th) {
+        match &pins {
+            Some(p) if p.vcpus.len() == n as usize && p.emulator.is_some() == emulator => {}
+            _ => bail!(
+                "the instance asks for dedicated CPUs but the scheduler gave it none that fit \
+                 (annotation {}: {:?}); delete it so that it is scheduled again",
+                crate::rules::cpus::DEDICATED_CPUS_ANNOTATION,
+                pins.as_ref().map(|p| p.to_annotation())
+            ),
+        }
+    }
     let ctx = convert::Context {
         domain_name: domain_name(&ns, &name, &uid),
         domain_uuid: uid.clone(),
@@ -337,6 +351,7 @@ pub async fn prepare(
         kernel,
         initrd,
         cpu,
+        pins,
     };
     let xml = convert::domain_xml(spec, &ctx)?;
     let path = run_dir.join("domain.xml");

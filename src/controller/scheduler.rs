@@ -7,10 +7,11 @@
 //! Instances with `persistentVolumeClaim` volumes go only to nodes that mount a shared
 //! storage pool, and migrate only between nodes that mount the same one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::Context;
 use crate::cpu::GuestCpu;
+use crate::rules::cpus::{DEDICATED_CPUS_ANNOTATION, Pins};
 use crate::rules::migration::shared_disks;
 use crate::rules::node::node_ready;
 use crate::store::{Error, FieldSelector, LabelSelector};
@@ -30,6 +31,36 @@ fn vcpus_of(vmi: &VirtualMachineInstance) -> u64 {
 
 fn memory_of(vmi: &VirtualMachineInstance) -> u64 {
     guest_memory(&vmi.spec).unwrap_or(0)
+}
+
+/// The host CPUs an instance that wants dedicated CPUs gets on `node` (with `count` CPUs),
+/// given the instances `placed` there: `Err` with why when they do not fit, `Ok(None)` when
+/// it does not want any.
+pub fn dedicated_pins(
+    placed: &[VirtualMachineInstance],
+    node: &str,
+    count: u32,
+    vmi: &VirtualMachineInstance,
+) -> Result<Option<Pins>, String> {
+    let Some((n, emulator)) = crate::rules::cpus::wants(vmi, vcpus_of(vmi) as u32) else {
+        return Ok(None);
+    };
+    let taken: BTreeSet<u32> = placed
+        .iter()
+        .filter(|v| v.node_name() == Some(node) && !v.phase().is_final() && v.uid() != vmi.uid())
+        .filter_map(Pins::of)
+        .flat_map(|p| p.all().collect::<Vec<_>>())
+        .collect();
+    crate::rules::cpus::pick(count, &taken, n, emulator)
+        .map(Some)
+        .ok_or_else(|| {
+            format!(
+                "{node}: not enough free CPUs for dedicated placement ({} wanted; {} of its {count} \
+                 held by other dedicated instances)",
+                n + u32::from(emulator),
+                taken.len()
+            )
+        })
 }
 
 /// The node a VMI fits best, or why none fits: ("0/N nodes are available: ...").
@@ -148,6 +179,10 @@ pub async fn pick_node(
                 continue;
             }
         }
+        if let Err(why) = dedicated_pins(&placed, &name, status.cpu.count, vmi) {
+            reasons.push(why);
+            continue;
+        }
         // A migration keeps the guest CPU the instance runs with: the target must be able
         // to run that one (and everything it needs from the source's CPU).
         if let (Some(src), Some(running)) = (source_node, &running_cpu) {
@@ -197,22 +232,40 @@ fn condition(t: ConditionType, status: ConditionStatus, reason: &str, message: &
 
 /// Try to place a VMI; false (with an explaining condition) if no node fits.
 pub async fn schedule(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<bool, Error> {
-    let picked = pick_node(ctx, vmi, None, &BTreeMap::new()).await?;
+    let mut picked = pick_node(ctx, vmi, None, &BTreeMap::new()).await?;
+    // Its dedicated CPUs on that node, picked against what is placed there now.
+    let mut pins = None;
+    if let Ok((node, _)) = &picked
+        && let Some(n) = ctx.store.get_typed::<Node>("", node).await?
+    {
+        let placed: Vec<VirtualMachineInstance> = ctx.store.all().await?;
+        let count = n.status.map(|s| s.cpu.count).unwrap_or(0);
+        match dedicated_pins(&placed, node, count, vmi) {
+            Ok(p) => pins = p,
+            Err(why) => picked = Err(format!("0/1 nodes are available: {why}")),
+        }
+    }
     let (ns, name) = (vmi.namespace(), vmi.name());
     match picked {
         Ok((node, guest_cpu)) => {
             // Its DataVolumes first: the agent fills only those bound to its node.
             super::datavolume::bind(&ctx.store, vmi, &node).await?;
             let cpu_json = serde_json::to_string(&guest_cpu).unwrap_or_default();
+
             ctx.store
                 .update_typed(ns, name, |o: &mut VirtualMachineInstance| {
                     if o.node_name().is_some() {
                         return Ok(());
                     }
-                    o.metadata.annotations.get_or_insert_default().insert(
+                    let annotations = o.metadata.annotations.get_or_insert_default();
+                    annotations.insert(
                         crate::cpu::policy::GUEST_CPU_ANNOTATION.to_string(),
                         cpu_json,
                     );
+                    if let Some(p) = &pins {
+                        annotations
+                            .insert(DEDICATED_CPUS_ANNOTATION.to_string(), p.to_annotation());
+                    }
                     let st = o.status.get_or_insert_default();
                     st.node_name = Some(node.clone());
                     st.enter_phase(Phase::Scheduled, false);

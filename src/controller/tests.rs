@@ -538,3 +538,49 @@ async fn a_lone_data_volume_waits_for_its_first_consumer() {
             .any(|c| c.type_ == "Bound" && c.status == "False")
     );
 }
+
+/// Dedicated CPUs: the scheduler gives each vCPU (and the emulator thread) a host CPU no
+/// other dedicated instance holds, and a node without enough is passed over, saying why.
+#[tokio::test]
+async fn dedicated_cpus_are_held_once_per_node() {
+    let (_d, ctx) = ctx().await;
+    add_node(&ctx, "two", 64 << 30).await;
+    add_node(&ctx, "four", 4 << 30).await;
+    for (n, count) in [("two", 2), ("four", 4)] {
+        ctx.store
+            .update_typed("", n, move |o: &mut Node| {
+                o.status.get_or_insert_default().cpu.count = count;
+                Ok(())
+            })
+            .await
+            .unwrap();
+    }
+    let dedicated = |name: &str| {
+        VirtualMachineInstance::from_value(json!({
+            "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+            "spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {},
+                "cpu": {"cores": 2, "dedicatedCpuPlacement": true, "isolateEmulatorThread": true}}}}))
+        .unwrap()
+    };
+    for name in ["d1", "d2"] {
+        ctx.store.create_typed(&dedicated(name)).await.unwrap();
+    }
+    // "two" has the most memory but only two CPUs: three are wanted.
+    assert!(scheduler::schedule(&ctx, &dedicated("d1")).await.unwrap());
+    let d1 = get_vmi(&ctx, "d1").await.unwrap();
+    assert_eq!(d1.node_name(), Some("four"));
+    assert_eq!(
+        d1.annotation(crate::rules::cpus::DEDICATED_CPUS_ANNOTATION),
+        Some("vcpus=2,3;emulator=1")
+    );
+    // The second finds one CPU left on "four", and nowhere else to go.
+    assert!(!scheduler::schedule(&ctx, &dedicated("d2")).await.unwrap());
+    let (msg, _) = scheduled_condition(&get_vmi(&ctx, "d2").await.unwrap());
+    assert!(
+        msg.contains("two: not enough free CPUs for dedicated placement (3 wanted; 0 of its 2")
+            && msg.contains(
+                "four: not enough free CPUs for dedicated placement (3 wanted; 3 of its 4"
+            ),
+        "{msg}"
+    );
+}

@@ -49,6 +49,22 @@ pub fn live_migratable(vmi: &VirtualMachineInstance) -> Migratability {
             };
         }
     }
+    if vmi
+        .spec
+        .domain
+        .cpu
+        .as_ref()
+        .is_some_and(|c| c.dedicated_cpu_placement == Some(true))
+    {
+        return Migratability {
+            ok: false,
+            reason: "DedicatedCPUsNotLiveMigratable".into(),
+            message: "cannot migrate VMI with dedicated CPUs: they are held on this node \
+                      (not supported yet)"
+                .into(),
+            method: MigrationMethod::LiveMigration,
+        };
+    }
     let (local, shared) = (local_disks(vmi), shared_disks(vmi));
     if local.is_empty() {
         return Migratability {

@@ -627,6 +627,12 @@ pub struct Cpu {
     /// CPU features to add or remove, as KubeVirt's `spec.domain.cpu.features`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub features: Vec<CpuFeature>,
+    /// Pin each vCPU to a host CPU no other dedicated instance on the node holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedicated_cpu_placement: Option<bool>,
+    /// One more dedicated host CPU, for QEMU's emulator thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolate_emulator_thread: Option<bool>,
 }
 
 /// One entry of KubeVirt's `spec.domain.cpu.features`: a libvirt feature name and its policy

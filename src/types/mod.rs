@@ -17,6 +17,9 @@ pub mod annotations {
     pub const VOLUMES_NODE_ANNOTATION: &str = "edgevirt.io/volumes-node";
     /// On a VMI: the desired pause state (`"true"` when paused).
     pub const PAUSED_ANNOTATION: &str = "edgevirt.io/paused";
+    /// The host CPUs the scheduler gave an instance with dedicated CPUs
+    /// (`vcpus=2,3;emulator=1`).
+    pub const DEDICATED_CPUS_ANNOTATION: &str = "edgevirt.io/dedicated-cpus";
     /// On a VMI: the latest soft-reboot request (a counter).
     pub const SOFTREBOOT_ANNOTATION: &str = "edgevirt.io/softreboot-requested";
     /// On a VMI: the last soft-reboot request the agent carried out.

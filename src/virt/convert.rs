@@ -49,6 +49,8 @@ pub struct Context {
     pub initrd: Option<String>,
     /// The guest CPU chosen for this node (see [`crate::cpu::policy`]).
     pub cpu: GuestCpu,
+    /// Dedicated host CPUs (`dedicatedCpuPlacement`), as the scheduler gave them.
+    pub pins: Option<crate::rules::cpus::Pins>,
 }
 
 struct CpuModelXml {
@@ -165,6 +167,7 @@ struct DomainXml<'a> {
     /// `usb` or `virtio`, one per tablet.
     tablets: Vec<String>,
     watchdog: Option<String>,
+    pins: Option<crate::rules::cpus::Pins>,
     /// A vTPM 2.0 emulated by swtpm.
     tpm: bool,
     sound: Option<String>,
@@ -414,6 +417,14 @@ fn validate_devices(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     }
     if let Some(t) = dev.video.as_ref().and_then(|v| v.type_.as_deref()) {
         one_of("spec.domain.devices.video.type", t, &VIDEO_TYPES)?;
+    }
+    if let Some(c) = &spec.domain.cpu
+        && c.isolate_emulator_thread == Some(true)
+        && c.dedicated_cpu_placement != Some(true)
+    {
+        return Err(Invalid(
+            "spec.domain.cpu.isolateEmulatorThread: needs dedicatedCpuPlacement: true".into(),
+        ));
     }
     if dev.tpm.as_ref().is_some_and(|t| t.persistent == Some(true)) {
         return Err(Invalid(
@@ -1045,6 +1056,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
         video,
         tablets,
         tpm: crate::types::kubevirt::TpmDevice::on(&devs.tpm),
+        pins: ctx.pins.clone(),
         watchdog: devs.watchdog.as_ref().map(|w| {
             w.i6300esb
                 .as_ref()

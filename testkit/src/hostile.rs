@@ -698,6 +698,21 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             "ioThreadsPolicy",
         ),
         (
+            "emulator-thread-without-dedicated-cpus",
+            json!({"domain": {"cpu": {"isolateEmulatorThread": true}}}),
+            "dedicatedCpuPlacement",
+        ),
+        (
+            "dedicated-cpus-not-a-bool",
+            json!({"domain": {"cpu": {"dedicatedCpuPlacement": "all"}}}),
+            "dedicatedCpuPlacement",
+        ),
+        (
+            "tpm-persistent",
+            json!({"domain": {"devices": {"tpm": {"persistent": true}}}}),
+            "tpm.persistent",
+        ),
+        (
             "eviction-strategy-unknown",
             json!({"evictionStrategy": "External"}),
             "evictionStrategy",

@@ -47,7 +47,7 @@ pub struct CpuInstancetype {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// Pinned vCPUs (KubeVirt's `cx1` series). Kept so the common set reads as published;
-    /// a VM using it is refused until edgevirt pins vCPUs.
+    /// the instance's vCPUs are pinned to host CPUs of their own.
     #[serde(
         default,
         rename = "dedicatedCPUPlacement",
@@ -414,14 +414,6 @@ pub fn expand(
         if !it.node_selector.is_empty() && !spec.node_selector.is_empty() {
             errors.push(conflict(at, "nodeSelector"));
         }
-        if it.cpu.dedicated_cpu_placement == Some(true) {
-            errors.push(it_field(
-                "domain.cpu.dedicatedCpuPlacement",
-                "from the instancetype's cpu.dedicatedCPUPlacement: pinned vCPUs are not \
-                 supported yet; choose an instancetype without it (u1, o1)"
-                    .into(),
-            ));
-        }
         if it.memory.hugepages.is_some() {
             errors.push(it_field(
                 "domain.memory.hugepages",
@@ -443,6 +435,8 @@ pub fn expand(
                 d.cpu = Some(Cpu {
                     model: it.cpu.model.clone().or(old.model),
                     features: old.features,
+                    dedicated_cpu_placement: it.cpu.dedicated_cpu_placement,
+                    isolate_emulator_thread: it.cpu.isolate_emulator_thread,
                     ..layout
                 });
                 d.memory = Some(Memory {

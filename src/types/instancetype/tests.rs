@@ -182,12 +182,20 @@ fn features_edgevirt_lacks_are_refused_by_name_at_use() {
     let mut ann = BTreeMap::new();
     let e = expand(&mut spec, &mut ann, Some(&it), None, "spec").unwrap_err();
     let fields: Vec<&str> = e.iter().map(|c| c.field.as_str()).collect();
+    assert_eq!(fields, ["spec.domain.memory.hugepages"]);
+    // Dedicated CPUs alone are taken: the instance asks for them.
+    let it: InstancetypeSpec = decode(
+        "VirtualMachineClusterInstancetype",
+        json!({"cpu": {"guest": 2, "dedicatedCPUPlacement": true, "isolateEmulatorThread": true},
+               "memory": {"guest": "2Gi"}}),
+    )
+    .unwrap();
+    let mut spec = vmi(json!({"domain": {"devices": {}}}));
+    expand(&mut spec, &mut ann, Some(&it), None, "spec").unwrap();
+    let cpu = spec.domain.cpu.unwrap();
     assert_eq!(
-        fields,
-        [
-            "spec.domain.cpu.dedicatedCpuPlacement",
-            "spec.domain.memory.hugepages"
-        ]
+        (cpu.dedicated_cpu_placement, cpu.isolate_emulator_thread),
+        (Some(true), Some(true))
     );
 }
 

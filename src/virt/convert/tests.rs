@@ -70,6 +70,7 @@ fn ctx(accel: &str) -> Context {
             accel,
         )
         .unwrap(),
+        pins: None,
     }
 }
 
@@ -266,6 +267,35 @@ fn device_settings_are_checked() {
     )
     .unwrap();
     assert!(validate(&spec).unwrap_err().0.contains("not supported yet"));
+}
+
+/// Dedicated CPUs: each vCPU and the emulator thread pinned to the host CPUs the scheduler
+/// gave; `isolateEmulatorThread` alone is refused.
+#[test]
+fn dedicated_cpus_are_pinned() {
+    let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(
+        "domain: {memory: {guest: 64Mi}, devices: {}, cpu: {cores: 2, dedicatedCpuPlacement: true, isolateEmulatorThread: true}}",
+    )
+    .unwrap();
+    let mut c = ctx("qemu");
+    c.pins = crate::rules::cpus::Pins::parse("vcpus=2,3;emulator=1");
+    let xml = domain_xml(&spec, &c).unwrap();
+    assert!(
+        xml.contains(
+            "<cputune>\n    <vcpupin vcpu='0' cpuset='2'/>\n    <vcpupin vcpu='1' cpuset='3'/>\n    <emulatorpin cpuset='1'/>\n  </cputune>"
+        ),
+        "{xml}"
+    );
+    let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(
+        "domain: {memory: {guest: 64Mi}, devices: {}, cpu: {isolateEmulatorThread: true}}",
+    )
+    .unwrap();
+    assert!(
+        validate(&spec)
+            .unwrap_err()
+            .0
+            .contains("needs dedicatedCpuPlacement")
+    );
 }
 
 /// KubeVirt's Windows settings: features, Hyper-V, clock and timers, SMBIOS identity.

@@ -1273,6 +1273,39 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
 
     // A liveness probe that cannot pass (nothing listens on the discard port): the VMI
     // alone fails with the reason; under a VM, another instance follows after the back-off.
+    // startStrategy Paused: the domain is created paused, the VMI is Running with Paused
+    // True (the agent does not resume it), and it runs once unpaused.
+    let (code, v) = a
+        .post_yaml(
+            VMS,
+            &Vm::guest("held")
+                .with(|v| v["spec"]["template"]["spec"]["startStrategy"] = json!("Paused"))
+                .yaml(),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    let held = a.wait_running("held", None, BOOT).await;
+    let hdom = held["status"]["domainName"].as_str().unwrap().to_string();
+    assert_eq!(domstate(&hdom).as_deref(), Some("paused"), "created paused");
+    let paused = wait_for("held: Paused condition", BOOT, || async {
+        a.vmi("held")
+            .await
+            .filter(|v| cond_status(v, "Paused").is_some_and(|(s, _)| s == "True"))
+    })
+    .await;
+    assert_eq!(paused["status"]["phase"], "Running", "{paused}");
+    assert_eq!(
+        domstate(&hdom).as_deref(),
+        Some("paused"),
+        "the agent resumed a guest that starts paused"
+    );
+    assert_eq!(a.action("held", "unpause").await, 202);
+    wait_for("held: guest agent answers after unpause", BOOT, || async {
+        guest_exec(&hdom, "/bin/cat", &["/proc/uptime"])
+    })
+    .await;
+    assert_eq!(domstate(&hdom).as_deref(), Some("running"));
+
     let unlive = |v: &mut serde_json::Value| {
         v["spec"]["template"]["spec"]["livenessProbe"] = json!({"tcpSocket": {"port": 9},
             "periodSeconds": 1, "failureThreshold": 3});
@@ -1370,7 +1403,7 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
         "{vm}"
     );
 
-    for name in ["sized"] {
+    for name in ["sized", "held"] {
         let (code, v) = a.delete(&format!("{VMS}/{name}")).await;
         assert_eq!(code, 200, "{name}: {v}");
     }

@@ -131,6 +131,7 @@ pub(super) async fn sync_vmi(
                 match prepare(agent, stored).await {
                     Ok(xml) => {
                         agent.prepare_retry.lock().await.remove(&uid);
+                        start_paused(agent, vmi, &xml).await?;
                         start_launcher(agent, &uid, &dom, &xml).await;
                     }
                     Err(e) => return prepare_failed(agent, stored, &uid, e).await,
@@ -233,6 +234,31 @@ pub(super) async fn sync_vmi(
         }
         agent.cp.put_vmi_status(ns, name, body).await?;
     }
+    Ok(())
+}
+
+/// `startStrategy: Paused`: the launcher creates the domain paused (a file beside its XML
+/// says so), and the VMI wants it paused until someone unpauses it, so the sync loop does not
+/// resume it. Each start of the VM starts paused again, as in KubeVirt.
+async fn start_paused(
+    agent: &Agent,
+    vmi: &VirtualMachineInstance,
+    xml: &std::path::Path,
+) -> anyhow::Result<()> {
+    if vmi.spec.start_strategy != Some(crate::types::kubevirt::StartStrategy::Paused) {
+        return Ok(());
+    }
+    if vmi.annotation(PAUSED_ANNOTATION) != Some("true") {
+        agent
+            .cp
+            .patch_vmi(
+                vmi.namespace(),
+                vmi.name(),
+                json!({"metadata": {"annotations": {PAUSED_ANNOTATION: "true"}}}),
+            )
+            .await?;
+    }
+    tokio::fs::write(xml.with_file_name(crate::launcher::START_PAUSED_FILE), b"").await?;
     Ok(())
 }
 

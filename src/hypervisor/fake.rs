@@ -58,6 +58,14 @@ impl Hypervisor for Fake {
         d.insert(name, (DomainState::Running, xml.to_string()));
         Ok(())
     }
+    fn create_paused(&self, xml: &str) -> Result<()> {
+        self.create(xml)?;
+        let name = dom_name(xml).unwrap_or_default();
+        if let Some(d) = self.domains.lock().unwrap().get_mut(&name) {
+            d.0 = DomainState::Paused;
+        }
+        Ok(())
+    }
     fn state(&self, name: &str) -> Result<Option<DomainState>> {
         Ok(self.domains.lock().unwrap().get(name).map(|d| d.0))
     }

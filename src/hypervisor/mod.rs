@@ -89,6 +89,8 @@ pub struct BlockCopy {
 pub trait Hypervisor: Send + Sync + 'static {
     /// Start a transient domain from XML.
     fn create(&self, xml: &str) -> Result<()>;
+    /// Create a domain whose vCPUs do not run until it is resumed.
+    fn create_paused(&self, xml: &str) -> Result<()>;
     /// The domain's state, or `None` if it does not exist.
     fn state(&self, name: &str) -> Result<Option<DomainState>>;
     /// Every domain carrying edgevirt's metadata, of any installation.

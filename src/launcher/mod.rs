@@ -54,6 +54,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     run_with(cfg, hv).await
 }
 
+/// A file beside the domain XML that asks for the domain to be created paused.
+pub const START_PAUSED_FILE: &str = "start-paused";
+
 /// Run with a given hypervisor (the fake in unit tests).
 pub async fn run_with(cfg: Config, hv: Arc<dyn Hypervisor>) -> anyhow::Result<()> {
     let l = Arc::new(Launcher {
@@ -67,9 +70,18 @@ pub async fn run_with(cfg: Config, hv: Arc<dyn Hypervisor>) -> anyhow::Result<()
         Some(_) => tracing::info!(domain = %cfg.domain_name, "adopting running domain"),
         None => {
             let xml = std::fs::read_to_string(&cfg.xml_file)?;
-            tracing::info!(domain = %cfg.domain_name, "creating domain");
+            // startStrategy Paused: the agent leaves this file beside the XML.
+            let paused = cfg.xml_file.with_file_name(START_PAUSED_FILE).exists();
+            tracing::info!(domain = %cfg.domain_name, paused, "creating domain");
             let hv = l.hv.clone();
-            tokio::task::spawn_blocking(move || hv.create(&xml)).await??;
+            tokio::task::spawn_blocking(move || {
+                if paused {
+                    hv.create_paused(&xml)
+                } else {
+                    hv.create(&xml)
+                }
+            })
+            .await??;
         }
     }
     let _ = std::fs::remove_file(&cfg.socket);

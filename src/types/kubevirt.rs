@@ -203,6 +203,9 @@ pub struct VirtualMachineInstanceSpec {
     /// What `edgevirt node drain` does with the instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eviction_strategy: Option<EvictionStrategy>,
+    /// `Paused`: the guest is created paused and runs once unpaused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_strategy: Option<StartStrategy>,
     /// The guest's hostname (cloud-init `local-hostname`); the VMI's name when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
@@ -210,6 +213,14 @@ pub struct VirtualMachineInstanceSpec {
     /// cluster DNS, so it has no effect here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subdomain: Option<String>,
+}
+
+/// KubeVirt's `startStrategy`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub enum StartStrategy {
+    /// Created paused (its vCPUs never ran); `edgevirt vm unpause` (or `virtctl unpause`)
+    /// lets it run.
+    Paused,
 }
 
 /// KubeVirt's `evictionStrategy`: what a node drain does with the instance.

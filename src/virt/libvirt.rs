@@ -101,6 +101,13 @@ impl Hypervisor for Libvirt {
         self.with(|c| c.create_domain_xml(xml, sys::VIR_DOMAIN_NONE).map(|_| ()))
     }
 
+    fn create_paused(&self, xml: &str) -> Result<()> {
+        self.with(|c| {
+            c.create_domain_xml(xml, sys::VIR_DOMAIN_START_PAUSED)
+                .map(|_| ())
+        })
+    }
+
     fn state(&self, name: &str) -> Result<Option<DomainState>> {
         let d = match self.domain(name) {
             Ok(d) => d,

@@ -276,7 +276,7 @@ async fn write_disk(
                 args.extend(["-o".into(), "preallocation=falloc".into()]);
             }
             args.extend([tmp.to_string_lossy().into_owned(), size.to_string()]);
-            run_tool("qemu-img", &args).await
+            super::run_tool("qemu-img", &args).await
         }
         Fill::Registry(image) => {
             let disk = agent
@@ -366,9 +366,9 @@ async fn convert(
     }
     args.push(from.to_string_lossy().into_owned());
     args.push(tmp.to_string_lossy().into_owned());
-    run_tool("qemu-img", &args).await?;
+    super::run_tool("qemu-img", &args).await?;
     if virtual_size < size {
-        run_tool(
+        super::run_tool(
             "qemu-img",
             &[
                 "resize".into(),
@@ -380,22 +380,6 @@ async fn convert(
             ],
         )
         .await?;
-    }
-    Ok(())
-}
-
-async fn run_tool(cmd: &str, args: &[String]) -> anyhow::Result<()> {
-    let out = tokio::process::Command::new(cmd)
-        .args(args)
-        .output()
-        .await
-        .with_context(|| format!("running {cmd}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd} {} failed: {}",
-            args.first().map(String::as_str).unwrap_or(""),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
     }
     Ok(())
 }

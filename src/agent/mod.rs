@@ -322,6 +322,26 @@ pub async fn local_image(agent: &Agent, name: &str) -> anyhow::Result<(PathBuf, 
     Ok((path, format))
 }
 
+/// Run a host tool (`qemu-img`, `genisoimage`); its error output when it fails.
+pub async fn run_tool<S: AsRef<std::ffi::OsStr>>(cmd: &str, args: &[S]) -> anyhow::Result<()> {
+    let out = tokio::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .await
+        .map_err(|e| anyhow::anyhow!("running {cmd}: {e}"))?;
+    if !out.status.success() {
+        let what = args
+            .first()
+            .map(|a| a.as_ref().to_string_lossy().into_owned())
+            .unwrap_or_default();
+        anyhow::bail!(
+            "{cmd} {what} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
 async fn watch_vmis(agent: Arc<Agent>, cancel: CancellationToken) {
     use futures::StreamExt;
     let path = format!(

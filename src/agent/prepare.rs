@@ -115,7 +115,7 @@ async fn create_qcow2(path: &Path, options: &[&str], size: Option<u64>) -> anyho
     args.extend_from_slice(options);
     args.push(&tmp_arg);
     args.extend(size_arg.as_deref());
-    run_tool("qemu-img", &args).await?;
+    super::run_tool("qemu-img", &args).await?;
     tokio::fs::rename(&tmp, path).await?;
     Ok(true)
 }
@@ -135,21 +135,6 @@ async fn pull_settings(
         None => Default::default(),
     };
     Ok((policy, auths))
-}
-
-async fn run_tool(cmd: &str, args: &[&str]) -> anyhow::Result<()> {
-    let out = tokio::process::Command::new(cmd)
-        .args(args)
-        .output()
-        .await
-        .with_context(|| format!("running {cmd}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
 }
 
 /// Everything on disk a VMI needs; returns the path of its domain XML.
@@ -409,7 +394,7 @@ async fn cloud_init_iso(
         .map(|f| dir.join(f).to_string_lossy().into_owned())
         .collect();
     args.extend(paths.iter().map(String::as_str));
-    run_tool("genisoimage", &args).await?;
+    super::run_tool("genisoimage", &args).await?;
     Ok(iso)
 }
 

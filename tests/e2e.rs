@@ -940,7 +940,9 @@ async fn container_disks_come_from_registries_and_forget_their_writes() {
     assert!(
         !again.status.success()
             && String::from_utf8_lossy(&again.stderr).contains("already has its data"),
-        "a second upload: {}",
+        "a second upload: {:?} {}{}",
+        again.status,
+        String::from_utf8_lossy(&again.stdout),
         String::from_utf8_lossy(&again.stderr)
     );
     let templates = json!([

@@ -373,7 +373,10 @@ fn init_logging() {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
-    if !matches!(cli.command, Command::Serve(_) | Command::Launcher(_)) {
+    // An upload keeps SIGPIPE ignored: a server that refuses it before reading the whole
+    // body closes the socket, and the client must live to print the refusal.
+    let uploads = matches!(&cli.command, Command::Image(a) if a.uploads());
+    if !matches!(cli.command, Command::Serve(_) | Command::Launcher(_)) && !uploads {
         // Client commands end quietly when their output pipe closes (`edgevirt crds | head`),
         // as command-line tools do, instead of panicking in `print!`.
         // SAFETY: called before any other thread exists; SIG_DFL is a valid disposition.

@@ -161,6 +161,13 @@ enum ImageCmd {
     },
 }
 
+impl ImageArgs {
+    /// Whether the command streams a file to the server.
+    pub fn uploads(&self) -> bool {
+        matches!(self.cmd, ImageCmd::Import { .. } | ImageCmd::Upload { .. })
+    }
+}
+
 fn vm_path(ns: &str) -> String {
     format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines")
 }
@@ -496,6 +503,27 @@ pub async fn run_image(a: ImageArgs) -> anyhow::Result<()> {
             file,
             namespace,
         } => {
+            // Refusals that do not need the data come first, before any byte is sent.
+            let dv = c
+                .get(&format!(
+                    "/apis/cdi.kubevirt.io/v1beta1/namespaces/{namespace}/datavolumes/{name}"
+                ))
+                .await?;
+            if dv["spec"]["source"].get("upload").is_none() {
+                anyhow::bail!(
+                    "DataVolume {namespace}/{name} does not take an upload: its source is not \
+                     `upload`"
+                );
+            }
+            if dv["metadata"]["annotations"]
+                .get(crate::types::cdi::UPLOAD_IMAGE_ANNOTATION)
+                .is_some()
+            {
+                anyhow::bail!(
+                    "DataVolume {namespace}/{name} already has its data; create another \
+                     DataVolume to upload another image"
+                );
+            }
             let path = format!(
                 "/apis/cdi.kubevirt.io/v1beta1/namespaces/{namespace}/datavolumes/{name}/upload"
             );

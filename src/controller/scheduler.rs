@@ -79,7 +79,7 @@ pub async fn pick_node(
     let mut selector = vmi.spec.node_selector.clone();
     selector.extend(extra_selector.clone());
     let mut reasons = Vec::new();
-    let mut best: Option<(u64, String, GuestCpu)> = None;
+    let mut best: Option<((i64, u64), String, GuestCpu)> = None;
     let ready: Vec<&Node> = nodes.iter().filter(|n| node_ready(n)).collect();
     let cpu_default = crate::cpu::policy::scheduling_default(&ready);
     let source_node = exclude.and_then(|x| nodes.iter().find(|n| n.name() == x));
@@ -121,6 +121,18 @@ pub async fn pick_node(
             reasons.push(format!("{name}: does not match nodeSelector"));
             continue;
         }
+        let no_labels = BTreeMap::new();
+        let view = crate::rules::placement::NodeView {
+            name: &name,
+            labels: n.metadata.labels.as_ref().unwrap_or(&no_labels),
+        };
+        if !crate::rules::placement::required(&vmi.spec.affinity, &view) {
+            reasons.push(format!(
+                "{name}: does not match the instance's node affinity"
+            ));
+            continue;
+        }
+        let score = crate::rules::placement::score(&vmi.spec.affinity, &view);
         if let Some((dv, there)) = bound.iter().find(|(_, there)| *there != name) {
             reasons.push(format!(
                 "{name}: DataVolume {dv} lives on node {there} (local storage)"
@@ -194,8 +206,8 @@ pub async fn pick_node(
                 reasons.push(format!("{name}: {e}"));
                 continue;
             }
-            if best.as_ref().is_none_or(|(f, _, _)| free > *f) {
-                best = Some((free, name, running.clone()));
+            if best.as_ref().is_none_or(|(b, _, _)| (score, free) > *b) {
+                best = Some(((score, free), name, running.clone()));
             }
             continue;
         }
@@ -207,8 +219,9 @@ pub async fn pick_node(
                 continue;
             }
         };
-        if best.as_ref().is_none_or(|(f, _, _)| free > *f) {
-            best = Some((free, name, guest_cpu));
+        // The preferred node affinity first, then the most free memory.
+        if best.as_ref().is_none_or(|(b, _, _)| (score, free) > *b) {
+            best = Some(((score, free), name, guest_cpu));
         }
     }
     Ok(match best {

@@ -584,3 +584,62 @@ async fn dedicated_cpus_are_held_once_per_node() {
         "{msg}"
     );
 }
+
+/// Node affinity: a required term keeps the instance off nodes that do not match (even the
+/// roomiest), a preferred one wins over free memory, and the reasons name it.
+#[tokio::test]
+async fn node_affinity_is_required_then_preferred() {
+    let (_d, ctx) = ctx().await;
+    for (n, mem, zone) in [
+        ("big", 64u64 << 30, "office"),
+        ("shop1", 4 << 30, "shop"),
+        ("shop2", 8 << 30, "shop"),
+    ] {
+        add_node(&ctx, n, mem).await;
+        let zone = zone.to_string();
+        ctx.store
+            .update_typed("", n, move |o: &mut Node| {
+                o.metadata
+                    .labels
+                    .get_or_insert_default()
+                    .insert("zone".into(), zone);
+                Ok(())
+            })
+            .await
+            .unwrap();
+    }
+    let with = |affinity: serde_json::Value| {
+        VirtualMachineInstance::from_value(json!({
+            "metadata": {"name": "a", "namespace": "default"},
+            "spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {}}, "affinity": {"nodeAffinity": affinity}}}))
+        .unwrap()
+    };
+    let none = Default::default();
+    let pick = |vmi: VirtualMachineInstance| {
+        let ctx = &ctx;
+        let none = &none;
+        async move { scheduler::pick_node(ctx, &vmi, None, none).await.unwrap() }
+    };
+    let shop = json!({"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["shop"]}]}]}});
+    assert_eq!(
+        pick(with(shop.clone())).await.unwrap().0,
+        "shop2",
+        "the roomier shop node"
+    );
+    let mut prefer = shop.clone();
+    prefer["preferredDuringSchedulingIgnoredDuringExecution"] = json!([{"weight": 50,
+        "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["shop1"]}]}}]);
+    assert_eq!(
+        pick(with(prefer)).await.unwrap().0,
+        "shop1",
+        "preferred over free memory"
+    );
+    let nowhere = json!({"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["moon"]}]}]}});
+    let why = pick(with(nowhere)).await.unwrap_err();
+    assert!(
+        why.contains("big: does not match the instance's node affinity"),
+        "{why}"
+    );
+}

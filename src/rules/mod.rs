@@ -14,3 +14,4 @@ pub mod join;
 pub mod migration;
 pub mod node;
 pub mod paths;
+pub mod placement;

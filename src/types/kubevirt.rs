@@ -185,6 +185,9 @@ pub struct VirtualMachineInstanceSpec {
     pub termination_grace_period_seconds: Option<i64>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// Node affinity on node labels (and names); pod (anti-)affinity is not supported yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
     /// Kept for a move to Kubernetes; edgevirt does not preempt VMs, so it has no effect
     /// here (docs/kubevirt-fields.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -213,6 +216,68 @@ pub struct VirtualMachineInstanceSpec {
     /// cluster DNS, so it has no effect here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subdomain: Option<String>,
+}
+
+/// Kubernetes' `Affinity`, its node part.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct Affinity {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_affinity: Option<NodeAffinity>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct NodeAffinity {
+    /// Nodes that do not match are never chosen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required_during_scheduling_ignored_during_execution: Option<NodeSelector>,
+    /// Among the nodes that fit, those matching more weight are chosen first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preferred_during_scheduling_ignored_during_execution: Vec<PreferredSchedulingTerm>,
+}
+
+/// Terms ORed: a node matches when it matches one of them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct NodeSelector {
+    pub node_selector_terms: Vec<NodeSelectorTerm>,
+}
+
+/// Requirements ANDed.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct NodeSelectorTerm {
+    /// On the node's labels.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<NodeSelectorRequirement>,
+    /// On the node's fields: `metadata.name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_fields: Vec<NodeSelectorRequirement>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct NodeSelectorRequirement {
+    pub key: String,
+    /// In, NotIn, Exists, DoesNotExist, Gt, Lt.
+    pub operator: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct PreferredSchedulingTerm {
+    /// 1 to 100.
+    pub weight: i32,
+    pub preference: NodeSelectorTerm,
 }
 
 /// KubeVirt's `startStrategy`.

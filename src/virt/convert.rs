@@ -255,6 +255,7 @@ pub fn mac_for(seed: &str, index: usize) -> String {
 pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     validate_domain(spec)?;
     crate::rules::guest::validate(spec)?;
+    crate::rules::placement::check(&spec.affinity)?;
     guest_memory(spec)?;
     vcpu_count(spec)?;
     crate::cpu::policy::validate(spec.domain.cpu.as_ref())?;

@@ -708,6 +708,23 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             "dedicatedCpuPlacement",
         ),
         (
+            "affinity-operator-unknown",
+            json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                {"nodeSelectorTerms": [{"matchExpressions": [{"key": "z", "operator": "Near'"}]}]}}}}),
+            "operator",
+        ),
+        (
+            "affinity-weight-1000",
+            json!({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution":
+                [{"weight": 1000, "preference": {"matchExpressions": [{"key": "z", "operator": "Exists"}]}}]}}}),
+            "weight",
+        ),
+        (
+            "pod-anti-affinity",
+            json!({"affinity": {"podAntiAffinity": {}}}),
+            "podAntiAffinity",
+        ),
+        (
             "tpm-persistent",
             json!({"domain": {"devices": {"tpm": {"persistent": true}}}}),
             "tpm.persistent",

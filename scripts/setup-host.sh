@@ -146,6 +146,11 @@ set_conf user '"root"'
 set_conf group '"root"'
 set_conf security_driver '"none"'
 set_conf stdio_handler '"file"'
+# swtpm (the vTPM) as the same user as QEMU. Its default user, tss, adds no isolation
+# next to a root QEMU without a security driver, and fails outright when an earlier
+# root-run swtpm left /var/lib/swtpm-localca's lock file owned by root.
+set_conf swtpm_user '"root"'
+set_conf swtpm_group '"root"'
 
 # ---------------------------------------------------------------- daemons
 libvirt_answers() { timeout 5 virsh -q -c "$URI" version >/dev/null 2>&1; }

@@ -692,8 +692,13 @@ async fn vms_live_migrate_cancel_and_drain() {
         "{out}"
     );
 
-    // Three VMs on a: diskless, with a local disk, and with a disk on the shared pool.
-    assert!(cli(&c, &["node", "cordon", "b"]).0);
+    // Three VMs on a: diskless, with a local disk, and with a disk on the shared pool. A
+    // NoSchedule taint (none of them tolerates it) keeps them off b.
+    let (ok, out) = cli(&c, &["node", "taint", "b", "site=office:NoSchedule"]);
+    assert!(
+        ok && out.contains("node/b tainted: site=office:NoSchedule"),
+        "{out}"
+    );
     let shared_yaml = Vm::guest("shared")
         .memory("128Mi")
         .disk(
@@ -731,7 +736,8 @@ async fn vms_live_migrate_cancel_and_drain() {
         let vmi = c.wait_running(name, None, BOOT).await;
         assert_eq!(vmi["status"]["nodeName"], "a", "{name}");
     }
-    assert!(cli(&c, &["node", "uncordon", "b"]).0);
+    let (ok, out) = cli(&c, &["node", "taint", "b", "site-"]);
+    assert!(ok && out.contains("node/b tainted: <none>"), "{out}");
     let dom = wait_for("mig's domain", BOOT, || async { domain_of(&a, "mig") }).await;
     let up0 = wait_for("mig's guest agent on a", BOOT, || async {
         a.guest_uptime(&dom)

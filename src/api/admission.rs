@@ -196,7 +196,15 @@ pub async fn admit(
             }
             obj["spec"] = canon;
         }
-        Kind::Node | Kind::ControllerRevision => {}
+        Kind::Node => {
+            if let Some(t) = obj["spec"].get("taints").filter(|t| !t.is_null()) {
+                let taints: Vec<crate::types::edgevirt::Taint> = serde_json::from_value(t.clone())
+                    .map_err(|e| ApiError::invalid(format!("spec.taints: {e}")))?;
+                crate::rules::placement::check_taints(&taints)
+                    .map_err(|e| ApiError::invalid(e.0))?;
+            }
+        }
+        Kind::ControllerRevision => {}
         Kind::StorageClass => {
             return Err(ApiError::invalid(format!(
                 "storage classes are edgevirt's own: {:?} (the node's disk, bound when a VM \

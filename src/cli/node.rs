@@ -56,6 +56,16 @@ enum NodeCmd {
     },
     /// Let the scheduler use a cordoned node again.
     Uncordon { name: String },
+    /// Add or remove taints, as `kubectl taint nodes`: `key=value:Effect` or `key:Effect`
+    /// adds (or replaces the key's taint of that effect), a trailing `-` removes
+    /// (`key:Effect-`, or `key-` for every effect). Effects: NoSchedule (VMs that do not
+    /// tolerate it are not placed here), PreferNoSchedule (placed here last), NoExecute
+    /// (as NoSchedule; running VMs are not evicted yet).
+    Taint {
+        name: String,
+        #[arg(required = true)]
+        taints: Vec<String>,
+    },
     /// Remove a node and revoke its agent's credential. Refused while VMs are placed on it,
     /// unless --force.
     Delete {
@@ -109,6 +119,38 @@ fn parse_ttl(s: &str) -> Result<i64, String> {
 }
 
 const NODES: &str = "/apis/edgevirt.io/v1/nodes";
+
+/// Apply one `kubectl taint` argument to a node's taints.
+fn apply_taint(taints: &mut Vec<crate::types::edgevirt::Taint>, arg: &str) -> Result<(), String> {
+    if let Some(rest) = arg.strip_suffix('-') {
+        let (key, effect) = match rest.split_once(':') {
+            Some((k, e)) => (k, Some(e)),
+            None => (rest, None),
+        };
+        let before = taints.len();
+        taints.retain(|t| !(t.key == key && effect.is_none_or(|e| e == t.effect)));
+        if taints.len() == before {
+            return Err(format!("taint {rest:?} not found"));
+        }
+        return Ok(());
+    }
+    let (kv, effect) = arg
+        .split_once(':')
+        .ok_or_else(|| format!("{arg:?}: expected key=value:Effect or key:Effect"))?;
+    let (key, value) = match kv.split_once('=') {
+        Some((k, v)) => (k, Some(v.to_string())),
+        None => (kv, None),
+    };
+    let t = crate::types::edgevirt::Taint {
+        key: key.to_string(),
+        value,
+        effect: effect.to_string(),
+    };
+    crate::rules::placement::check_taints(std::slice::from_ref(&t)).map_err(|e| e.0)?;
+    taints.retain(|x| !(x.key == t.key && x.effect == t.effect));
+    taints.push(t);
+    Ok(())
+}
 
 fn ready(n: &Node) -> String {
     let conditions = n.status.as_ref().map_or(&[][..], |s| &s.conditions);
@@ -228,6 +270,30 @@ pub async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
             println!("node/{name} cordoned");
         }
         NodeCmd::Drain { name, block, force } => drain(&c, &name, block, force).await?,
+        NodeCmd::Taint { name, taints } => {
+            let node: Node = decode(c.get(&format!("{NODES}/{name}")).await?)?;
+            let mut now = node.spec.taints.clone();
+            for t in &taints {
+                apply_taint(&mut now, t).map_err(|e| anyhow::anyhow!(e))?;
+            }
+            c.merge_patch(
+                &format!("{NODES}/{name}"),
+                &json!({"spec": {"taints": now}}),
+            )
+            .await?;
+            let shown: Vec<String> = now
+                .iter()
+                .map(crate::rules::placement::taint_text)
+                .collect();
+            println!(
+                "node/{name} tainted: {}",
+                if shown.is_empty() {
+                    "<none>".to_string()
+                } else {
+                    shown.join(", ")
+                }
+            );
+        }
         NodeCmd::Uncordon { name } => {
             c.merge_patch(
                 &format!("{NODES}/{name}"),

@@ -132,7 +132,26 @@ pub async fn pick_node(
             ));
             continue;
         }
-        let score = crate::rules::placement::score(&vmi.spec.affinity, &view);
+        let taints = &n.spec.taints;
+        let blocking: Vec<String> = ["NoSchedule", "NoExecute"]
+            .iter()
+            .flat_map(|e| crate::rules::placement::untolerated(taints, &vmi.spec.tolerations, e))
+            .map(crate::rules::placement::taint_text)
+            .collect();
+        if !blocking.is_empty() {
+            reasons.push(format!(
+                "{name}: has taints the instance does not tolerate: {}",
+                blocking.join(", ")
+            ));
+            continue;
+        }
+        // Each PreferNoSchedule taint not tolerated weighs as much as the strongest
+        // preferred affinity term.
+        let preferred_against =
+            crate::rules::placement::untolerated(taints, &vmi.spec.tolerations, "PreferNoSchedule")
+                .len() as i64;
+        let score =
+            crate::rules::placement::score(&vmi.spec.affinity, &view) - 100 * preferred_against;
         if let Some((dv, there)) = bound.iter().find(|(_, there)| *there != name) {
             reasons.push(format!(
                 "{name}: DataVolume {dv} lives on node {there} (local storage)"

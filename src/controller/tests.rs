@@ -643,3 +643,110 @@ async fn node_affinity_is_required_then_preferred() {
         "{why}"
     );
 }
+
+/// Taints: a NoSchedule taint keeps off instances that do not tolerate it (even from the
+/// roomiest node), a PreferNoSchedule one makes its node the last choice, and a toleration
+/// lets the instance back on.
+#[tokio::test]
+async fn taints_keep_instances_off_unless_tolerated() {
+    let (_d, ctx) = ctx().await;
+    for (n, mem, taint) in [
+        (
+            "big",
+            64u64 << 30,
+            json!({"key": "dedicated", "value": "pos", "effect": "NoSchedule"}),
+        ),
+        (
+            "mid",
+            16 << 30,
+            json!({"key": "slow", "effect": "PreferNoSchedule"}),
+        ),
+        ("small", 4 << 30, serde_json::Value::Null),
+    ] {
+        add_node(&ctx, n, mem).await;
+        if taint.is_null() {
+            continue;
+        }
+        ctx.store
+            .update_typed("", n, move |o: &mut Node| {
+                o.spec.taints = vec![serde_json::from_value(taint).unwrap()];
+                Ok(())
+            })
+            .await
+            .unwrap();
+    }
+    let with = |tolerations: serde_json::Value| {
+        VirtualMachineInstance::from_value(json!({
+            "metadata": {"name": "t", "namespace": "default"},
+            "spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {}}, "tolerations": tolerations}}))
+        .unwrap()
+    };
+    let none = Default::default();
+    let pick = |vmi: VirtualMachineInstance| {
+        let ctx = &ctx;
+        let none = &none;
+        async move { scheduler::pick_node(ctx, &vmi, None, none).await.unwrap() }
+    };
+    assert_eq!(
+        pick(with(json!([]))).await.unwrap().0,
+        "small",
+        "past the tainted big node and the PreferNoSchedule mid one"
+    );
+    assert_eq!(
+        pick(with(json!([{"key": "slow", "operator": "Exists"}])))
+            .await
+            .unwrap()
+            .0,
+        "mid"
+    );
+    assert_eq!(
+        pick(with(
+            json!([{"key": "dedicated", "value": "pos", "effect": "NoSchedule"}])
+        ))
+        .await
+        .unwrap()
+        .0,
+        "big"
+    );
+    assert_eq!(
+        pick(with(json!([{"operator": "Exists"}]))).await.unwrap().0,
+        "big",
+        "an empty key with Exists tolerates everything"
+    );
+    // With only the tainted node left, the reason names its taint.
+    ctx.store
+        .update_typed("", "small", |o: &mut Node| {
+            o.spec.taints = vec![
+                serde_json::from_value(json!({"key": "maintenance", "effect": "NoExecute"}))
+                    .unwrap(),
+            ];
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        pick(with(
+            json!([{"key": "dedicated", "operator": "Equal", "value": "office"}])
+        ))
+        .await
+        .unwrap()
+        .0,
+        "mid",
+        "PreferNoSchedule only weighs"
+    );
+    ctx.store
+        .update_typed("", "mid", |o: &mut Node| {
+            o.spec.taints[0].effect = "NoSchedule".into();
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let why = pick(with(json!([]))).await.unwrap_err();
+    assert!(
+        why.contains("big: has taints the instance does not tolerate: dedicated=pos:NoSchedule")
+            && why.contains(
+                "small: has taints the instance does not tolerate: maintenance:NoExecute"
+            ),
+        "{why}"
+    );
+}

@@ -2,12 +2,117 @@
 //! term's requirements ANDed (a node that matches none is never chosen); `preferred...`
 //! terms add their weight for each node they match, and the scheduler takes the highest
 //! score among the nodes that fit. Requirements are on node labels (`matchExpressions`) or
-//! the node's name (`matchFields` on `metadata.name`).
+//! the node's name (`matchFields` on `metadata.name`). Taints and tolerations: a node's
+//! `NoSchedule` and `NoExecute` taints keep off instances that do not tolerate them, its
+//! `PreferNoSchedule` ones make it a last choice.
 
 use std::collections::BTreeMap;
 
 use crate::types::Invalid;
-use crate::types::kubevirt::{Affinity, NodeSelectorRequirement, NodeSelectorTerm};
+use crate::types::edgevirt::Taint;
+use crate::types::kubevirt::{Affinity, NodeSelectorRequirement, NodeSelectorTerm, Toleration};
+
+const EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
+
+/// Whether one toleration tolerates a taint, as Kubernetes matches them.
+fn tolerates(t: &Toleration, taint: &Taint) -> bool {
+    let effect_ok = t
+        .effect
+        .as_deref()
+        .is_none_or(|e| e.is_empty() || e == taint.effect);
+    let key_ok = match t.key.as_deref() {
+        None | Some("") => t.operator.as_deref() == Some("Exists"),
+        Some(k) => k == taint.key,
+    };
+    let value_ok = match t.operator.as_deref() {
+        Some("Exists") => true,
+        _ => t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or(""),
+    };
+    effect_ok && key_ok && value_ok
+}
+
+/// The node's taints of `effect` that none of the instance's tolerations tolerates.
+pub fn untolerated<'a>(
+    taints: &'a [Taint],
+    tolerations: &[Toleration],
+    effect: &str,
+) -> Vec<&'a Taint> {
+    taints
+        .iter()
+        .filter(|t| t.effect == effect && !tolerations.iter().any(|tol| tolerates(tol, t)))
+        .collect()
+}
+
+/// A taint as `kubectl describe node` shows it: `key=value:Effect`.
+pub fn taint_text(t: &Taint) -> String {
+    match &t.value {
+        Some(v) if !v.is_empty() => format!("{}={v}:{}", t.key, t.effect),
+        _ => format!("{}:{}", t.key, t.effect),
+    }
+}
+
+/// Check a node's taints.
+pub fn check_taints(taints: &[Taint]) -> Result<(), Invalid> {
+    for (i, t) in taints.iter().enumerate() {
+        if t.key.is_empty() || t.key.len() > 316 || t.key.contains(char::is_whitespace) {
+            return Err(Invalid(format!(
+                "spec.taints[{i}].key: a label key is required"
+            )));
+        }
+        if t.value
+            .as_ref()
+            .is_some_and(|v| v.len() > 63 || v.contains(char::is_whitespace))
+        {
+            return Err(Invalid(format!(
+                "spec.taints[{i}].value: at most 63 characters, no spaces"
+            )));
+        }
+        if !EFFECTS.contains(&t.effect.as_str()) {
+            return Err(Invalid(format!(
+                "spec.taints[{i}].effect: {:?}: must be NoSchedule, PreferNoSchedule or NoExecute",
+                t.effect
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Check an instance's tolerations as the API server does.
+pub fn check_tolerations(tolerations: &[Toleration]) -> Result<(), Invalid> {
+    for (i, t) in tolerations.iter().enumerate() {
+        let at = format!("spec.tolerations[{i}]");
+        match t.operator.as_deref() {
+            None | Some("Equal") => {
+                if t.key.as_deref().is_none_or(str::is_empty) {
+                    return Err(Invalid(format!(
+                        "{at}.operator: operator must be Exists when key is empty"
+                    )));
+                }
+            }
+            Some("Exists") => {
+                if t.value.as_deref().is_some_and(|v| !v.is_empty()) {
+                    return Err(Invalid(format!(
+                        "{at}.operator: value must be empty when operator is Exists"
+                    )));
+                }
+            }
+            Some(other) => {
+                return Err(Invalid(format!(
+                    "{at}.operator: {other:?}: must be Equal or Exists"
+                )));
+            }
+        }
+        if let Some(e) = t.effect.as_deref()
+            && !e.is_empty()
+            && !EFFECTS.contains(&e)
+        {
+            return Err(Invalid(format!(
+                "{at}.effect: {e:?}: must be NoSchedule, PreferNoSchedule or NoExecute"
+            )));
+        }
+    }
+    Ok(())
+}
 
 /// What the rules read of a node.
 pub struct NodeView<'a> {
@@ -188,6 +293,52 @@ mod tests {
         assert_eq!(score(&a, &n("a", &shop)), 15);
         assert_eq!(score(&a, &n("b", &gpu)), 0);
         assert!(required(&None, &n("c", &none)));
+    }
+
+    #[test]
+    fn tolerations_match_taints_as_kubernetes_does() {
+        let taint = |k: &str, v: Option<&str>, e: &str| Taint {
+            key: k.into(),
+            value: v.map(Into::into),
+            effect: e.into(),
+        };
+        let tol = |v: serde_json::Value| -> Toleration { serde_json::from_value(v).unwrap() };
+        let taints = [
+            taint("dedicated", Some("pos"), "NoSchedule"),
+            taint("maintenance", None, "NoExecute"),
+            taint("slow", None, "PreferNoSchedule"),
+        ];
+        assert_eq!(untolerated(&taints, &[], "NoSchedule").len(), 1);
+        let pos = [tol(
+            serde_json::json!({"key": "dedicated", "value": "pos", "effect": "NoSchedule"}),
+        )];
+        assert!(untolerated(&taints, &pos, "NoSchedule").is_empty());
+        let wrong = [tol(
+            serde_json::json!({"key": "dedicated", "value": "office"}),
+        )];
+        assert_eq!(untolerated(&taints, &wrong, "NoSchedule").len(), 1);
+        let exists = [tol(
+            serde_json::json!({"key": "maintenance", "operator": "Exists"}),
+        )];
+        assert!(untolerated(&taints, &exists, "NoExecute").is_empty());
+        let all = [tol(serde_json::json!({"operator": "Exists"}))];
+        for e in EFFECTS {
+            assert!(untolerated(&taints, &all, e).is_empty(), "{e}");
+        }
+        assert_eq!(taint_text(&taints[0]), "dedicated=pos:NoSchedule");
+        assert!(check_tolerations(&[tol(serde_json::json!({"value": "x"}))]).is_err());
+        assert!(
+            check_tolerations(&[tol(
+                serde_json::json!({"key": "a", "operator": "Exists", "value": "x"})
+            )])
+            .is_err()
+        );
+        assert!(
+            check_tolerations(&[tol(serde_json::json!({"key": "a", "effect": "Sometimes"}))])
+                .is_err()
+        );
+        assert!(check_taints(&[taint("a", None, "Never")]).is_err());
+        assert!(check_taints(&taints).is_ok());
     }
 
     #[test]

@@ -26,6 +26,21 @@ use super::kubevirt::Condition;
 pub struct NodeSpec {
     #[serde(default)]
     pub unschedulable: bool,
+    /// Kubernetes' node taints: instances that do not tolerate a `NoSchedule` or
+    /// `NoExecute` taint are not placed here; a `PreferNoSchedule` one makes the node a last
+    /// choice. Set with `edgevirt node taint`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<Taint>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Taint {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: String,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

@@ -188,6 +188,9 @@ pub struct VirtualMachineInstanceSpec {
     /// Node affinity on node labels (and names); pod (anti-)affinity is not supported yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
+    /// The node taints the instance may be placed despite.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
     /// Kept for a move to Kubernetes; edgevirt does not preempt VMs, so it has no effect
     /// here (docs/kubevirt-fields.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -216,6 +219,27 @@ pub struct VirtualMachineInstanceSpec {
     /// cluster DNS, so it has no effect here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subdomain: Option<String>,
+}
+
+/// Kubernetes' `Toleration`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct Toleration {
+    /// Empty with `Exists`: every taint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// `Equal` (the default) or `Exists`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Empty: every effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<String>,
+    /// Accepted; running instances are not evicted by `NoExecute` taints yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toleration_seconds: Option<i64>,
 }
 
 /// Kubernetes' `Affinity`, its node part.

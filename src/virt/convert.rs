@@ -256,6 +256,7 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     validate_domain(spec)?;
     crate::rules::guest::validate(spec)?;
     crate::rules::placement::check(&spec.affinity)?;
+    crate::rules::placement::check_tolerations(&spec.tolerations)?;
     guest_memory(spec)?;
     vcpu_count(spec)?;
     crate::cpu::policy::validate(spec.domain.cpu.as_ref())?;

@@ -720,6 +720,16 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             "weight",
         ),
         (
+            "toleration-operator-unknown",
+            json!({"tolerations": [{"key": "k", "operator": "Maybe", "effect": "NoSchedule"}]}),
+            "operator",
+        ),
+        (
+            "toleration-effect-unknown",
+            json!({"tolerations": [{"key": "k", "operator": "Exists", "effect": "Evict"}]}),
+            "effect",
+        ),
+        (
             "pod-anti-affinity",
             json!({"affinity": {"podAntiAffinity": {}}}),
             "podAntiAffinity",

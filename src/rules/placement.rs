@@ -54,18 +54,9 @@ pub fn taint_text(t: &Taint) -> String {
 /// Check a node's taints.
 pub fn check_taints(taints: &[Taint]) -> Result<(), Invalid> {
     for (i, t) in taints.iter().enumerate() {
-        if t.key.is_empty() || t.key.len() > 316 || t.key.contains(char::is_whitespace) {
-            return Err(Invalid(format!(
-                "spec.taints[{i}].key: a label key is required"
-            )));
-        }
-        if t.value
-            .as_ref()
-            .is_some_and(|v| v.len() > 63 || v.contains(char::is_whitespace))
-        {
-            return Err(Invalid(format!(
-                "spec.taints[{i}].value: at most 63 characters, no spaces"
-            )));
+        crate::types::check_label_key(&format!("spec.taints[{i}].key"), &t.key)?;
+        if let Some(v) = &t.value {
+            crate::types::check_label_value(&format!("spec.taints[{i}].value"), v)?;
         }
         if !EFFECTS.contains(&t.effect.as_str()) {
             return Err(Invalid(format!(
@@ -191,9 +182,7 @@ fn check_term(t: &NodeSelectorTerm, at: &str) -> Result<(), Invalid> {
                     r.key
                 )));
             }
-            if r.key.is_empty() || r.key.len() > 316 {
-                return Err(Invalid(format!("{at}.key: a label key is required")));
-            }
+            crate::types::check_label_key(&format!("{at}.key"), &r.key)?;
             let ok = match r.operator.as_str() {
                 "In" | "NotIn" => !r.values.is_empty(),
                 "Exists" | "DoesNotExist" => r.values.is_empty() && field == "matchExpressions",

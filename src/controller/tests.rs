@@ -585,6 +585,21 @@ async fn dedicated_cpus_are_held_once_per_node() {
     );
 }
 
+/// The node the scheduler picks for a 1Gi instance with `field` of its spec set to
+/// `value`, or why none fits.
+async fn pick_for(ctx: &Context, field: &str, value: serde_json::Value) -> Result<String, String> {
+    let mut spec = json!({"domain": {"memory": {"guest": "1Gi"}, "devices": {}}});
+    spec[field] = value;
+    let vmi = VirtualMachineInstance::from_value(
+        json!({"metadata": {"name": "p", "namespace": "default"}, "spec": spec}),
+    )
+    .unwrap();
+    scheduler::pick_node(ctx, &vmi, None, &Default::default())
+        .await
+        .unwrap()
+        .map(|(node, _)| node)
+}
+
 /// Node affinity: a required term keeps the instance off nodes that do not match (even the
 /// roomiest), a preferred one wins over free memory, and the reasons name it.
 #[tokio::test]
@@ -608,22 +623,12 @@ async fn node_affinity_is_required_then_preferred() {
             .await
             .unwrap();
     }
-    let with = |affinity: serde_json::Value| {
-        VirtualMachineInstance::from_value(json!({
-            "metadata": {"name": "a", "namespace": "default"},
-            "spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {}}, "affinity": {"nodeAffinity": affinity}}}))
-        .unwrap()
-    };
-    let none = Default::default();
-    let pick = |vmi: VirtualMachineInstance| {
-        let ctx = &ctx;
-        let none = &none;
-        async move { scheduler::pick_node(ctx, &vmi, None, none).await.unwrap() }
-    };
+    let pick =
+        |affinity: serde_json::Value| pick_for(&ctx, "affinity", json!({"nodeAffinity": affinity}));
     let shop = json!({"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["shop"]}]}]}});
     assert_eq!(
-        pick(with(shop.clone())).await.unwrap().0,
+        pick(shop.clone()).await.unwrap(),
         "shop2",
         "the roomier shop node"
     );
@@ -631,13 +636,13 @@ async fn node_affinity_is_required_then_preferred() {
     prefer["preferredDuringSchedulingIgnoredDuringExecution"] = json!([{"weight": 50,
         "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["shop1"]}]}}]);
     assert_eq!(
-        pick(with(prefer)).await.unwrap().0,
+        pick(prefer).await.unwrap(),
         "shop1",
         "preferred over free memory"
     );
     let nowhere = json!({"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["moon"]}]}]}});
-    let why = pick(with(nowhere)).await.unwrap_err();
+    let why = pick(nowhere).await.unwrap_err();
     assert!(
         why.contains("big: does not match the instance's node affinity"),
         "{why}"
@@ -675,41 +680,26 @@ async fn taints_keep_instances_off_unless_tolerated() {
             .await
             .unwrap();
     }
-    let with = |tolerations: serde_json::Value| {
-        VirtualMachineInstance::from_value(json!({
-            "metadata": {"name": "t", "namespace": "default"},
-            "spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {}}, "tolerations": tolerations}}))
-        .unwrap()
-    };
-    let none = Default::default();
-    let pick = |vmi: VirtualMachineInstance| {
-        let ctx = &ctx;
-        let none = &none;
-        async move { scheduler::pick_node(ctx, &vmi, None, none).await.unwrap() }
-    };
+    let pick = |tolerations: serde_json::Value| pick_for(&ctx, "tolerations", tolerations);
     assert_eq!(
-        pick(with(json!([]))).await.unwrap().0,
+        pick(json!([])).await.unwrap(),
         "small",
         "past the tainted big node and the PreferNoSchedule mid one"
     );
     assert_eq!(
-        pick(with(json!([{"key": "slow", "operator": "Exists"}])))
+        pick(json!([{"key": "slow", "operator": "Exists"}]))
             .await
-            .unwrap()
-            .0,
+            .unwrap(),
         "mid"
     );
     assert_eq!(
-        pick(with(
-            json!([{"key": "dedicated", "value": "pos", "effect": "NoSchedule"}])
-        ))
-        .await
-        .unwrap()
-        .0,
+        pick(json!([{"key": "dedicated", "value": "pos", "effect": "NoSchedule"}]))
+            .await
+            .unwrap(),
         "big"
     );
     assert_eq!(
-        pick(with(json!([{"operator": "Exists"}]))).await.unwrap().0,
+        pick(json!([{"operator": "Exists"}])).await.unwrap(),
         "big",
         "an empty key with Exists tolerates everything"
     );
@@ -725,12 +715,9 @@ async fn taints_keep_instances_off_unless_tolerated() {
         .await
         .unwrap();
     assert_eq!(
-        pick(with(
-            json!([{"key": "dedicated", "operator": "Equal", "value": "office"}])
-        ))
-        .await
-        .unwrap()
-        .0,
+        pick(json!([{"key": "dedicated", "operator": "Equal", "value": "office"}]))
+            .await
+            .unwrap(),
         "mid",
         "PreferNoSchedule only weighs"
     );
@@ -741,7 +728,7 @@ async fn taints_keep_instances_off_unless_tolerated() {
         })
         .await
         .unwrap();
-    let why = pick(with(json!([]))).await.unwrap_err();
+    let why = pick(json!([])).await.unwrap_err();
     assert!(
         why.contains("big: has taints the instance does not tolerate: dedicated=pos:NoSchedule")
             && why.contains(

@@ -699,13 +699,52 @@ async fn vms_live_migrate_cancel_and_drain() {
         ok && out.contains("node/b tainted: site=office:NoSchedule"),
         "{out}"
     );
+    // shared also has a DataVolume on the pool (class `site`): filled there by one node,
+    // opened by whichever runs the VM.
     let shared_yaml = Vm::guest("shared")
         .memory("128Mi")
         .disk(
             "data",
             json!({"persistentVolumeClaim": {"claimName": "shared-data"}}),
         )
+        .disk("scratch", json!({"dataVolume": {"name": "shared-dv"}}))
+        .with(|v: &mut Value| {
+            v["spec"]["dataVolumeTemplates"] = json!([{"metadata": {"name": "shared-dv"},
+                "spec": {"source": {"blank": {}}, "storage": {"storageClassName": "site",
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "16Mi"}}}}}]);
+        })
         .yaml();
+    let sc = wait_for(
+        "the pool's storage class",
+        Duration::from_secs(30),
+        || async {
+            let (code, v) = c.get("/apis/storage.k8s.io/v1/storageclasses/site").await;
+            (code == 200).then_some(v)
+        },
+    )
+    .await;
+    assert_eq!(sc["volumeBindingMode"], "Immediate", "{sc}");
+    // A DataVolume named like the operator's claim disk: the fill refuses to overwrite it.
+    let dvs = "/apis/cdi.kubevirt.io/v1beta1/namespaces/default/datavolumes";
+    let clash = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        "metadata": {"name": "shared-data"},
+        "spec": {"source": {"blank": {}}, "storage": {"storageClassName": "site",
+            "resources": {"requests": {"storage": "16Mi"}}}}});
+    let (code, v) = c.post_yaml(dvs, &clash.to_string()).await;
+    assert_eq!(code, 201, "{v}");
+    let failed = wait_for(
+        "the clashing DataVolume refused",
+        Duration::from_secs(60),
+        || async {
+            let (_, v) = c.get(&format!("{dvs}/shared-data")).await;
+            (v["status"]["phase"] == "Failed").then_some(v)
+        },
+    )
+    .await;
+    assert!(failed.to_string().contains("never overwritten"), "{failed}");
+    c.delete(&format!("{dvs}/shared-data")).await;
+    assert_eq!(std::fs::metadata(&claim).unwrap().len(), 16 << 20);
     // Their eviction strategies: mig must live-migrate on a drain, disky must not move
     // (None), shared is unset (edgevirt's default: migrate).
     let evict = |s: &'static str| {
@@ -913,6 +952,17 @@ async fn vms_live_migrate_cancel_and_drain() {
     );
     let (ok, xml) = b.virsh(&["dumpxml", &sdom]);
     assert!(ok && xml.contains(&claim.display().to_string()), "{xml}");
+    // The DataVolume's disk is on the pool, with edgevirt's marker beside it, and b opened it.
+    let dv_disk = pool.path().join("default/shared-dv.qcow2");
+    assert!(xml.contains(&dv_disk.display().to_string()), "{xml}");
+    let dv_marker = || {
+        std::fs::read_dir(pool.path().join("default"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|f| f.starts_with(".shared-dv.") && f.ends_with(".edgevirt-dv"))
+    };
+    assert!(dv_disk.is_file() && dv_marker().is_some());
     let again = smarker.replace("shared", "from-b");
     let bwrite = format!("printf {again} > /dev/vda && sync && echo written");
     wait_for("a marker written on b", BOOT, || async {
@@ -1002,7 +1052,14 @@ async fn vms_live_migrate_cancel_and_drain() {
         (a.domains().is_empty() && b.domains().is_empty()).then_some(())
     })
     .await;
-    // A claim's disk is the operator's: deleting its VM leaves it, contents and all.
+    // A claim's disk is the operator's: deleting its VM leaves it, contents and all. The
+    // DataVolume went with its VM, and its disk and marker go from the pool.
+    wait_for(
+        "the DataVolume's disk swept from the pool",
+        Duration::from_secs(120),
+        || async { (!dv_disk.exists() && dv_marker().is_none()).then_some(()) },
+    )
+    .await;
     let on_pool = std::fs::read(&claim).expect("the claim's disk is still there");
     assert_eq!(&on_pool[..again.len()], again.as_bytes());
 }

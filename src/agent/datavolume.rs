@@ -10,6 +10,13 @@
 //! An instance using a DataVolume waits (it stays `Scheduled`) until its disk is there,
 //! then uses that file directly: the disk is the DataVolume's, kept across restarts, and
 //! goes only when the DataVolume is deleted.
+//!
+//! A DataVolume on a shared pool has its disk at `POOL/NAMESPACE/NAME.qcow2`, where the
+//! operator's own claim disks live too. So that edgevirt never overwrites or removes one of
+//! those, each disk it makes has a marker beside it, `.NAME.UID.edgevirt-dv`, written before
+//! the fill: a fill refuses a disk without a marker, replaces one whose markers are all
+//! stale (their DataVolumes are gone), and the sweep removes a disk only when all its
+//! markers are stale.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -44,22 +51,162 @@ pub fn disk_path(agent: &Agent, uid: &str) -> PathBuf {
         .join(format!("{uid}.qcow2"))
 }
 
-/// The disk of the DataVolume `name` in `ns` for an instance on this node: `Ok(None)` when
-/// no DataVolume has that name (it names an imported image), [`NotFilled`] while it fills.
-pub async fn disk(agent: &Agent, ns: &str, name: &str) -> anyhow::Result<Option<PathBuf>> {
+/// The suffix of the markers beside the disks edgevirt made on a shared pool.
+const MARKER_SUFFIX: &str = ".edgevirt-dv";
+
+/// Where a DataVolume's files are, as seen from this node.
+#[derive(Debug)]
+enum Location {
+    /// The node's own disk (`DATA/datavolumes/UID.qcow2`).
+    Local { disk: PathBuf, dir: PathBuf },
+    /// The shared pool (`POOL/NS/NAME.qcow2`, its marker beside it).
+    Pool {
+        disk: PathBuf,
+        dir: PathBuf,
+        marker: PathBuf,
+    },
+}
+
+impl Location {
+    fn of(agent: &Agent, dv: &DataVolume) -> anyhow::Result<Location> {
+        let Some(pool) = dv.spec.shared_pool() else {
+            return Ok(Location::Local {
+                disk: disk_path(agent, dv.uid()),
+                dir: agent.cfg.data_dir.join("datavolumes"),
+            });
+        };
+        let (ns, name) = (dv.namespace(), dv.name());
+        match &agent.cfg.shared_pool {
+            Some((p, root)) if p == pool => {
+                crate::types::check_name("namespace", ns)?;
+                crate::types::check_name("name", name)?;
+                let dir = root.join(ns);
+                Ok(Location::Pool {
+                    disk: dir.join(format!("{name}.qcow2")),
+                    marker: dir.join(format!(".{name}.{}{MARKER_SUFFIX}", dv.uid())),
+                    dir,
+                })
+            }
+            other => bail!(
+                "DataVolume {ns}/{name} lives on shared pool {pool:?}; node {} mounts {}",
+                agent.cfg.node_name,
+                other
+                    .as_ref()
+                    .map_or("no shared pool".to_string(), |(p, _)| format!("pool {p:?}"))
+            ),
+        }
+    }
+
+    fn disk(&self) -> &Path {
+        match self {
+            Location::Local { disk, .. } | Location::Pool { disk, .. } => disk,
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        match self {
+            Location::Local { dir, .. } | Location::Pool { dir, .. } => dir,
+        }
+    }
+
+    fn shared(&self) -> bool {
+        matches!(self, Location::Pool { .. })
+    }
+
+    /// Whether the disk is whole: renamed into place (and, on the pool, made for this
+    /// DataVolume, not a stale one of the same name).
+    fn filled(&self) -> bool {
+        match self {
+            Location::Local { disk, .. } => disk.is_file(),
+            Location::Pool { disk, marker, .. } => marker.is_file() && disk.is_file(),
+        }
+    }
+}
+
+/// A marker's DataVolume name and uid, from its file name.
+fn parse_marker(file: &str) -> Option<(&str, &str)> {
+    file.strip_prefix('.')?
+        .strip_suffix(MARKER_SUFFIX)?
+        .rsplit_once('.')
+}
+
+/// The uids of the markers of the disk `name` in the pool folder `dir`.
+async fn markers_of(dir: &Path, name: &str) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut entries = match tokio::fs::read_dir(dir).await {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e.into()),
+    };
+    while let Some(e) = entries.next_entry().await? {
+        let file = e.file_name().to_string_lossy().into_owned();
+        if let Some((n, uid)) = parse_marker(&file)
+            && n == name
+        {
+            out.push(uid.to_string());
+        }
+    }
+    Ok(out)
+}
+
+/// Before a fill on the pool: make the DataVolume the owner of `NAME.qcow2` by writing its
+/// marker. A disk there without any marker is the operator's and is refused; one whose
+/// markers all belong to DataVolumes that are gone is removed first.
+async fn take_pool_disk(dv: &DataVolume, loc: &Location) -> anyhow::Result<()> {
+    let Location::Pool { disk, dir, marker } = loc else {
+        return Ok(());
+    };
+    let (ns, name) = (dv.namespace(), dv.name());
+    tokio::fs::create_dir_all(dir).await?;
+    let raw = dir.join(format!("{name}.raw"));
+    if raw.exists() {
+        bail!(
+            "{} is there and edgevirt did not make it (a claim disk the operator put on the \
+             shared pool?): it is never overwritten; remove it or give the DataVolume another name",
+            raw.display()
+        );
+    }
+    if disk.exists() && !marker.exists() {
+        let others = markers_of(dir, name).await?;
+        if others.is_empty() {
+            bail!(
+                "{} is there and edgevirt did not make it (a claim disk the operator put on \
+                 the shared pool?): it is never overwritten; remove it or give the DataVolume \
+                 another name",
+                disk.display()
+            );
+        }
+        // Another uid under the same name: a DataVolume deleted and made again (only one
+        // of that name exists at a time), whose disk the sweep has not removed yet.
+        tokio::fs::remove_file(disk).await?;
+        for uid in others {
+            let _ = tokio::fs::remove_file(dir.join(format!(".{name}.{uid}{MARKER_SUFFIX}"))).await;
+        }
+        tracing::info!(namespace = %ns, datavolume = %name, "replaced the stale disk of an earlier DataVolume of the same name on the shared pool");
+    }
+    tokio::fs::write(marker, format!("{ns}/{name} {}\n", dv.uid())).await?;
+    Ok(())
+}
+
+/// The disk of the DataVolume `name` in `ns` for an instance on this node, and whether it
+/// is on the shared pool: `Ok(None)` when no DataVolume has that name (it names an
+/// imported image), [`NotFilled`] while it fills.
+pub async fn disk(agent: &Agent, ns: &str, name: &str) -> anyhow::Result<Option<(PathBuf, bool)>> {
     let Some(dv) = agent.cp.get_data_volume(ns, name).await? else {
         return Ok(None);
     };
     let dv = dv.obj;
     let here = agent.cfg.node_name.as_str();
     match dv.annotation(NODE_ANNOTATION) {
+        // On the pool the node only fills it; any node mounting the pool uses it.
+        Some(_) if dv.spec.shared_pool().is_some() => {}
         Some(n) if n == here => {}
         Some(other) => bail!("DataVolume {ns}/{name} lives on node {other}, not on {here}"),
         None => return Err(NotFilled(format!("{ns}/{name}"), "not bound yet".into()).into()),
     }
-    let path = disk_path(agent, dv.uid());
-    if path.is_file() {
-        return Ok(Some(path));
+    let loc = Location::of(agent, &dv)?;
+    if loc.filled() {
+        return Ok(Some((loc.disk().to_path_buf(), loc.shared())));
     }
     agent.wake_fills.notify_one();
     let st = dv.status.unwrap_or_default();
@@ -100,7 +247,7 @@ pub async fn run(agent: Arc<Agent>, cancel: CancellationToken) {
             let d = &dv.obj;
             if d.annotation(NODE_ANNOTATION) != Some(here.as_str())
                 || d.deleting()
-                || disk_path(&agent, d.uid()).is_file()
+                || Location::of(&agent, d).is_ok_and(|l| l.filled())
                 || next_try.get(d.uid()).is_some_and(|t| Instant::now() < *t)
                 || (d.spec.fill(d.namespace()) == Some(Fill::Upload)
                     && d.annotation(UPLOAD_IMAGE_ANNOTATION).is_none())
@@ -128,6 +275,9 @@ pub async fn run(agent: Arc<Agent>, cancel: CancellationToken) {
 /// Remove the disks (and half-written files) of DataVolumes that no longer exist.
 async fn collect(agent: &Agent, dvs: &[Stored<DataVolume>]) {
     let live: HashSet<&str> = dvs.iter().map(|d| d.obj.uid()).collect();
+    if let Some((_, root)) = &agent.cfg.shared_pool {
+        sweep_pool(agent, root, &live).await;
+    }
     let dir = agent.cfg.data_dir.join("datavolumes");
     let Ok(mut entries) = tokio::fs::read_dir(&dir).await else {
         return;
@@ -142,6 +292,65 @@ async fn collect(agent: &Agent, dvs: &[Stored<DataVolume>]) {
                 }
                 Err(err) => {
                     tracing::warn!(file = %e.path().display(), error = %err, "cannot remove the disk of a deleted DataVolume")
+                }
+            }
+        }
+    }
+}
+
+/// On the shared pool: remove the disks whose markers all belong to DataVolumes that are
+/// gone, with those markers and half-written files. A disk without a marker is never
+/// touched. Every node mounting the pool sweeps; a file another one removed first is fine.
+async fn sweep_pool(agent: &Agent, root: &Path, live: &HashSet<&str>) {
+    let Ok(mut namespaces) = tokio::fs::read_dir(root).await else {
+        return;
+    };
+    while let Ok(Some(n)) = namespaces.next_entry().await {
+        let ns = n.file_name().to_string_lossy().into_owned();
+        let dir = n.path();
+        if crate::types::check_name("namespace", &ns).is_err() || !dir.is_dir() {
+            continue;
+        }
+        let Ok(mut entries) = tokio::fs::read_dir(&dir).await else {
+            continue;
+        };
+        let mut markers: Vec<(String, String)> = Vec::new();
+        while let Ok(Some(e)) = entries.next_entry().await {
+            let file = e.file_name().to_string_lossy().into_owned();
+            if let Some((name, uid)) = parse_marker(&file) {
+                markers.push((name.to_string(), uid.to_string()));
+            }
+        }
+        for (name, uid) in &markers {
+            if live.contains(uid.as_str()) {
+                continue;
+            }
+            // Listed before the folder was read: look again, in case it was made since.
+            match agent.cp.get_data_volume(&ns, name).await {
+                Ok(Some(d)) if d.obj.uid() == uid => continue,
+                Ok(_) => {}
+                Err(_) => continue,
+            }
+            let shared_with_live = markers
+                .iter()
+                .any(|(n, u)| n == name && live.contains(u.as_str()));
+            let mut gone = vec![
+                dir.join(format!(".{name}.{uid}.filling")),
+                dir.join(format!(".{name}.{uid}.download")),
+            ];
+            if !shared_with_live {
+                gone.push(dir.join(format!("{name}.qcow2")));
+            }
+            gone.push(dir.join(format!(".{name}.{uid}{MARKER_SUFFIX}")));
+            for f in gone {
+                match tokio::fs::remove_file(&f).await {
+                    Ok(()) => {
+                        tracing::info!(file = %f.display(), "removed a file of a deleted DataVolume from the shared pool")
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        tracing::warn!(file = %f.display(), error = %e, "cannot remove a file of a deleted DataVolume from the shared pool")
+                    }
                 }
             }
         }
@@ -202,11 +411,27 @@ async fn fill(agent: &Agent, stored: &Stored<DataVolume>) -> anyhow::Result<()> 
     set_status(agent, dv, &base).await;
     tracing::info!(namespace = %ns, datavolume = %name, source = ?how, "filling DataVolume");
     let started = Instant::now();
-    let dir = agent.cfg.data_dir.join("datavolumes");
+    let r = match Location::of(agent, dv) {
+        Ok(loc) => match take_pool_disk(dv, &loc).await {
+            Ok(()) => Ok(loc),
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    };
+    let loc = match r {
+        Ok(loc) => loc,
+        Err(e) => return failed(agent, dv, &base, restarts, e).await,
+    };
+    let dir = loc.dir().to_path_buf();
     tokio::fs::create_dir_all(&dir).await?;
-    let path = disk_path(agent, dv.uid());
-    let tmp = dir.join(format!(".{}.filling", dv.uid()));
-    let download = dir.join(format!(".{}.download", dv.uid()));
+    let path = loc.disk().to_path_buf();
+    // Temporary names the sweep of either kind of storage recognises.
+    let stem = match &loc {
+        Location::Local { .. } => dv.uid().to_string(),
+        Location::Pool { .. } => format!("{name}.{}", dv.uid()),
+    };
+    let tmp = dir.join(format!(".{stem}.filling"));
+    let download = dir.join(format!(".{stem}.download"));
     let r = write_disk(agent, dv, &how, &tmp, &download, &base).await;
     let _ = tokio::fs::remove_file(&download).await;
     let r = match r {
@@ -231,23 +456,34 @@ async fn fill(agent: &Agent, stored: &Stored<DataVolume>) -> anyhow::Result<()> 
         }
         Err(e) => {
             let _ = tokio::fs::remove_file(&tmp).await;
-            let msg = format!("{e:#}");
-            tracing::warn!(namespace = %ns, datavolume = %name, error = %msg, "filling DataVolume failed; trying again later");
-            let st = DataVolumeStatus {
-                phase: Some(phase::FAILED.into()),
-                progress: Some("N/A".into()),
-                restart_count: Some(restarts.saturating_add(1)),
-                conditions: vec![
-                    condition("Bound", true, "Bound", ""),
-                    condition("Ready", false, "Error", ""),
-                    condition("Running", false, "Error", &msg),
-                ],
-                ..base
-            };
-            set_status(agent, dv, &st).await;
-            Err(e)
+            failed(agent, dv, &base, restarts, e).await
         }
     }
+}
+
+/// A fill failed: say why in the status, count the try, and hand the error back.
+async fn failed(
+    agent: &Agent,
+    dv: &DataVolume,
+    base: &DataVolumeStatus,
+    restarts: i32,
+    e: anyhow::Error,
+) -> anyhow::Result<()> {
+    let msg = format!("{e:#}");
+    tracing::warn!(namespace = %dv.namespace(), datavolume = %dv.name(), error = %msg, "filling DataVolume failed; trying again later");
+    let st = DataVolumeStatus {
+        phase: Some(phase::FAILED.into()),
+        progress: Some("N/A".into()),
+        restart_count: Some(restarts.saturating_add(1)),
+        conditions: vec![
+            condition("Bound", true, "Bound", ""),
+            condition("Ready", false, "Error", ""),
+            condition("Running", false, "Error", &msg),
+        ],
+        ..base.clone()
+    };
+    set_status(agent, dv, &st).await;
+    Err(e)
 }
 
 async fn write_disk(
@@ -308,6 +544,7 @@ async fn write_disk(
                 .obj;
             let here = agent.cfg.node_name.as_str();
             match src.annotation(NODE_ANNOTATION) {
+                Some(_) if src.spec.shared_pool().is_some() => {}
                 Some(n) if n == here => {}
                 Some(n) => bail!(
                     "the source DataVolume {sns}/{sname} lives on node {n}; cloning across \
@@ -315,11 +552,11 @@ async fn write_disk(
                 ),
                 None => bail!("the source DataVolume {sns}/{sname} has not been filled yet"),
             }
-            let from = disk_path(agent, src.uid());
-            if !from.is_file() {
+            let from = Location::of(agent, &src)?;
+            if !from.filled() {
                 bail!("the source DataVolume {sns}/{sname} has not been filled yet");
             }
-            convert(&from, "qcow2", tmp, size, prealloc).await
+            convert(from.disk(), "qcow2", tmp, size, prealloc).await
         }
     }
 }
@@ -447,4 +684,49 @@ async fn http_download(
         bail!("GET {url}: the download ended after {got} of {t} bytes");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_name_their_datavolume_and_uid() {
+        let uid = "0b7c2f1e-9a65-4c1d-8a5e-3f1b2c4d5e6f";
+        assert_eq!(
+            parse_marker(&format!(".a.b.{uid}{MARKER_SUFFIX}")),
+            Some(("a.b", uid))
+        );
+        for not in [
+            format!("a.{uid}{MARKER_SUFFIX}"),
+            format!(".a.{uid}.filling"),
+            "a.qcow2".to_string(),
+            format!(".{uid}{MARKER_SUFFIX}"),
+        ] {
+            assert_eq!(parse_marker(&not), None, "{not}");
+        }
+    }
+
+    #[tokio::test]
+    async fn only_the_markers_of_one_name_are_its_own() {
+        let d = tempfile::tempdir().unwrap();
+        for f in [
+            format!(".disk.u1{MARKER_SUFFIX}"),
+            format!(".disk.u2{MARKER_SUFFIX}"),
+            format!(".disk-2.u3{MARKER_SUFFIX}"),
+            "disk.qcow2".into(),
+            ".disk.u1.filling".into(),
+        ] {
+            std::fs::write(d.path().join(f), b"").unwrap();
+        }
+        let mut got = markers_of(d.path(), "disk").await.unwrap();
+        got.sort();
+        assert_eq!(got, vec!["u1".to_string(), "u2".to_string()]);
+        assert!(
+            markers_of(&d.path().join("none"), "disk")
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
 }

@@ -194,10 +194,17 @@ pub async fn prepare(
             create_qcow2(&disk, &[], Some(bytes)).await?;
             disks.insert(v.name.clone(), local_disk(&disk));
         } else if let Some(dv) = &v.data_volume
-            && let Some(disk) = super::datavolume::disk(agent, &ns, &dv.name).await?
+            && let Some((disk, shared)) = super::datavolume::disk(agent, &ns, &dv.name).await?
         {
-            // A DataVolume's own disk, filled on this node: persistent, the DataVolume's.
-            disks.insert(v.name.clone(), local_disk(&disk));
+            // A DataVolume's own disk (on this node, or on the shared pool): persistent, the
+            // DataVolume's.
+            disks.insert(
+                v.name.clone(),
+                ResolvedDisk {
+                    shared,
+                    ..local_disk(&disk)
+                },
+            );
         } else if let Some(dv) = &v.data_volume {
             // An imported image, under a persistent overlay that belongs to the VM and
             // outlives its instances.

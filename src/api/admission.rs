@@ -8,12 +8,12 @@ use crate::controller::instancetype::Resolved;
 use crate::http::error::{ApiError, ApiResult};
 use crate::registry::{self, PullPolicy, Source};
 use crate::store::Store;
-use crate::types::cdi::{DataVolumeSpec, Fill};
+use crate::types::cdi::{DataVolume, DataVolumeSpec, Fill};
 use crate::types::instancetype::{InstancetypeSpec, PreferenceSpec};
 use crate::types::kubevirt::{
     VirtualMachineInstanceMigrationSpec, VirtualMachineInstanceSpec, VirtualMachineSpec,
 };
-use crate::types::{FieldError, FieldErrors, Kind, check_name, decode};
+use crate::types::{FieldError, FieldErrors, Kind, Meta, check_name, decode};
 use crate::virt::convert;
 
 pub use crate::types::annotations::{LAUNCHER_FINALIZER, MIGRATION_FINALIZER, VOLUMES_FINALIZER};
@@ -104,7 +104,7 @@ pub async fn admit(
             if spec.is_null() {
                 return Err(ApiError::invalid("spec is required"));
             }
-            let vm: VirtualMachineSpec = decode("VirtualMachine", spec).map_err(refused)?;
+            let mut vm: VirtualMachineSpec = decode("VirtualMachine", spec).map_err(refused)?;
             if vm.running.is_some() && vm.run_strategy.is_some() {
                 return Err(ApiError::invalid(
                     "spec.running and spec.runStrategy are mutually exclusive; set only runStrategy",
@@ -116,6 +116,11 @@ pub async fn admit(
             )?;
             let mut problems = Vec::new();
             let mut names: Vec<String> = Vec::new();
+            let classes = if vm.data_volume_templates.is_empty() {
+                Vec::new()
+            } else {
+                storage_classes(store).await?
+            };
             for (i, t) in vm.data_volume_templates.iter().enumerate() {
                 let at = format!("spec.dataVolumeTemplates[{i}]");
                 if let Err(e) = check_name("name", &t.metadata.name) {
@@ -132,7 +137,12 @@ pub async fn admit(
                     });
                 }
                 names.push(t.metadata.name.clone());
-                problems.extend(data_volume_problems(&t.spec, ns, &format!("{at}.spec")));
+                problems.extend(data_volume_problems(
+                    &t.spec,
+                    ns,
+                    &format!("{at}.spec"),
+                    &classes,
+                ));
             }
             if !problems.is_empty() {
                 return Err(refused(FieldErrors {
@@ -140,6 +150,7 @@ pub async fn admit(
                     errors: problems,
                 }));
             }
+            infer_from_volumes(store, ns, &mut vm).await?;
             check_vm_instancetype(store, ns, &name, &vm, &names).await?;
             obj["spec"] = serde_json::to_value(&vm).map_err(ApiError::internal)?;
             if existing.is_none() {
@@ -208,7 +219,9 @@ pub async fn admit(
         Kind::StorageClass => {
             return Err(ApiError::invalid(format!(
                 "storage classes are edgevirt's own: {:?} (the node's disk, bound when a VM \
-                 first uses a DataVolume); they cannot be created or changed",
+                 first uses a DataVolume) and one per shared pool, named after it (appears \
+                 when a node mounts the pool: serve --shared-pool NAME=PATH); they cannot be \
+                 created or changed",
                 crate::types::cdi::LOCAL_CLASS
             )));
         }
@@ -217,7 +230,8 @@ pub async fn admit(
                 return Err(ApiError::invalid("spec is required"));
             }
             let dv: DataVolumeSpec = decode(kind.name(), spec).map_err(refused)?;
-            let problems = data_volume_problems(&dv, ns, "spec");
+            let classes = storage_classes(store).await?;
+            let problems = data_volume_problems(&dv, ns, "spec", &classes);
             if !problems.is_empty() {
                 return Err(refused(FieldErrors {
                     kind: kind.name().into(),
@@ -282,6 +296,179 @@ pub async fn admit(
     Ok(obj)
 }
 
+/// The labels a claim (here: a DataVolume) carries to name the instancetype and
+/// preference of VMs booting from it, as KubeVirt's.
+const DEFAULT_INSTANCETYPE: (&str, &str) = (
+    "instancetype.kubevirt.io/default-instancetype",
+    "instancetype.kubevirt.io/default-instancetype-kind",
+);
+const DEFAULT_PREFERENCE: (&str, &str) = (
+    "instancetype.kubevirt.io/default-preference",
+    "instancetype.kubevirt.io/default-preference-kind",
+);
+
+/// Why an inference failed: `ignorable` ones (no labels, a volume type that carries none)
+/// let `inferFromVolumeFailurePolicy: Ignore` drop the matcher, as in KubeVirt.
+struct InferError {
+    ignorable: bool,
+    message: String,
+}
+
+/// Resolve `inferFromVolume` in a VM's matchers when it is created, as KubeVirt's mutating
+/// webhook does: the volume's claim labels name the instancetype or preference, which the
+/// VM then carries by `name` and `kind` (and `inferFromVolume` goes). A claim here is a
+/// DataVolume of that name; one of the VM's `dataVolumeTemplates` is read through its
+/// `source.pvc`, as KubeVirt reads templates.
+async fn infer_from_volumes(store: &Store, ns: &str, vm: &mut VirtualMachineSpec) -> ApiResult<()> {
+    for (preference, field, labels) in [
+        (false, "spec.instancetype", DEFAULT_INSTANCETYPE),
+        (true, "spec.preference", DEFAULT_PREFERENCE),
+    ] {
+        let m = if preference {
+            &vm.preference
+        } else {
+            &vm.instancetype
+        };
+        let Some(m) = m.clone() else { continue };
+        let ignore = match m.infer_from_volume_failure_policy.as_deref() {
+            None | Some("Reject") => false,
+            Some("Ignore") => true,
+            Some(other) => {
+                return Err(ApiError::invalid(format!(
+                    "{field}.inferFromVolumeFailurePolicy: {other:?}: must be Reject or Ignore"
+                )));
+            }
+        };
+        let Some(volume) = m.infer_from_volume.as_deref() else {
+            if m.infer_from_volume_failure_policy.is_some() {
+                return Err(ApiError::invalid(format!(
+                    "{field}.inferFromVolumeFailurePolicy: only with inferFromVolume"
+                )));
+            }
+            continue;
+        };
+        if !m.name.is_empty() {
+            return Err(ApiError::invalid(format!(
+                "{field}: name and inferFromVolume are mutually exclusive"
+            )));
+        }
+        let inferred = match infer_one(store, ns, vm, volume, labels).await? {
+            Ok((name, kind)) => Some(crate::types::kubevirt::Matcher {
+                name,
+                kind,
+                ..Default::default()
+            }),
+            Err(e) if e.ignorable && ignore => None,
+            Err(e) => {
+                return Err(ApiError::invalid(format!(
+                    "{field}.inferFromVolume: {}{}",
+                    e.message,
+                    if e.ignorable {
+                        " (inferFromVolumeFailurePolicy: Ignore takes the VM without it)"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+        };
+        if preference {
+            vm.preference = inferred;
+        } else {
+            vm.instancetype = inferred;
+        }
+    }
+    Ok(())
+}
+
+/// The name and kind the labels of the volume `volume`'s claim give, or why not.
+async fn infer_one(
+    store: &Store,
+    ns: &str,
+    vm: &VirtualMachineSpec,
+    volume: &str,
+    labels: (&str, &str),
+) -> ApiResult<Result<(String, Option<String>), InferError>> {
+    let hard = |message: String| InferError {
+        ignorable: false,
+        message,
+    };
+    let soft = |message: String| InferError {
+        ignorable: true,
+        message,
+    };
+    let Some(v) = vm.template.spec.volumes.iter().find(|v| v.name == volume) else {
+        return Ok(Err(hard(format!(
+            "no volume named {volume:?} in spec.template.spec.volumes"
+        ))));
+    };
+    let claim = if let Some(c) = &v.persistent_volume_claim {
+        c.claim_name.clone()
+    } else if let Some(d) = &v.data_volume {
+        if let Some(t) = vm
+            .data_volume_templates
+            .iter()
+            .find(|t| t.metadata.name == d.name)
+        {
+            match t.spec.source.as_ref().and_then(|s| s.pvc.as_ref()) {
+                Some(p) if p.namespace.as_deref().is_none_or(|n| n == ns) => p.name.clone(),
+                _ => {
+                    return Ok(Err(soft(format!(
+                        "the dataVolumeTemplate {:?} has no source.pvc to read labels from",
+                        d.name
+                    ))));
+                }
+            }
+        } else {
+            match store
+                .get_typed::<DataVolume>(ns, &d.name)
+                .await
+                .map_err(ApiError::internal)?
+            {
+                None => {
+                    return Ok(Err(hard(format!("DataVolume {:?} not found", d.name))));
+                }
+                Some(dv) if dv.label(labels.0).is_some() => d.name.clone(),
+                Some(dv) => match dv.spec.source.as_ref().and_then(|s| s.pvc.as_ref()) {
+                    Some(p) if p.namespace.as_deref().is_none_or(|n| n == ns) => p.name.clone(),
+                    _ => {
+                        return Ok(Err(soft(format!(
+                            "unable to find required {} label on DataVolume {:?}",
+                            labels.0, d.name
+                        ))));
+                    }
+                },
+            }
+        }
+    } else {
+        return Ok(Err(soft(format!(
+            "unable to infer defaults from volume {volume:?}: only persistentVolumeClaim and \
+             dataVolume volumes carry labels"
+        ))));
+    };
+    // A claim is a DataVolume of that name (an operator's disk on the shared pool has no
+    // labels to read).
+    let Some(dv) = store
+        .get_typed::<DataVolume>(ns, &claim)
+        .await
+        .map_err(ApiError::internal)?
+    else {
+        return Ok(Err(soft(format!(
+            "claim {claim:?} is no DataVolume, so it has no {} label",
+            labels.0
+        ))));
+    };
+    match dv.label(labels.0) {
+        Some(name) => Ok(Ok((
+            name.to_string(),
+            dv.label(labels.1).map(str::to_string),
+        ))),
+        None => Ok(Err(soft(format!(
+            "unable to find required {} label on claim {claim:?}",
+            labels.0
+        )))),
+    }
+}
+
 /// A VM's instancetype and preference, as KubeVirt's webhook checks them: when they exist,
 /// the template with both applied must not conflict and must pass the instance checks; when
 /// one does not exist yet the VM is taken (the controller reports it and starts the VM once
@@ -304,7 +491,8 @@ async fn check_vm_instancetype(
         if let Some(m) = m {
             if m.name.is_empty() {
                 return Err(ApiError::invalid(format!(
-                    "{field}.name: required (inferFromVolume is not supported yet)"
+                    "{field}.name: required (or inferFromVolume, naming a volume whose claim \
+                     has the default-instancetype labels)"
                 )));
             }
             m.scope(preference)
@@ -470,8 +658,32 @@ fn add_finalizer(obj: &mut Value, f: &str) {
 /// The checks of a VMI spec shared by VMs and standalone VMIs: structure, then that every
 /// image it names was imported.
 /// Every problem of a DataVolume spec, the image reference of a registry source included.
-fn data_volume_problems(spec: &DataVolumeSpec, ns: &str, at: &str) -> Vec<FieldError> {
+/// The names of the storage classes that exist: `local` and one per shared pool a node
+/// mounts (the controller keeps them).
+async fn storage_classes(store: &Store) -> ApiResult<Vec<String>> {
+    let (classes, _) = store
+        .list(
+            Kind::StorageClass,
+            None,
+            &crate::store::LabelSelector::default(),
+            &crate::store::FieldSelector::default(),
+        )
+        .await
+        .map_err(ApiError::internal)?;
+    Ok(classes
+        .iter()
+        .filter_map(|c| c["metadata"]["name"].as_str().map(str::to_string))
+        .collect())
+}
+
+fn data_volume_problems(
+    spec: &DataVolumeSpec,
+    ns: &str,
+    at: &str,
+    classes: &[String],
+) -> Vec<FieldError> {
     let mut problems = spec.check(ns, at);
+    problems.extend(spec.check_class(classes, at));
     if let Some(Fill::Registry(image)) = spec.fill(ns)
         && let Err(e) = registry::check_reference(&image)
     {

@@ -100,12 +100,15 @@ fn description(kind: Kind) -> &'static str {
         }
         Kind::DataVolume => {
             "DataVolume is a persistent disk filled once from a source (blank, http, a \
-             registry image, another DataVolume's disk), as CDI's; the node that first runs \
-             a VM using it fills it, and VMs using it run there."
+             registry image, another DataVolume's disk), as CDI's. On `local` storage the \
+             node that first runs a VM using it fills it, and VMs using it run there; on a \
+             shared pool's class any node mounting the pool runs them."
         }
         Kind::StorageClass => {
             "StorageClass says where DataVolumes' disks live, as in Kubernetes: edgevirt keeps \
-             `local` (the node's own disk, bound when a VM first uses the DataVolume)."
+             `local` (the node's own disk, bound when a VM first uses the DataVolume) and one \
+             class per shared pool a node mounts, named after it (bound at once; its VMs \
+             live-migrate without a copy)."
         }
         Kind::ControllerRevision => {
             "ControllerRevision is the copy of an instancetype or preference a VM keeps using, \

@@ -1,7 +1,10 @@
 //! DataVolumes (`cdi.kubevirt.io/v1beta1`), the controller's part: a VM's
-//! `dataVolumeTemplates` become DataVolumes it owns (and go with it), and a new DataVolume
-//! waits for its first consumer, as CDI's local storage does. The scheduler binds it to the
-//! node it places that consumer on ([`bind`]); the agent there fills it.
+//! `dataVolumeTemplates` become DataVolumes it owns (and go with it). A new DataVolume on
+//! `local` storage waits for its first consumer, as CDI's local storage does: the scheduler
+//! binds it to the node it places that consumer on ([`bind`]) and the agent there fills
+//! it. One on a shared pool is bound at once to a ready node mounting the pool, which
+//! fills it; any node mounting the pool runs its VMs. Each shared pool a node reports is a
+//! storage class named after it ([`keep_pool_class`]).
 
 use std::collections::BTreeMap;
 
@@ -40,10 +43,59 @@ pub async fn keep_storage_class(store: &Store) -> Result<(), Error> {
     }
 }
 
-/// The status of a new DataVolume: an upload waits for its data, the rest for a consumer.
+/// Keep the storage class of the shared pool `pool`, which a node reports it mounts:
+/// bound at once (any node mounting the pool reaches the disk), ReadWriteMany.
+pub async fn keep_pool_class(store: &Store, pool: &str) -> Result<(), Error> {
+    use crate::types::Kind;
+    if pool == crate::types::cdi::LOCAL_CLASS
+        || store.get(Kind::StorageClass, "", pool).await?.is_some()
+    {
+        return Ok(());
+    }
+    let sc = serde_json::json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": pool},
+        "provisioner": crate::types::cdi::SHARED_PROVISIONER,
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+        "allowVolumeExpansion": false,
+    });
+    match store.create(Kind::StorageClass, sc, false).await {
+        Ok(_) => {
+            tracing::info!(%pool, "a node mounts shared pool; its storage class now exists");
+            Ok(())
+        }
+        Err(Error::AlreadyExists { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A node reported its status: keep the class of the pool it mounts, and name the
+/// DataVolumes on that pool still waiting for a node to fill them.
+pub async fn on_node(
+    store: &Store,
+    node: &crate::types::Node,
+) -> Result<Vec<(String, String)>, Error> {
+    let Some(pool) = node.status.as_ref().and_then(|s| s.shared_pool.as_ref()) else {
+        return Ok(Vec::new());
+    };
+    keep_pool_class(store, &pool.name).await?;
+    let dvs: Vec<DataVolume> = store.all().await?;
+    Ok(dvs
+        .iter()
+        .filter(|d| d.spec.shared_pool() == Some(pool.name.as_str()))
+        .filter(|d| d.annotation(NODE_ANNOTATION).is_none() && !d.deleting())
+        .map(|d| (d.namespace().to_string(), d.name().to_string()))
+        .collect())
+}
+
+/// The status of a new DataVolume: an upload waits for its data, one on a shared pool for
+/// a node to fill it, the rest for a consumer.
 fn waiting(name: &str, spec: &DataVolumeSpec) -> DataVolumeStatus {
     let (ph, reason) = if spec.fill("") == Some(Fill::Upload) {
         (phase::UPLOAD_READY, "UploadReady")
+    } else if spec.shared_pool().is_some() {
+        (phase::PENDING, "Pending")
     } else {
         (phase::WAIT_FOR_FIRST_CONSUMER, "WaitForFirstConsumer")
     };
@@ -68,22 +120,80 @@ fn waiting(name: &str, spec: &DataVolumeSpec) -> DataVolumeStatus {
     }
 }
 
-/// A new DataVolume gets its first status; a deleted one's uploaded image goes.
+/// A new DataVolume gets its first status, and one on a shared pool its node; a deleted
+/// one's uploaded image goes.
 pub async fn reconcile_dv(ctx: &Context, ns: &str, name: &str) -> Result<(), Error> {
     let Some(dv) = ctx.store.get_typed::<DataVolume>(ns, name).await? else {
         return forget_upload(&ctx.store, ns, name).await;
     };
-    if dv.status.as_ref().is_some_and(|s| s.phase.is_some()) || dv.deleting() {
+    if dv.deleting() {
         return Ok(());
     }
-    ctx.store
+    if dv.status.as_ref().is_none_or(|s| s.phase.is_none()) {
+        ctx.store
+            .update_typed(ns, name, |o: &mut DataVolume| {
+                if o.status.as_ref().is_none_or(|s| s.phase.is_none()) {
+                    o.status = Some(waiting(name, &o.spec));
+                }
+                Ok(())
+            })
+            .await?;
+    }
+    if let Some(pool) = dv.spec.shared_pool()
+        && dv.annotation(NODE_ANNOTATION).is_none()
+    {
+        bind_in_pool(&ctx.store, &dv, pool).await?;
+    }
+    Ok(())
+}
+
+/// Bind a DataVolume on the shared pool `pool` to a ready, schedulable node mounting it
+/// (the first by name), which fills it. With none, it stays Pending and says why.
+async fn bind_in_pool(store: &Store, dv: &DataVolume, pool: &str) -> Result<(), Error> {
+    let nodes: Vec<crate::types::Node> = store.all().await?;
+    let node = nodes
+        .iter()
+        .filter(|n| crate::rules::node::node_ready(n) && !n.spec.unschedulable)
+        .filter(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.shared_pool.as_ref())
+                .is_some_and(|p| p.name == pool)
+        })
+        .map(|n| n.name().to_string())
+        .min();
+    let (ns, name) = (dv.namespace(), dv.name());
+    store
         .update_typed(ns, name, |o: &mut DataVolume| {
-            if o.status.as_ref().is_none_or(|s| s.phase.is_none()) {
-                o.status = Some(waiting(name, &o.spec));
+            if o.annotation(NODE_ANNOTATION).is_some() {
+                return Ok(());
+            }
+            match &node {
+                Some(n) => {
+                    o.metadata
+                        .annotations
+                        .get_or_insert_default()
+                        .insert(NODE_ANNOTATION.to_string(), n.clone());
+                }
+                None => {
+                    let st = o.status.get_or_insert_default();
+                    let msg = format!("no ready node mounts shared pool {pool:?}");
+                    for c in st.conditions.iter_mut().filter(|c| c.type_ == "Bound") {
+                        c.message = Some(msg.clone());
+                    }
+                }
             }
             Ok(())
         })
         .await?;
+    match node {
+        Some(n) => {
+            tracing::info!(namespace = %ns, datavolume = %name, node = %n, %pool, "bound DataVolume on the shared pool to a node that fills it")
+        }
+        None => {
+            tracing::info!(namespace = %ns, datavolume = %name, %pool, "no ready node mounts the DataVolume's shared pool yet")
+        }
+    }
     Ok(())
 }
 
@@ -168,12 +278,21 @@ pub async fn forget_owned(store: &Store, ns: &str, vm: &str) -> Result<(), Error
     Ok(())
 }
 
-/// The DataVolumes (by name) an instance's `dataVolume` volumes name that exist, with the
-/// node each is bound to, if any. A clone that is not bound yet goes where its source is.
+/// Where a DataVolume's disk is, for the scheduler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// On a node's own disk: that node's, once bound.
+    Node(Option<String>),
+    /// On the shared pool of that name: any node mounting it.
+    Pool(String),
+}
+
+/// The DataVolumes (by name) an instance's `dataVolume` volumes name that exist, with where
+/// each lives. A local clone that is not bound yet goes where its source is.
 pub async fn used_by(
     store: &Store,
     vmi: &VirtualMachineInstance,
-) -> Result<BTreeMap<String, Option<String>>, Error> {
+) -> Result<BTreeMap<String, Place>, Error> {
     let mut out = BTreeMap::new();
     for v in &vmi.spec.volumes {
         let Some(d) = &v.data_volume else { continue };
@@ -183,6 +302,10 @@ pub async fn used_by(
         else {
             continue;
         };
+        if let Some(pool) = dv.spec.shared_pool() {
+            out.insert(d.name.clone(), Place::Pool(pool.to_string()));
+            continue;
+        }
         let mut node = dv.annotation(NODE_ANNOTATION).map(str::to_string);
         if node.is_none()
             && let Some(crate::types::cdi::Fill::Clone(sns, sname)) = dv.spec.fill(vmi.namespace())
@@ -190,7 +313,7 @@ pub async fn used_by(
         {
             node = src.annotation(NODE_ANNOTATION).map(str::to_string);
         }
-        out.insert(d.name.clone(), node);
+        out.insert(d.name.clone(), Place::Node(node));
     }
     Ok(out)
 }
@@ -219,4 +342,40 @@ pub async fn bind(store: &Store, vmi: &VirtualMachineInstance, node: &str) -> Re
         tracing::info!(namespace = %ns, datavolume = %d.name, %node, "bound DataVolume to the node of its first consumer");
     }
     Ok(())
+}
+
+/// The volume statuses of an instance's claim and DataVolume volumes (with `places`, what
+/// [`used_by`] found): a claim or a DataVolume on a shared pool is ReadWriteMany, one on a
+/// node's own disk ReadWriteOnce. The migration rules read them.
+pub fn volume_status(
+    vmi: &VirtualMachineInstance,
+    places: &BTreeMap<String, Place>,
+) -> Vec<crate::types::kubevirt::VolumeStatus> {
+    use crate::types::kubevirt::{PersistentVolumeClaimInfo, VolumeStatus};
+    let mut out = Vec::new();
+    for v in &vmi.spec.volumes {
+        let (claim, shared) = if let Some(c) = &v.persistent_volume_claim {
+            (c.claim_name.clone(), true)
+        } else if let Some(d) = &v.data_volume
+            && let Some(p) = places.get(&d.name)
+        {
+            (d.name.clone(), matches!(p, Place::Pool(_)))
+        } else {
+            continue;
+        };
+        let mode = if shared {
+            "ReadWriteMany"
+        } else {
+            "ReadWriteOnce"
+        };
+        out.push(VolumeStatus {
+            name: v.name.clone(),
+            target: String::new(),
+            persistent_volume_claim_info: Some(PersistentVolumeClaimInfo {
+                claim_name: Some(claim),
+                access_modes: vec![mode.to_string()],
+            }),
+        });
+    }
+    out
 }

@@ -115,8 +115,17 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                             queue.push(&(Kind::VirtualMachine, ns, name));
                         }
                         Kind::Node => {
-                            // A node that became ready again may take pending VMIs.
+                            // A node that became ready again may take pending VMIs, and
+                            // fill DataVolumes on the shared pool it mounts.
                             enqueue_unscheduled(&ctx, &queue).await;
+                            if let Ok(node) = serde_json::from_value::<crate::types::Node>(ev.object.clone()) {
+                                match datavolume::on_node(&ctx.store, &node).await {
+                                    Ok(dvs) => for (ns, name) in dvs {
+                                        queue.push(&(Kind::DataVolume, ns, name));
+                                    },
+                                    Err(e) => tracing::warn!(error = %e, "keeping the shared pool's storage class failed"),
+                                }
+                            }
                         }
                         Kind::VirtualMachineInstanceMigration => {
                             queue.push(&(Kind::VirtualMachineInstanceMigration, ns, name));

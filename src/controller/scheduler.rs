@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::Context;
+use super::datavolume::Place;
 use crate::cpu::GuestCpu;
 use crate::rules::cpus::{DEDICATED_CPUS_ANNOTATION, Pins};
 use crate::rules::migration::shared_disks;
@@ -94,11 +95,22 @@ pub async fn pick_node(
     let claims = shared_disks(vmi);
     let needs_pool = !claims.is_empty();
     let source_pool = source_node.and_then(pool_of);
-    // DataVolumes live on the node that first ran a VM using them.
-    let bound: Vec<(String, String)> = super::datavolume::used_by(&ctx.store, vmi)
-        .await?
-        .into_iter()
-        .filter_map(|(dv, node)| node.map(|n| (dv, n)))
+    // DataVolumes on local storage live on the node that first ran a VM using them; those
+    // on a shared pool on every node mounting it.
+    let places = super::datavolume::used_by(&ctx.store, vmi).await?;
+    let bound: Vec<(&String, &String)> = places
+        .iter()
+        .filter_map(|(dv, p)| match p {
+            Place::Node(Some(n)) => Some((dv, n)),
+            _ => None,
+        })
+        .collect();
+    let in_pools: Vec<(&String, &String)> = places
+        .iter()
+        .filter_map(|(dv, p)| match p {
+            Place::Pool(pool) => Some((dv, pool)),
+            _ => None,
+        })
         .collect();
     let running_cpu: Option<GuestCpu> = vmi
         .annotation(crate::cpu::policy::GUEST_CPU_ANNOTATION)
@@ -152,9 +164,19 @@ pub async fn pick_node(
                 .len() as i64;
         let score =
             crate::rules::placement::score(&vmi.spec.affinity, &view) - 100 * preferred_against;
-        if let Some((dv, there)) = bound.iter().find(|(_, there)| *there != name) {
+        if let Some((dv, there)) = bound.iter().find(|(_, there)| **there != name) {
             reasons.push(format!(
                 "{name}: DataVolume {dv} lives on node {there} (local storage)"
+            ));
+            continue;
+        }
+        let mounted = pool_of(n);
+        if let Some((dv, pool)) = in_pools
+            .iter()
+            .find(|(_, pool)| mounted.as_deref() != Some(pool.as_str()))
+        {
+            reasons.push(format!(
+                "{name}: does not mount shared pool {pool} (DataVolume {dv} lives there)"
             ));
             continue;
         }
@@ -282,6 +304,8 @@ pub async fn schedule(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<boo
         Ok((node, guest_cpu)) => {
             // Its DataVolumes first: the agent fills only those bound to its node.
             super::datavolume::bind(&ctx.store, vmi, &node).await?;
+            let places = super::datavolume::used_by(&ctx.store, vmi).await?;
+            let volumes = super::datavolume::volume_status(vmi, &places);
             let cpu_json = serde_json::to_string(&guest_cpu).unwrap_or_default();
 
             ctx.store
@@ -300,6 +324,7 @@ pub async fn schedule(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<boo
                     }
                     let st = o.status.get_or_insert_default();
                     st.node_name = Some(node.clone());
+                    st.volume_status = volumes.clone();
                     st.enter_phase(Phase::Scheduled, false);
                     set_condition(
                         &mut st.conditions,

@@ -737,3 +737,133 @@ async fn taints_keep_instances_off_unless_tolerated() {
         "{why}"
     );
 }
+
+/// A DataVolume on a shared pool: the pool's storage class appears when a node reports
+/// it, the DataVolume is bound at once to a node mounting the pool, its VM runs on any
+/// such node, migrates among them, and its volume status says ReadWriteMany.
+#[tokio::test]
+async fn data_volumes_on_a_shared_pool_bind_at_once_and_follow_the_pool() {
+    use crate::types::cdi::{DataVolume, NODE_ANNOTATION};
+    let (_d, ctx) = ctx().await;
+    add_node(&ctx, "big", 64 << 30).await;
+    add_node(&ctx, "p1", 4 << 30).await;
+    add_node(&ctx, "p2", 4 << 30).await;
+    // No node mounts the pool yet: no class, and a DataVolume naming it waits, saying why.
+    ctx.store
+        .create(
+            Kind::DataVolume,
+            json!({"metadata": {"name": "s", "namespace": "default"}, "spec": {
+                "source": {"blank": {}},
+                "storage": {"storageClassName": "site",
+                            "resources": {"requests": {"storage": "1Gi"}}}}}),
+            false,
+        )
+        .await
+        .unwrap();
+    datavolume::reconcile_dv(&ctx, "default", "s")
+        .await
+        .unwrap();
+    let dv: DataVolume = ctx.store.get_typed("default", "s").await.unwrap().unwrap();
+    assert_eq!(dv.annotation(NODE_ANNOTATION), None);
+    let st = dv.status.unwrap();
+    assert_eq!(st.phase.as_deref(), Some("Pending"));
+    let bound = st.conditions.iter().find(|c| c.type_ == "Bound").unwrap();
+    assert!(
+        bound
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("no ready node mounts shared pool \"site\""),
+        "{bound:?}"
+    );
+    assert!(
+        ctx.store
+            .get(Kind::StorageClass, "", "site")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // p2 and p1 mount it: the class exists, and the DataVolume is named for a filler.
+    set_pool(&ctx, "p2", "site").await;
+    set_pool(&ctx, "p1", "site").await;
+    for n in ["p1", "p2", "big"] {
+        let node: Node = ctx.store.get_typed("", n).await.unwrap().unwrap();
+        let waiting = datavolume::on_node(&ctx.store, &node).await.unwrap();
+        if n == "big" {
+            assert!(waiting.is_empty());
+        } else {
+            assert_eq!(waiting, vec![("default".to_string(), "s".to_string())]);
+        }
+    }
+    let sc = ctx
+        .store
+        .get(Kind::StorageClass, "", "site")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(sc["volumeBindingMode"], "Immediate", "{sc}");
+    assert_eq!(sc["provisioner"], crate::types::cdi::SHARED_PROVISIONER);
+    datavolume::reconcile_dv(&ctx, "default", "s")
+        .await
+        .unwrap();
+    let dv: DataVolume = ctx.store.get_typed("default", "s").await.unwrap().unwrap();
+    assert_eq!(
+        dv.annotation(NODE_ANNOTATION),
+        Some("p1"),
+        "the first by name"
+    );
+
+    // A VM using it: never on the roomy node without the pool; it may migrate p1 -> p2.
+    add_vm(&ctx, "v", "Always").await;
+    ctx.store
+        .update_typed("default", "v", |o: &mut VirtualMachine| {
+            let t = &mut o.spec.template;
+            t.spec.volumes = vec![
+                serde_json::from_value(json!({"name": "disk", "dataVolume": {"name": "s"}}))
+                    .unwrap(),
+            ];
+            Ok(())
+        })
+        .await
+        .unwrap();
+    vm::reconcile_vm(&ctx, "default", "v").await.unwrap();
+    vm::reconcile_vmi(&ctx, "default", "v").await.unwrap();
+    let vmi = get_vmi(&ctx, "v").await.unwrap();
+    let on = vmi.node_name().unwrap().to_string();
+    assert!(on == "p1" || on == "p2", "placed on {on}");
+    let vs = &vmi.status.as_ref().unwrap().volume_status;
+    assert_eq!(vs.len(), 1, "{vs:?}");
+    let claim = vs[0].persistent_volume_claim_info.as_ref().unwrap();
+    assert_eq!(
+        (claim.claim_name.as_deref(), claim.access_modes.as_slice()),
+        (Some("s"), &["ReadWriteMany".to_string()][..])
+    );
+    assert!(crate::rules::migration::live_migratable(&vmi).ok);
+    // (without the guest CPU the scheduler wrote: these test nodes report no host CPU to
+    // compare a running guest's with)
+    let mut vmi = vmi;
+    vmi.metadata.annotations = None;
+    let none = Default::default();
+    let (to, _) = scheduler::pick_node(&ctx, &vmi, Some(&on), &none)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(to != on && to != "big", "migrates to {to}");
+    // With the other pool node cordoned, the reasons name the pool for the roomy node.
+    ctx.store
+        .update_typed("", &to, |o: &mut Node| {
+            o.spec.unschedulable = true;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let why = scheduler::pick_node(&ctx, &vmi, Some(&on), &none)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        why.contains("big: does not mount shared pool site (DataVolume s lives there)"),
+        "{why}"
+    );
+}

@@ -22,9 +22,10 @@ pub struct Migratability {
 }
 
 /// Compute the LiveMigratable condition from the instance's spec, as KubeVirt's
-/// `calculateLiveMigrationCondition`. `persistentVolumeClaim` disks live on the shared
-/// storage pool (like a ReadWriteMany PVC): the target opens the same files. Disks built
-/// from images (`containerDisk`, `dataVolume`) are copies on the node's local disk: they
+/// `calculateLiveMigrationCondition`. `persistentVolumeClaim` disks, and DataVolumes whose
+/// `volumeStatus` the scheduler wrote as ReadWriteMany, live on the shared storage pool:
+/// the target opens the same files. Disks built from images (`containerDisk`, DataVolumes
+/// on the `local` class) are copies on the node's local disk: they
 /// move only by block migration, which copies them while the guest runs. KubeVirt
 /// block-migrates such disks unasked; edgevirt copies them only when asked (the copy takes
 /// as long as the disk is big, and the link may be a branch office's): the annotation
@@ -124,16 +125,41 @@ fn volumes_with(vmi: &VirtualMachineInstance, is: fn(&Volume) -> bool) -> Vec<St
         .collect()
 }
 
-/// Volumes copied onto the node's local disk from images.
-fn local_disks(vmi: &VirtualMachineInstance) -> Vec<String> {
-    volumes_with(vmi, |v| {
-        v.container_disk.is_some() || v.data_volume.is_some() || v.empty_disk.is_some()
+/// Whether the volume `name` is a claim the scheduler found ReadWriteMany (a DataVolume on
+/// the shared pool), as its `volumeStatus` says.
+fn read_write_many(vmi: &VirtualMachineInstance, name: &str) -> bool {
+    vmi.status.as_ref().is_some_and(|st| {
+        st.volume_status.iter().any(|s| {
+            s.name == name
+                && s.persistent_volume_claim_info
+                    .as_ref()
+                    .is_some_and(|c| c.access_modes.iter().any(|m| m == "ReadWriteMany"))
+        })
     })
+}
+
+/// Volumes copied onto the node's local disk from images, and DataVolumes on local storage.
+fn local_disks(vmi: &VirtualMachineInstance) -> Vec<String> {
+    let mut out = volumes_with(vmi, |v| {
+        v.container_disk.is_some() || v.empty_disk.is_some()
+    });
+    out.extend(
+        volumes_with(vmi, |v| v.data_volume.is_some())
+            .into_iter()
+            .filter(|n| !read_write_many(vmi, n)),
+    );
+    out
 }
 
 /// Volumes on the shared storage pool.
 pub fn shared_disks(vmi: &VirtualMachineInstance) -> Vec<String> {
-    volumes_with(vmi, |v| v.persistent_volume_claim.is_some())
+    let mut out = volumes_with(vmi, |v| v.persistent_volume_claim.is_some());
+    out.extend(
+        volumes_with(vmi, |v| v.data_volume.is_some())
+            .into_iter()
+            .filter(|n| read_write_many(vmi, n)),
+    );
+    out
 }
 
 /// How one migration moves its instance: `Ok("LiveMigration" | "BlockMigration")`, or why
@@ -268,5 +294,34 @@ mod tests {
             migration_method(&mixed, &asked).unwrap_err().reason,
             "DisksNotLiveMigratable"
         );
+    }
+
+    #[test]
+    fn datavolumes_migrate_by_where_the_scheduler_found_them() {
+        let dv = json!({"name": "disk", "dataVolume": {"name": "disk"}});
+        let vmi = |mode: &str| {
+            vmi_of(
+                &json!({"metadata": {}, "spec": {"domain": {}, "volumes": [dv.clone()]},
+                "status": {"volumeStatus": [{"name": "disk", "target": "",
+                    "persistentVolumeClaimInfo": {"claimName": "disk", "accessModes": [mode]}}]}}),
+            )
+        };
+        // On the shared pool (ReadWriteMany): live, nothing copied.
+        let m = live_migratable(&vmi("ReadWriteMany"));
+        assert!(m.ok, "{m:?}");
+        assert_eq!(m.method, MigrationMethod::LiveMigration);
+        assert_eq!(
+            shared_disks(&vmi("ReadWriteMany")),
+            vec!["disk".to_string()]
+        );
+        // On a node's own disk, or not scheduled yet: local.
+        for v in [
+            vmi("ReadWriteOnce"),
+            vmi_of(&json!({"metadata": {}, "spec": {"domain": {}, "volumes": [dv.clone()]}})),
+        ] {
+            let m = live_migratable(&v);
+            assert_eq!((m.ok, m.reason.as_str()), (false, "DisksNotLiveMigratable"));
+            assert!(shared_disks(&v).is_empty());
+        }
     }
 }

@@ -1282,3 +1282,203 @@ async fn data_volumes_are_checked_whole_and_named_by_vms() {
     assert_eq!(l["resources"][0]["name"], "storageclasses", "{l}");
     assert_eq!(l["resources"][0]["shortNames"], json!(["sc"]), "{l}");
 }
+
+/// `inferFromVolume`: the claim's labels name the instancetype and preference when the VM
+/// is created, as KubeVirt's mutating webhook resolves them; a claim without them refuses
+/// the VM unless the policy is Ignore, and a volume that is not there always refuses it.
+#[tokio::test]
+async fn instancetypes_are_inferred_from_the_volumes_labels() {
+    let t = setup().await;
+    const DVS: &str = "/apis/cdi.kubevirt.io/v1beta1/namespaces/default/datavolumes";
+    const VMS: &str = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines";
+    let post = |path: &'static str, body: Value| {
+        let t = &t;
+        async move {
+            call(
+                t,
+                "POST",
+                path,
+                Some("admin-tok"),
+                "application/json",
+                &body.to_string(),
+            )
+            .await
+        }
+    };
+    let blank = json!({"source": {"blank": {}},
+                       "storage": {"resources": {"requests": {"storage": "1Gi"}}}});
+    let (code, s) = post(
+        DVS,
+        json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+               "metadata": {"name": "golden", "labels": {
+                   "instancetype.kubevirt.io/default-instancetype": "u1.medium",
+                   "instancetype.kubevirt.io/default-preference": "fedora",
+                   "instancetype.kubevirt.io/default-preference-kind": "VirtualMachinePreference"}},
+               "spec": blank}),
+    )
+    .await;
+    assert_eq!(code, StatusCode::CREATED, "{s}");
+    let (code, s) = post(
+        DVS,
+        json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+               "metadata": {"name": "plain"}, "spec": blank}),
+    )
+    .await;
+    assert_eq!(code, StatusCode::CREATED, "{s}");
+    let vm = |name: &str, matchers: Value, volume: Value, templates: Value| {
+        let mut spec = json!({"runStrategy": "Halted", "dataVolumeTemplates": templates,
+            "template": {"spec": {"domain": {"devices": {}}, "volumes": [volume]}}});
+        for (k, v) in matchers.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+               "metadata": {"name": name}, "spec": spec})
+    };
+    let infer = |policy: Option<&str>| {
+        let mut m = json!({"inferFromVolume": "root"});
+        if let Some(p) = policy {
+            m["inferFromVolumeFailurePolicy"] = json!(p);
+        }
+        json!({"instancetype": m.clone(), "preference": m})
+    };
+    let dv_volume = |dv: &str| json!({"name": "root", "dataVolume": {"name": dv}});
+
+    // From a DataVolume's labels, and through a template cloning it (source.pvc).
+    let clone = json!([{"metadata": {"name": "copy"},
+        "spec": {"source": {"pvc": {"name": "golden"}},
+                 "storage": {"resources": {"requests": {"storage": "1Gi"}}}}}]);
+    for (name, volume, templates) in [
+        ("direct", dv_volume("golden"), json!([])),
+        ("cloned", dv_volume("copy"), clone.clone()),
+        (
+            "claimed",
+            json!({"name": "root", "persistentVolumeClaim": {"claimName": "golden"}}),
+            json!([]),
+        ),
+    ] {
+        let (code, s) = post(VMS, vm(name, infer(None), volume, templates)).await;
+        assert_eq!(code, StatusCode::CREATED, "{name}: {s}");
+        assert_eq!(
+            s["spec"]["instancetype"],
+            json!({"name": "u1.medium"}),
+            "{name}: {s}"
+        );
+        assert_eq!(
+            s["spec"]["preference"],
+            json!({"name": "fedora", "kind": "VirtualMachinePreference"}),
+            "{name}: {s}"
+        );
+    }
+
+    // No labels: refused, naming the label and the way out; with Ignore, taken without.
+    let (code, s) = post(
+        VMS,
+        vm("nolabels", infer(None), dv_volume("plain"), json!([])),
+    )
+    .await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{s}");
+    let msg = s["message"].as_str().unwrap();
+    assert!(
+        msg.contains("spec.instancetype.inferFromVolume")
+            && msg.contains("instancetype.kubevirt.io/default-instancetype")
+            && msg.contains("Ignore"),
+        "{msg}"
+    );
+    // (taken without an instancetype, the template says how much memory)
+    let sized = |mut v: Value| {
+        v["spec"]["template"]["spec"]["domain"]["memory"] = json!({"guest": "128Mi"});
+        v
+    };
+    let (code, s) = post(
+        VMS,
+        sized(vm(
+            "ignored",
+            infer(Some("Ignore")),
+            dv_volume("plain"),
+            json!([]),
+        )),
+    )
+    .await;
+    assert_eq!(code, StatusCode::CREATED, "{s}");
+    assert!(s["spec"].get("instancetype").is_none(), "{s}");
+    assert!(s["spec"].get("preference").is_none(), "{s}");
+    // A template with another source carries no labels: ignorable too.
+    let blank_t = json!([{"metadata": {"name": "fresh"}, "spec": blank}]);
+    let (code, s) = post(
+        VMS,
+        sized(vm(
+            "blank",
+            infer(Some("Ignore")),
+            dv_volume("fresh"),
+            blank_t.clone(),
+        )),
+    )
+    .await;
+    assert_eq!(code, StatusCode::CREATED, "{s}");
+    let (code, s) = post(VMS, vm("blank2", infer(None), dv_volume("fresh"), blank_t)).await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{s}");
+    // Never ignorable: a volume that is not there, a DataVolume that does not exist.
+    let mut missing = vm(
+        "novolume",
+        infer(Some("Ignore")),
+        dv_volume("golden"),
+        json!([]),
+    );
+    missing["spec"]["instancetype"]["inferFromVolume"] = json!("data");
+    let (code, s) = post(VMS, missing).await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{s}");
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap()
+            .contains("no volume named \"data\""),
+        "{s}"
+    );
+    let (code, s) = post(
+        VMS,
+        vm("nodv", infer(Some("Ignore")), dv_volume("ghost"), json!([])),
+    )
+    .await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{s}");
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"ghost\" not found"),
+        "{s}"
+    );
+    // The policy's spelling, and name with inferFromVolume.
+    for (name, m, needle) in [
+        (
+            "policy",
+            json!({"inferFromVolume": "root", "inferFromVolumeFailurePolicy": "Maybe"}),
+            "must be Reject or Ignore",
+        ),
+        (
+            "both",
+            json!({"inferFromVolume": "root", "name": "u1.small"}),
+            "mutually exclusive",
+        ),
+        (
+            "lonepolicy",
+            json!({"name": "u1.small", "inferFromVolumeFailurePolicy": "Ignore"}),
+            "only with inferFromVolume",
+        ),
+    ] {
+        let (code, s) = post(
+            VMS,
+            vm(
+                name,
+                json!({"instancetype": m}),
+                dv_volume("golden"),
+                json!([]),
+            ),
+        )
+        .await;
+        assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{name}: {s}");
+        assert!(
+            s["message"].as_str().unwrap().contains(needle),
+            "{name}: {s}"
+        );
+    }
+}

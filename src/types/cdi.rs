@@ -2,10 +2,15 @@
 //! (blank, an HTTP download, a registry image, another DataVolume), which VMs name in a
 //! `dataVolume` volume or create from `spec.dataVolumeTemplates`.
 //!
-//! edgevirt binds DataVolumes the way CDI binds local storage with `WaitForFirstConsumer`:
-//! a DataVolume no VM uses waits; the node that first runs a VM using it fills it there, and
-//! every later start of any VM using it goes to that node. [`DataVolumeSpec::check`] holds
-//! the rules a spec must pass (every problem at once, as KubeVirt's webhooks report them).
+//! Its `storageClassName` says where the disk lives. On `local` (the default) edgevirt binds
+//! it the way CDI binds local storage with `WaitForFirstConsumer`: a DataVolume no VM uses
+//! waits; the node that first runs a VM using it fills it there, and every later start of
+//! any VM using it goes to that node. Every shared storage pool the nodes mount is a class
+//! of its own, named after the pool, bound at once (`Immediate`): one node mounting the
+//! pool fills the disk at `POOL/NAMESPACE/NAME.qcow2` (where a `persistentVolumeClaim` of
+//! that name is looked for too), any node mounting it runs the VM, and the VM live-migrates
+//! without a copy (the disk is ReadWriteMany). [`DataVolumeSpec::check`] holds the rules a
+//! spec must pass (every problem at once, as KubeVirt's webhooks report them).
 
 use std::collections::BTreeMap;
 
@@ -18,11 +23,15 @@ use super::{FieldError, parse_quantity};
 /// The API group of DataVolumes.
 pub const GROUP: &str = "cdi.kubevirt.io";
 
-/// The storage class of a node's own disks: the one edgevirt offers.
+/// The storage class of a node's own disks, the default one.
 pub const LOCAL_CLASS: &str = "local";
 
+/// The provisioner of the storage classes of shared pools (one class per pool, named after it).
+pub const SHARED_PROVISIONER: &str = "edgevirt.io/shared-pool";
+
 /// The annotation naming the node a DataVolume's disk lives on (set when a VM using it is
-/// first scheduled: CDI's `WaitForFirstConsumer`).
+/// first scheduled: CDI's `WaitForFirstConsumer`); for a DataVolume on a shared pool, the
+/// node that fills it (any node mounting the pool uses it).
 pub const NODE_ANNOTATION: &str = "edgevirt.io/datavolume-node";
 
 /// The annotation naming the image (`edgevirt.io/v1` Image, kept by the controller) that
@@ -217,6 +226,18 @@ impl DataVolumeSpec {
         self.storage.as_ref().or(self.pvc.as_ref())
     }
 
+    /// The storage class it asks for: `local` unless it names a shared pool.
+    pub fn storage_class(&self) -> &str {
+        self.claim()
+            .and_then(|c| c.storage_class_name.as_deref())
+            .unwrap_or(LOCAL_CLASS)
+    }
+
+    /// The shared pool its disk lives on, when its class names one.
+    pub fn shared_pool(&self) -> Option<&str> {
+        Some(self.storage_class()).filter(|c| *c != LOCAL_CLASS)
+    }
+
     /// The requested size in bytes (checked by [`DataVolumeSpec::check`]).
     pub fn size(&self) -> Option<u64> {
         self.claim()
@@ -245,6 +266,36 @@ impl DataVolumeSpec {
                 )
             })
         }
+    }
+
+    /// Its storage class, unless it is one of `classes` (the storage classes that exist:
+    /// `local` and one per shared pool).
+    pub fn check_class(&self, classes: &[String], at: &str) -> Option<FieldError> {
+        let class = self.storage_class();
+        if class == LOCAL_CLASS || classes.iter().any(|c| c == class) {
+            return None;
+        }
+        let field = if self.storage.is_some() {
+            "storage"
+        } else {
+            "pvc"
+        };
+        let mut offered = vec![format!("{LOCAL_CLASS:?} (the node's own disk)")];
+        offered.extend(
+            classes
+                .iter()
+                .filter(|c| *c != LOCAL_CLASS)
+                .map(|c| format!("{c:?} (shared pool)")),
+        );
+        Some(FieldError {
+            field: format!("{at}.{field}.storageClassName"),
+            reason: "FieldValueNotFound",
+            message: format!(
+                "storage class {class:?} does not exist: edgevirt offers {}; a shared pool's \
+                 class appears once a node mounts it (serve --shared-pool NAME=PATH)",
+                offered.join(", ")
+            ),
+        })
     }
 
     /// Every problem of the spec (at `at`, e.g. `spec` or `spec.dataVolumeTemplates[0].spec`)
@@ -398,17 +449,6 @@ impl DataVolumeSpec {
                     format!("{m:?}: must be Filesystem or Block"),
                 );
             }
-            if let Some(class) = c.storage_class_name.as_deref()
-                && class != LOCAL_CLASS
-            {
-                bad(
-                    format!("{f}.storageClassName"),
-                    format!(
-                        "storage class {class:?} does not exist: edgevirt offers {LOCAL_CLASS:?} \
-                         (the node's own disk)"
-                    ),
-                );
-            }
         }
         if let Some(t) = self.content_type.as_deref()
             && t != "kubevirt"
@@ -500,7 +540,6 @@ mod tests {
             "spec.source.http.url: \"file:///etc/shadow\"",
             "spec.storage.resources.requests.storage: \"lots\"",
             "spec.storage.resources: \"cpu\"",
-            "spec.storage.storageClassName: storage class \"ceph\"",
             "spec.storage.accessModes: \"Sometimes\"",
             "spec.storage.volumeMode: \"Tape\"",
             "spec.contentType: \"archive\"",
@@ -509,6 +548,20 @@ mod tests {
         }
         let p = problems(serde_json::json!({}));
         assert_eq!(p.len(), 2, "{p:?}");
+        let ceph = spec(serde_json::json!({"storage": {"storageClassName": "ceph"}}));
+        let e = ceph
+            .check_class(&["local".into(), "site".into()], "spec")
+            .expect("an unknown class is refused");
+        assert_eq!(e.field, "spec.storage.storageClassName");
+        assert!(
+            e.message.contains("\"site\" (shared pool)"),
+            "{}",
+            e.message
+        );
+        let site = spec(serde_json::json!({"pvc": {"storageClassName": "site"}}));
+        assert_eq!(site.check_class(&["site".into()], "spec"), None);
+        assert_eq!(site.shared_pool(), Some("site"));
+        assert_eq!(spec(serde_json::json!({})).shared_pool(), None);
         let p = problems(serde_json::json!({
             "source": {"registry": {"url": "https://quay.io/x"}, },
             "pvc": {"resources": {"requests": {"storage": "1Gi"}}},

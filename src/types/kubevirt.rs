@@ -1199,6 +1199,37 @@ pub struct VirtualMachineInstanceStatus {
     /// How the instance migrates: `LiveMigration` or `BlockMigration`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration_method: Option<MigrationMethod>,
+    /// The instance's claim and DataVolume volumes, with the claims' access modes (a
+    /// ReadWriteMany one lives on a shared pool and migrates without a copy), written when
+    /// it is scheduled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_status: Vec<VolumeStatus>,
+}
+
+/// One volume of an instance, as KubeVirt's `VolumeStatus` (the parts edgevirt writes).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeStatus {
+    /// The volume's name.
+    pub name: String,
+    /// The disk's target device, when known (empty until then).
+    #[serde(default)]
+    pub target: String,
+    /// The claim behind a `persistentVolumeClaim` or `dataVolume` volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_volume_claim_info: Option<PersistentVolumeClaimInfo>,
+}
+
+/// What KubeVirt caches about a volume's claim: its name and access modes.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PersistentVolumeClaimInfo {
+    /// The claim's name (a DataVolume's claim has the DataVolume's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_name: Option<String>,
+    /// `ReadWriteMany` for a disk on the shared pool, `ReadWriteOnce` on a node's own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub access_modes: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -1638,6 +1669,15 @@ pub struct Matcher {
     /// honoured when a VM carries it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision_name: Option<String>,
+    /// The volume whose claim's labels (`instancetype.kubevirt.io/default-instancetype`,
+    /// `-kind`, and the same for `default-preference`) name the object: resolved when the
+    /// VM is created, which then carries `name` and `kind` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub infer_from_volume: Option<String>,
+    /// `Reject` (the default: a volume without those labels refuses the VM) or `Ignore`
+    /// (the VM is taken without this matcher).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub infer_from_volume_failure_policy: Option<String>,
 }
 
 /// The VM status' record of what it uses (KubeVirt's `InstancetypeStatusRef`).

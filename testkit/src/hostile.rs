@@ -871,6 +871,33 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
         }))
         .expect(&[400, 422]),
     );
+    // inferFromVolume reads labels of a claim in the VM's own namespace, named by a volume.
+    for (name, matcher, needle) in [
+        (
+            "infer-volume-missing",
+            json!({"inferFromVolume": "../../etc"}),
+            "no volume named",
+        ),
+        (
+            "infer-policy-unknown",
+            json!({"inferFromVolume": "x", "inferFromVolumeFailurePolicy": "Always"}),
+            "Reject or Ignore",
+        ),
+        (
+            "infer-with-name",
+            json!({"inferFromVolume": "x", "name": "u1.small"}),
+            "mutually exclusive",
+        ),
+    ] {
+        c.push(
+            Case::new(name, Method::POST, VMS)
+                .json(&vm("hostile-infer", |v| {
+                    v["spec"]["instancetype"] = matcher.clone();
+                }))
+                .expect(&[422])
+                .msg(needle),
+        );
+    }
 
     // ---- DataVolumes: sources that reach the host (file URLs, other namespaces, traversing
     // names), sizes, storage classes, and the status agents write (a viewer and an

@@ -218,7 +218,7 @@ fn matcher_kinds_as_kubevirt_spells_them() {
     let m = |k: Option<&str>| Matcher {
         name: "x".into(),
         kind: k.map(str::to_string),
-        revision_name: None,
+        ..Default::default()
     };
     assert_eq!(m(None).scope(false), Ok(Scope::Cluster));
     assert_eq!(

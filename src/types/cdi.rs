@@ -55,6 +55,8 @@ pub mod phase {
     pub const FAILED: &str = "Failed";
 }
 
+/// What a DataVolume holds: where its disk's contents come from, and the disk's size and
+/// storage class.
 #[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[kube(
     group = "cdi.kubevirt.io",
@@ -124,6 +126,7 @@ pub struct Blank {}
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct HttpSource {
+    /// The image's http:// or https:// URL, at most 2048 characters.
     pub url: String,
 }
 
@@ -131,6 +134,8 @@ pub struct HttpSource {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct RegistrySource {
+    /// The image reference with a `docker://` prefix (`docker://registry/repository:tag`);
+    /// other schemes are refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     /// `pod` or `node`: edgevirt always pulls on the node, through its image cache.
@@ -142,7 +147,9 @@ pub struct RegistrySource {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct PvcSource {
+    /// The DataVolume whose disk is copied.
     pub name: String,
+    /// Its namespace: only the DataVolume's own is supported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
 }
@@ -152,10 +159,15 @@ pub struct PvcSource {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct StorageSpec {
+    /// ReadWriteOnce, ReadOnlyMany, ReadWriteMany or ReadWriteOncePod: checked and kept; the
+    /// storage class decides which nodes can use the disk.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub access_modes: Vec<String>,
+    /// The disk's size, as `requests.storage`; no other resource may be named.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<StorageResources>,
+    /// `local` (the node's own disk; the default) or the class of a shared pool a node
+    /// mounts, named after the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
     /// `Filesystem` or `Block`: either way the disk is a file on the node.
@@ -167,25 +179,33 @@ pub struct StorageSpec {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct StorageResources {
+    /// `storage`: the disk's size, a quantity more than 0 and at most 64Ti (required).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub requests: BTreeMap<String, String>,
+    /// Only `storage` may be named; it has no effect.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub limits: BTreeMap<String, String>,
 }
 
+/// How filling the DataVolume's disk goes, as the controller and the node filling it report
+/// it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct DataVolumeStatus {
+    /// CDI's phase: Pending, WaitForFirstConsumer, UploadReady, ImportInProgress,
+    /// CloneInProgress, Succeeded or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// `"42.17%"` while it fills, `"100.0%"` once done, `"N/A"` when the size is unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<String>,
+    /// How many times filling the disk was restarted after a failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_count: Option<i32>,
     /// The claim it stands for (edgevirt's disk has the DataVolume's name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_name: Option<String>,
+    /// The DataVolume's conditions: `Bound`, `Ready` and `Running`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<DataVolumeCondition>,
 }
@@ -194,15 +214,21 @@ pub struct DataVolumeStatus {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct DataVolumeCondition {
+    /// `Bound`, `Ready` or `Running`.
     #[serde(rename = "type")]
     pub type_: String,
+    /// `True`, `False` or `Unknown`.
     pub status: String,
+    /// A one-word reason for the status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// A human-readable explanation of the status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// When the status last changed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<String>,
+    /// When the condition was last updated (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_time: Option<String>,
 }
@@ -467,11 +493,14 @@ impl DataVolumeSpec {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct DataVolumeTemplateSpec {
+    /// Kept as written; the template always makes a `cdi.kubevirt.io/v1beta1` DataVolume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_version: Option<String>,
+    /// Kept as written; the template always makes a DataVolume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
     pub metadata: DataVolumeTemplateMeta,
+    /// The spec of the DataVolume made from this template.
     pub spec: DataVolumeSpec,
     /// KubeVirt's placeholder; ignored.
     #[serde(default, skip_serializing)]
@@ -482,10 +511,14 @@ pub struct DataVolumeTemplateSpec {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct DataVolumeTemplateMeta {
+    /// The DataVolume's name, which the VM's `dataVolume` volumes use; unique among the VM's
+    /// templates.
     #[serde(default)]
     pub name: String,
+    /// Labels the DataVolume gets.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Annotations the DataVolume gets.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
     /// KubeVirt's generated templates often carry `creationTimestamp: null`; ignored.

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::kubevirt::Condition;
 
+/// How a node may be used: whether new instances may be placed on it, and its taints.
 #[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[kube(
     group = "edgevirt.io",
@@ -24,6 +25,7 @@ use super::kubevirt::Condition;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeSpec {
+    /// `true` (cordoned, `edgevirt node cordon`): no new instances are placed on the node.
     #[serde(default)]
     pub unschedulable: bool,
     /// Kubernetes' node taints: instances that do not tolerate a `NoSchedule` or
@@ -36,13 +38,16 @@ pub struct NodeSpec {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Taint {
+    /// The taint's key.
     pub key: String,
+    /// The taint's value; may be empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
     /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
     pub effect: String,
 }
 
+/// What the node's agent reports about its host.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeStatus {
@@ -54,12 +59,16 @@ pub struct NodeStatus {
     /// `kvm` or `qemu` (TCG), as chosen by the agent's `--accel`.
     #[serde(default)]
     pub accelerator: String,
+    /// The edgevirt release the node's agent runs.
     #[serde(default)]
     pub version: String,
+    /// When the agent last reported in (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_time: Option<String>,
+    /// The node's conditions, such as `Ready` (the agent reports in).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The version of libvirt on the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub libvirt_version: Option<String>,
     /// The shared storage pool this node mounts, if any (`serve --shared-pool NAME=PATH`).
@@ -73,6 +82,8 @@ pub struct NodeStatus {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SharedPool {
+    /// The pool's name, the same on every node that mounts it, and the name of its storage
+    /// class.
     pub name: String,
     /// Where this node mounts it.
     pub path: String,
@@ -90,13 +101,16 @@ pub struct CpuFacts {
     /// The model name, e.g. `Hygon C86 7285 32-core Processor`.
     #[serde(default)]
     pub model: String,
+    /// The host's logical CPUs.
     #[serde(default)]
     pub count: u32,
     /// CPUID family, model number and stepping (0 when unknown).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub family: u32,
+    /// The CPUID model number (0 when unknown).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub model_number: u32,
+    /// The CPUID stepping (0 when unknown).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub stepping: u32,
     /// The kernel's CPU flags (`/proc/cpuinfo` names, e.g. `sse4_2`).
@@ -120,10 +134,12 @@ pub struct CpuFacts {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct HostModelCpu {
+    /// The named CPU model libvirt bases the host-model CPU on.
     pub model: String,
     /// libvirt's vendor name: `Intel`, `AMD`, `Hygon`.
     #[serde(default)]
     pub vendor: String,
+    /// The features libvirt adds to or removes from that model.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub features: Vec<CpuFeaturePolicy>,
 }
@@ -131,7 +147,9 @@ pub struct HostModelCpu {
 /// One `<feature policy=... name=.../>`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
 pub struct CpuFeaturePolicy {
+    /// libvirt's policy for the feature (`require`, `disable`, ...).
     pub policy: String,
+    /// The feature's libvirt name.
     pub name: String,
 }
 
@@ -139,6 +157,7 @@ fn is_zero(v: &u32) -> bool {
     *v == 0
 }
 
+/// What the importer said about the image.
 #[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[kube(
     group = "edgevirt.io",
@@ -151,19 +170,24 @@ fn is_zero(v: &u32) -> bool {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ImageSpec {
+    /// A free-text description of the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
 }
 
+/// The facts of the imported file.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageStatus {
     /// `qcow2` or `raw` for disks; kernels and initrds are `raw`.
     pub format: String,
+    /// The file's size in bytes.
     pub size_bytes: u64,
+    /// The size of the disk the guest sees, in bytes (for qcow2, more than the file's).
     pub virtual_size_bytes: u64,
     /// The file's name in the images folder (derived from the uid, never user input).
     pub file: String,
+    /// The SHA-256 digest of the file as uploaded, in hex.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
 }

@@ -22,6 +22,8 @@ pub enum RunStrategy {
     Once,
 }
 
+/// What the VM is: the instance it runs (its template), how that instance is kept running,
+/// and the instancetype, preference and DataVolumes it uses.
 #[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[kube(
     group = "kubevirt.io",
@@ -55,6 +57,7 @@ pub struct VirtualMachineSpec {
     /// `dataVolume` volumes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data_volume_templates: Vec<super::cdi::DataVolumeTemplateSpec>,
+    /// The instance the VM creates when it starts: its labels, annotations and spec.
     pub template: VirtualMachineInstanceTemplateSpec,
 }
 
@@ -85,12 +88,14 @@ impl VirtualMachineSpec {
     }
 }
 
+/// The instance a VM creates each time it starts.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct VirtualMachineInstanceTemplateSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<TemplateMeta>,
+    /// The spec of the instance, as a VirtualMachineInstance's `spec`.
     pub spec: VirtualMachineInstanceSpec,
 }
 
@@ -98,8 +103,10 @@ pub struct VirtualMachineInstanceTemplateSpec {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateMeta {
+    /// Labels the instance gets (edgevirt adds `kubevirt.io/vm`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Annotations the instance gets.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
     /// KubeVirt templates often carry `creationTimestamp: null`; accepted and ignored.
@@ -107,17 +114,25 @@ pub struct TemplateMeta {
     pub creation_timestamp: Option<serde_json::Value>,
 }
 
+/// What the controller last observed about the VM and its instance.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineStatus {
+    /// A one-word summary for `kubectl get`: Stopped, Starting, Running, Paused, Stopping,
+    /// Terminating, CrashLoopBackOff, ErrorUnschedulable, ErrImagePull or Unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub printable_status: Option<String>,
+    /// Whether the VM's instance exists.
     #[serde(default)]
     pub created: bool,
+    /// Whether the VM's instance exists and is Ready.
     #[serde(default)]
     pub ready: bool,
+    /// The VM's conditions: `Ready`, and `Failure` when it cannot start.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// Start and stop requests made through the VM's subresources (`virtctl start`, `stop`,
+    /// `restart`), carried out in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub state_change_requests: Vec<StateChangeRequest>,
     /// The effective run strategy, as KubeVirt reports it.
@@ -129,6 +144,7 @@ pub struct VirtualMachineStatus {
     /// The instancetype the VM uses and the revision (copy) of it the VM keeps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instancetype_ref: Option<StatusRef>,
+    /// The preference the VM uses and the revision (copy) of it the VM keeps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preference_ref: Option<StatusRef>,
 }
@@ -137,11 +153,15 @@ pub struct VirtualMachineStatus {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct StartFailure {
+    /// How many starts in a row have failed.
     #[serde(default)]
     pub retries: u32,
+    /// The uid of the last instance that failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(rename = "lastFailedVMIUID")]
     pub last_failed_vmi_uid: Option<String>,
+    /// When the next start may come (RFC 3339); the wait doubles from 10 seconds up to 5
+    /// minutes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_timestamp: Option<String>,
 }
@@ -150,11 +170,15 @@ pub struct StartFailure {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct StateChangeRequest {
+    /// `Start` or `Stop`.
     pub action: String,
+    /// The uid of the instance a `Stop` is for; unset means the current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
 }
 
+/// What an instance runs: its virtual hardware (domain), volumes and networks, where it may
+/// be placed, and how its guest is checked.
 #[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[kube(
     group = "kubevirt.io",
@@ -176,13 +200,21 @@ pub struct StateChangeRequest {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct VirtualMachineInstanceSpec {
+    /// The virtual hardware: CPU, memory, devices, firmware, clock and hypervisor features.
     pub domain: DomainSpec,
+    /// The instance's volumes, each presented by the disk of the same name (a volume without
+    /// a disk entry becomes a virtio disk).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<Volume>,
+    /// The networks the interfaces connect to; only `pod` networks (the node's NAT network)
+    /// are supported.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub networks: Vec<Network>,
+    /// Seconds the guest has to shut down after an ACPI power-off before the domain is
+    /// destroyed; 30 by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub termination_grace_period_seconds: Option<i64>,
+    /// Node labels the instance's node must all have.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
     /// Node affinity on node labels (and names); pod (anti-)affinity is not supported yet.
@@ -232,6 +264,7 @@ pub struct Toleration {
     /// `Equal` (the default) or `Exists`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operator: Option<String>,
+    /// The taint value to match with `Equal`; empty with `Exists`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
     /// Empty: every effect.
@@ -247,6 +280,7 @@ pub struct Toleration {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Affinity {
+    /// Which nodes the instance must or prefers to run on, by node labels or names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_affinity: Option<NodeAffinity>,
 }
@@ -268,6 +302,7 @@ pub struct NodeAffinity {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct NodeSelector {
+    /// The terms; a node must match at least one.
     pub node_selector_terms: Vec<NodeSelectorTerm>,
 }
 
@@ -288,9 +323,12 @@ pub struct NodeSelectorTerm {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct NodeSelectorRequirement {
+    /// The node label's key; in `matchFields`, the field `metadata.name`.
     pub key: String,
     /// In, NotIn, Exists, DoesNotExist, Gt, Lt.
     pub operator: String,
+    /// The values: one or more for In and NotIn, one integer for Gt and Lt, none for Exists
+    /// and DoesNotExist.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub values: Vec<String>,
 }
@@ -301,6 +339,7 @@ pub struct NodeSelectorRequirement {
 pub struct PreferredSchedulingTerm {
     /// 1 to 100.
     pub weight: i32,
+    /// What a node must match to get the weight.
     pub preference: NodeSelectorTerm,
 }
 
@@ -328,8 +367,10 @@ pub enum EvictionStrategy {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct AccessCredential {
+    /// SSH public keys from a Secret, put into the guest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_public_key: Option<SshPublicKeyAccessCredential>,
+    /// User passwords from a Secret, set in the guest by the guest agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_password: Option<UserPasswordAccessCredential>,
 }
@@ -339,7 +380,10 @@ pub struct AccessCredential {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct SshPublicKeyAccessCredential {
+    /// The Secret holding the keys.
     pub source: AccessCredentialSource,
+    /// How the keys reach the guest: `noCloud` (cloud-init user data) or `qemuGuestAgent`;
+    /// `configDrive` is refused.
     pub propagation_method: SshPropagation,
 }
 
@@ -348,7 +392,9 @@ pub struct SshPublicKeyAccessCredential {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct UserPasswordAccessCredential {
+    /// The Secret mapping user names to passwords.
     pub source: AccessCredentialSource,
+    /// How the passwords reach the guest: only `qemuGuestAgent` is supported.
     pub propagation_method: PasswordPropagation,
 }
 
@@ -356,6 +402,7 @@ pub struct UserPasswordAccessCredential {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct AccessCredentialSource {
+    /// A Secret in the instance's namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<SecretName>,
 }
@@ -364,6 +411,7 @@ pub struct AccessCredentialSource {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct SecretName {
+    /// The Secret's name.
     pub secret_name: String,
 }
 
@@ -387,6 +435,7 @@ pub struct SshPropagation {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct GuestAgentUsers {
+    /// The guest users whose `~/.ssh/authorized_keys` the guest agent writes.
     pub users: Vec<String>,
 }
 
@@ -394,6 +443,7 @@ pub struct GuestAgentUsers {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct PasswordPropagation {
+    /// Set the passwords through the guest agent (`guest-set-user-password`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qemu_guest_agent: Option<Empty>,
 }
@@ -415,14 +465,20 @@ pub struct Probe {
     /// An HTTP GET to the guest's address answered with a status from 200 to 399.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_get: Option<HttpGetAction>,
+    /// Seconds after the instance starts before the first probe; 0 by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initial_delay_seconds: Option<i32>,
+    /// Seconds between probes; 10 by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub period_seconds: Option<i32>,
+    /// Seconds a probe may take before it counts as failed; 1 by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<i32>,
+    /// Successes in a row, after a failure, before the probe passes; 1 by default, and it
+    /// must be 1 for a liveness probe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub success_threshold: Option<i32>,
+    /// Failures in a row before the probe fails; 3 by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_threshold: Option<i32>,
 }
@@ -431,6 +487,7 @@ pub struct Probe {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct ExecAction {
+    /// The program and its arguments, run in the guest by the guest agent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
 }
@@ -442,7 +499,9 @@ pub type IntOrString = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct TcpSocketAction {
+    /// The port to connect to, by number (named ports are refused).
     pub port: IntOrString,
+    /// An IP address to connect to instead of the guest's own address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
 }
@@ -451,14 +510,18 @@ pub struct TcpSocketAction {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct HttpGetAction {
+    /// The port to connect to, by number (named ports are refused).
     pub port: IntOrString,
+    /// An IP address to connect to instead of the guest's own address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// The URL path to request; `/` by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// HTTP or HTTPS (whose certificate is not checked, as Kubernetes' probes do not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheme: Option<String>,
+    /// Extra headers sent with the request.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub http_headers: Vec<HttpHeader>,
 }
@@ -467,7 +530,9 @@ pub struct HttpGetAction {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct HttpHeader {
+    /// The header's name.
     pub name: String,
+    /// The header's value.
     pub value: String,
 }
 
@@ -486,16 +551,22 @@ impl VirtualMachineInstanceSpec {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct DomainSpec {
+    /// The vCPU topology, CPU model and features, and dedicated CPU placement.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<Cpu>,
+    /// The guest's memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Memory>,
+    /// Resource requests of the instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
+    /// The guest's devices: disks, network interfaces, consoles and others.
     #[serde(default)]
     pub devices: Devices,
+    /// How the guest boots (BIOS, EFI or a kernel directly) and the SMBIOS system identity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub firmware: Option<Firmware>,
+    /// The QEMU machine type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<Machine>,
     /// Hypervisor features: ACPI, APIC, SMM, Hyper-V enlightenments, KVM hiding.
@@ -518,6 +589,7 @@ pub struct DomainSpec {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct FeatureState {
+    /// `false` turns the feature off; it is on otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
 }
@@ -532,16 +604,21 @@ impl FeatureState {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Features {
+    /// ACPI, which the guest needs for power-off requests; on by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acpi: Option<FeatureState>,
+    /// The APIC; on by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub apic: Option<FeatureApic>,
+    /// System Management Mode; secure boot turns it on and cannot run without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub smm: Option<FeatureState>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hyperv: Option<FeatureHyperv>,
+    /// KVM-specific settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kvm: Option<FeatureKvm>,
+    /// Paravirtualized spinlocks; not used under TCG.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pvspinlock: Option<FeatureState>,
 }
@@ -550,8 +627,10 @@ pub struct Features {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct FeatureApic {
+    /// `false` turns the APIC off; it is on otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
+    /// Turns on end-of-interrupt (EOI) notifications in the guest; off by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_of_interrupt: Option<bool>,
 }
@@ -560,6 +639,7 @@ pub struct FeatureApic {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct FeatureKvm {
+    /// `true` hides from the guest's standard discovery that it runs on KVM; off by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hidden: Option<bool>,
 }
@@ -569,32 +649,46 @@ pub struct FeatureKvm {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct FeatureHyperv {
+    /// Relaxed timing: the guest does not time out on watchdogs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relaxed: Option<FeatureState>,
+    /// Paravirtualized APIC access.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vapic: Option<FeatureState>,
+    /// How often the guest retries a spinlock before notifying the hypervisor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spinlocks: Option<FeatureSpinlocks>,
+    /// The virtual processor index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vpindex: Option<FeatureState>,
+    /// Processor time accounting for the guest's scheduler.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<FeatureState>,
+    /// The synthetic interrupt controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synic: Option<FeatureState>,
+    /// Synthetic timers of the synthetic interrupt controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synictimer: Option<SynicTimer>,
+    /// Reset of the guest through Hyper-V.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reset: Option<FeatureState>,
+    /// The hypervisor vendor id the guest sees.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vendorid: Option<FeatureVendorId>,
+    /// The TSC and APIC frequencies, read by the guest from the hypervisor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frequencies: Option<FeatureState>,
+    /// Notifications to the guest when the TSC frequency changes (after a migration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reenlightenment: Option<FeatureState>,
+    /// Paravirtualized TLB flushes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tlbflush: Option<TlbFlush>,
+    /// Paravirtualized inter-processor interrupts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipi: Option<FeatureState>,
+    /// Enlightened VMCS, for nested virtualization in the guest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evmcs: Option<FeatureState>,
 }
@@ -603,6 +697,7 @@ pub struct FeatureHyperv {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct FeatureSpinlocks {
+    /// `false` turns the spinlock enlightenment off; it is on otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     /// Retries before a spinlock is reported to the hypervisor; KubeVirt's default 4096.
@@ -614,8 +709,10 @@ pub struct FeatureSpinlocks {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct SynicTimer {
+    /// `false` turns the synthetic timers off; they are on otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
+    /// Direct-mode synthetic timers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direct: Option<FeatureState>,
 }
@@ -624,10 +721,13 @@ pub struct SynicTimer {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct TlbFlush {
+    /// `false` turns paravirtualized TLB flushes off; they are on otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
+    /// TLB flushes sent straight to the hypervisor, which helps nested guests (Windows VBS).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direct: Option<FeatureState>,
+    /// Partial (extended) TLB flushes; accepted, but not passed to libvirt yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extended: Option<FeatureState>,
 }
@@ -636,8 +736,10 @@ pub struct TlbFlush {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct FeatureVendorId {
+    /// `false` turns the vendor id off; it is on otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
+    /// The vendor id: 1 to 12 letters or digits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vendorid: Option<String>,
 }
@@ -646,11 +748,13 @@ pub struct FeatureVendorId {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Clock {
+    /// Keep the guest's clock in UTC, optionally with an offset; exclusive with `timezone`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub utc: Option<ClockOffsetUtc>,
     /// An IANA timezone (`Europe/Berlin`) the guest's RTC keeps, as Windows expects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timezone: Option<String>,
+    /// The guest's timers and their tick policies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timer: Option<Timers>,
 }
@@ -659,6 +763,7 @@ pub struct Clock {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct ClockOffsetUtc {
+    /// The guest clock's offset from UTC, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offset_seconds: Option<i64>,
 }
@@ -667,14 +772,19 @@ pub struct ClockOffsetUtc {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Timers {
+    /// The High Precision Event Timer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hpet: Option<Timer>,
+    /// The KVM paravirtual clock (`kvmclock`), for Linux guests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kvm: Option<Timer>,
+    /// The Programmable Interval Timer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pit: Option<Timer>,
+    /// The Real Time Clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rtc: Option<Timer>,
+    /// The Hyper-V reference clock (`hypervclock`), for Windows guests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hyperv: Option<Timer>,
 }
@@ -684,9 +794,10 @@ pub struct Timers {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Timer {
+    /// `false` removes the timer; a timer named here is present otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub present: Option<bool>,
-    /// `delay`, `catchup` or `discard` (hpet, pit, rtc).
+    /// `delay`, `catchup`, `merge` or `discard` (hpet, pit, rtc).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tick_policy: Option<String>,
     /// `guest` or `wall` (rtc).
@@ -698,14 +809,19 @@ pub struct Timer {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Chassis {
+    /// The chassis manufacturer: at most 64 printable ASCII characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manufacturer: Option<String>,
+    /// The chassis version: at most 64 printable ASCII characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// The chassis serial number: at most 64 printable ASCII characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial: Option<String>,
+    /// The chassis asset tag: at most 64 printable ASCII characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub asset: Option<String>,
+    /// The chassis SKU number: at most 64 printable ASCII characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sku: Option<String>,
 }
@@ -714,10 +830,13 @@ pub struct Chassis {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Cpu {
+    /// Cores per socket; 1 by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cores: Option<u32>,
+    /// Sockets; 1 by default. Sockets times cores times threads is at most 288 vCPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sockets: Option<u32>,
+    /// Threads per core; 1 by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
     /// `host-model`, `host-passthrough` or a named libvirt CPU model (KubeVirt's
@@ -741,7 +860,9 @@ pub struct Cpu {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct CpuFeature {
+    /// The feature's libvirt name (`avx2`, `vmx`).
     pub name: String,
+    /// `force`, `require` (the default), `optional`, `disable` or `forbid`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
 }
@@ -750,6 +871,8 @@ pub struct CpuFeature {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Memory {
+    /// The memory the guest sees, a quantity (`2Gi`) from 16Mi to 16Ti;
+    /// `resources.requests.memory` when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest: Option<String>,
 }
@@ -758,6 +881,8 @@ pub struct Memory {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Resources {
+    /// Only `memory` is taken (the guest's memory when `memory.guest` is unset); other
+    /// requests are refused.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub requests: BTreeMap<String, String>,
 }
@@ -766,12 +891,16 @@ pub struct Resources {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Devices {
+    /// The disks and CD-ROMs the guest sees, each presenting the volume of the same name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub disks: Vec<Disk>,
+    /// The guest's network interfaces, each on the network of the same name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interfaces: Vec<Interface>,
+    /// `false`: no graphics device, so no VNC console; one is attached otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoattach_graphics_device: Option<bool>,
+    /// `false`: no serial console; one is attached otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoattach_serial_console: Option<bool>,
     /// A virtio random number generator fed from the host's `/dev/urandom`.
@@ -789,13 +918,17 @@ pub struct Devices {
     /// The graphics adapter behind the VNC console.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub video: Option<VideoDevice>,
+    /// A watchdog that acts when the guest stops feeding it; only `i6300esb` is supported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watchdog: Option<Watchdog>,
     /// A virtual TPM 2.0 (swtpm), as Windows 11 and measured boot need.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tpm: Option<TpmDevice>,
+    /// A sound card, for guests that need one; the sound goes nowhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sound: Option<SoundDevice>,
+    /// Devices through which the guest reports a panic to the host, which then destroys the
+    /// domain.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub panic_devices: Vec<PanicDevice>,
     /// One queue per vCPU on virtio disks.
@@ -822,6 +955,7 @@ pub struct Devices {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Input {
+    /// The device's name.
     pub name: String,
     /// `tablet`, the one type KubeVirt has.
     #[serde(rename = "type")]
@@ -864,6 +998,7 @@ impl TpmDevice {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Watchdog {
+    /// The watchdog's name.
     pub name: String,
     /// Intel 6300ESB, the x86 watchdog.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -883,6 +1018,7 @@ pub struct I6300EsbWatchdog {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct SoundDevice {
+    /// The sound card's name.
     pub name: String,
     /// `ich9` (the default) or `ac97`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -907,13 +1043,19 @@ pub struct Rng {}
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Disk {
+    /// The name of the volume this disk presents.
     pub name: String,
+    /// Present the volume as a hard disk, on `virtio` by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk: Option<DiskTarget>,
+    /// Present the volume as a read-only CD-ROM, on `sata` by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cdrom: Option<DiskTarget>,
+    /// The disk's place in the boot order, lowest first; when any disk has one, disks without
+    /// one are not booted from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_order: Option<u32>,
+    /// The serial number the guest sees for the disk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial: Option<String>,
     /// An I/O thread of its own (with `domain.ioThreadsPolicy`, or alone).
@@ -929,8 +1071,10 @@ pub struct Disk {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct DiskTarget {
+    /// `virtio`, `sata` or `scsi`; other buses (such as `usb`) are refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bus: Option<String>,
+    /// Attach the volume read-only; a CD-ROM always is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readonly: Option<bool>,
 }
@@ -944,13 +1088,20 @@ pub struct Empty {}
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Interface {
+    /// The name of the network this interface connects to.
     pub name: String,
+    /// NAT through the node's libvirt network, the binding edgevirt supports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub masquerade: Option<Empty>,
+    /// Bridge binding: refused on a pod network (use `masquerade`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bridge: Option<Empty>,
+    /// The interface's MAC address; by default one derived from the VM, stable across
+    /// restarts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac_address: Option<String>,
+    /// The NIC model QEMU emulates: `virtio` (the default), `e1000`, `e1000e`, `rtl8139` and
+    /// the like.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// The ports a masquerade interface forwards (KubeVirt); edgevirt's NAT network takes
@@ -963,8 +1114,10 @@ pub struct Interface {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Port {
+    /// An optional name for the port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The port number, from 1 to 65535.
     pub port: i32,
     /// TCP (the default) or UDP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -975,8 +1128,10 @@ pub struct Port {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Firmware {
+    /// BIOS (the default) or EFI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootloader: Option<Bootloader>,
+    /// Boot a kernel (and initrd) directly instead of from a disk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_boot: Option<KernelBoot>,
     /// The SMBIOS system UUID the guest sees (Windows licensing keys on it); by default
@@ -992,8 +1147,10 @@ pub struct Firmware {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Bootloader {
+    /// Boot with the legacy BIOS (the default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bios: Option<Empty>,
+    /// Boot with UEFI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub efi: Option<Efi>,
 }
@@ -1002,6 +1159,7 @@ pub struct Bootloader {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Efi {
+    /// `true` turns on Secure Boot, and SMM with it; off by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secure_boot: Option<bool>,
 }
@@ -1014,8 +1172,10 @@ pub struct Efi {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct KernelBoot {
+    /// The kernel command line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_args: Option<String>,
+    /// Where the kernel and initrd come from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<KernelBootContainer>,
 }
@@ -1024,12 +1184,18 @@ pub struct KernelBoot {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct KernelBootContainer {
+    /// The OCI image holding the kernel and initrd, pulled by the node; kept but unused when
+    /// `kernelPath` and `initrdPath` name imported images.
     #[serde(default)]
     pub image: String,
+    /// The kernel: an absolute path inside `image`, or the name of an imported image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_path: Option<String>,
+    /// The initrd: an absolute path inside `image`, or the name of an imported image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initrd_path: Option<String>,
+    /// Always, IfNotPresent or Never; Always for a `:latest` or untagged image, else
+    /// IfNotPresent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<String>,
     /// As a containerDisk's: a `kubernetes.io/dockerconfigjson` Secret in the namespace.
@@ -1055,6 +1221,7 @@ impl KernelBootContainer {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Machine {
+    /// The QEMU machine type; `q35` by default.
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
     pub machine_type: Option<String>,
 }
@@ -1063,13 +1230,20 @@ pub struct Machine {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Volume {
+    /// The volume's name, which the disk presenting it uses.
     pub name: String,
+    /// An ephemeral disk from an OCI image or an imported image: the guest's writes are lost
+    /// when the instance ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_disk: Option<ContainerDisk>,
+    /// A DataVolume in the namespace: a persistent disk of the VM's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_volume: Option<DataVolumeSource>,
+    /// Cloud-init data, given to the guest as a NoCloud ISO (volume label `cidata`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud_init_no_cloud: Option<CloudInitNoCloud>,
+    /// A disk file on the shared storage pool, persistent and the same on every node that
+    /// mounts the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistent_volume_claim: Option<PersistentVolumeClaimSource>,
     /// A blank disk of `capacity`, ephemeral like a containerDisk.
@@ -1093,7 +1267,10 @@ pub struct EmptyDiskSource {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct PersistentVolumeClaimSource {
+    /// The claim's name: the disk `NAME.qcow2` (or `NAME.raw`) in the namespace's folder of
+    /// the pool.
     pub claim_name: String,
+    /// Attach the disk read-only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_only: Option<bool>,
 }
@@ -1136,12 +1313,16 @@ pub struct DataVolumeSource {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct CloudInitNoCloud {
+    /// The user data, inline (`#cloud-config` and the like).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_data: Option<String>,
+    /// The user data, base64-encoded; used when `userData` is unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_data_base64: Option<String>,
+    /// The network configuration (cloud-init's `network-config`), inline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_data: Option<String>,
+    /// The network configuration, base64-encoded; used when `networkData` is unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_data_base64: Option<String>,
 }
@@ -1150,25 +1331,36 @@ pub struct CloudInitNoCloud {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Network {
+    /// The network's name, which the interface on it uses.
     pub name: String,
     /// The NAT network of the node (its subnet is a node setting, `--nat-prefix`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<Empty>,
 }
 
+/// What the controller and the node's agent last observed about the instance.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineInstanceStatus {
+    /// Where the instance is in its life: Pending, Scheduling, Scheduled, Running, Succeeded,
+    /// Failed or Unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
+    /// A one-word reason for the phase when something went wrong (`LivenessProbeFailed`,
+    /// `NodeUnresponsive`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The node the instance is placed on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// The instance's conditions, such as `Ready`, `LiveMigratable`, `Paused` and
+    /// `Synchronized`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The guest's network interfaces and their addresses.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interfaces: Vec<InterfaceStatus>,
+    /// The guest's operating system, as the guest agent reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(rename = "guestOSInfo")]
     pub guest_os_info: Option<GuestOsInfo>,
@@ -1235,26 +1427,37 @@ pub struct PersistentVolumeClaimInfo {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct CpuTopologyStatus {
+    /// Sockets.
     #[serde(default)]
     pub sockets: u32,
+    /// Cores per socket.
     #[serde(default)]
     pub cores: u32,
+    /// Threads per core.
     #[serde(default)]
     pub threads: u32,
 }
 
+/// One condition of an object, as Kubernetes writes them: a type with a True, False or
+/// Unknown status.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
+    /// The condition's type, such as `Ready`.
     #[serde(rename = "type")]
     pub type_: ConditionType,
+    /// `True`, `False` or `Unknown`.
     pub status: ConditionStatus,
+    /// A one-word reason for the status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// A human-readable explanation of the status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// When the status last changed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<String>,
+    /// When the condition was last checked (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_probe_time: Option<String>,
 }
@@ -1318,16 +1521,23 @@ pub fn condition_true(conditions: &[Condition], type_: &ConditionType) -> bool {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct InterfaceStatus {
+    /// The name of the spec's interface this is (`default` when the spec lists none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The interface's first IP address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip_address: Option<String>,
+    /// All of the interface's IP addresses.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ip_addresses: Vec<String>,
+    /// The interface's MAC address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
+    /// The interface's name as its source reports it (the guest's own, such as `eth0`, from
+    /// the guest agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interface_name: Option<String>,
+    /// Where the addresses come from: `guest-agent` or `dhcp-lease`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub info_source: Option<String>,
 }
@@ -1335,20 +1545,28 @@ pub struct InterfaceStatus {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct GuestOsInfo {
+    /// The OS's id (`ubuntu`, `mswindows`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    /// The OS's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The OS's full name, with its version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pretty_name: Option<String>,
+    /// The OS's version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// The OS's version id (`24.04`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version_id: Option<String>,
+    /// The kernel's release.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_release: Option<String>,
+    /// The kernel's version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_version: Option<String>,
+    /// The guest's machine architecture (`x86_64`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<String>,
 }
@@ -1357,12 +1575,16 @@ pub struct GuestOsInfo {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct GuestAgentInfo {
+    /// The guest agent's version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_agent_version: Option<String>,
+    /// The guest's hostname.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
+    /// The guest's operating system.
     #[serde(default)]
     pub os: GuestOsInfo,
+    /// The guest's timezone and its offset from UTC in seconds (`Europe/Berlin, 3600`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timezone: Option<String>,
 }
@@ -1507,21 +1729,28 @@ pub mod phase {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct VirtualMachineInstanceMigrationSpec {
+    /// The running VirtualMachineInstance to move, in the migration's namespace.
     pub vmi_name: String,
     /// Extra node labels the target must have (KubeVirt's `addedNodeSelector`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub added_node_selector: BTreeMap<String, String>,
 }
 
+/// Where the migration is and how it went.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineInstanceMigrationStatus {
+    /// Pending, Scheduling, Scheduled, PreparingTarget, TargetReady, Running, Succeeded or
+    /// Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<MigrationPhase>,
+    /// When the migration entered each phase, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub phase_transition_timestamps: Vec<PhaseTransition>,
+    /// The migration's conditions (`Failed` when it failed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The migration's nodes, times and outcome.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration_state: Option<MigrationState>,
     /// edgevirt extension: the domain XML the target prepared, which the source migrates to.
@@ -1532,7 +1761,9 @@ pub struct VirtualMachineInstanceMigrationStatus {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct VmiPhaseTransition {
+    /// The phase entered.
     pub phase: Phase,
+    /// When it was entered (RFC 3339).
     pub phase_transition_timestamp: String,
 }
 
@@ -1560,7 +1791,9 @@ impl VirtualMachineInstanceStatus {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PhaseTransition {
+    /// The phase entered.
     pub phase: MigrationPhase,
+    /// When it was entered (RFC 3339).
     pub phase_transition_timestamp: String,
 }
 
@@ -1568,22 +1801,31 @@ pub struct PhaseTransition {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct MigrationState {
+    /// The uid of the VirtualMachineInstanceMigration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration_uid: Option<String>,
+    /// The node the instance moves from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_node: Option<String>,
+    /// The node the instance moves to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_node: Option<String>,
+    /// When the migration started (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_timestamp: Option<String>,
+    /// When the migration ended (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_timestamp: Option<String>,
+    /// Whether the migration completed.
     #[serde(default)]
     pub completed: bool,
+    /// Whether the migration failed.
     #[serde(default)]
     pub failed: bool,
+    /// Why the migration failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_reason: Option<String>,
+    /// Whether an abort was asked (its migration was deleted while it ran).
     #[serde(default)]
     pub abort_requested: bool,
     /// `Aborting`, `Succeeded` or `Failed` once an abort was asked.
@@ -1660,6 +1902,7 @@ impl VirtualMachineInstanceMigration {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Matcher {
+    /// The name of the instancetype or preference.
     #[serde(default)]
     pub name: String,
     /// The namespaced kind or the cluster kind; unset means the cluster kind.
@@ -1684,16 +1927,21 @@ pub struct Matcher {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct StatusRef {
+    /// The object's name.
     #[serde(default)]
     pub name: String,
+    /// The object's kind (`VirtualMachineClusterInstancetype`, `VirtualMachinePreference`,
+    /// ...).
     #[serde(default)]
     pub kind: String,
+    /// The ControllerRevision holding the copy the VM uses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub controller_revision_ref: Option<RevisionRef>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 pub struct RevisionRef {
+    /// The ControllerRevision's name.
     #[serde(default)]
     pub name: String,
 }

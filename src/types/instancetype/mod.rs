@@ -28,7 +28,9 @@ pub const GROUP: &str = "instancetype.kubevirt.io";
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct InstancetypeSpec {
+    /// The vCPUs, and the CPU model and placement.
     pub cpu: CpuInstancetype,
+    /// The guest's memory.
     pub memory: MemoryInstancetype,
     /// Added to the instance's annotations.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -44,6 +46,7 @@ pub struct InstancetypeSpec {
 pub struct CpuInstancetype {
     /// vCPUs the guest sees, laid out by the preference's `preferredCPUTopology`.
     pub guest: u32,
+    /// The CPU model, as a VM's `domain.cpu.model`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// Pinned vCPUs (KubeVirt's `cx1` series). Kept so the common set reads as published;
@@ -54,8 +57,11 @@ pub struct CpuInstancetype {
         skip_serializing_if = "Option::is_none"
     )]
     pub dedicated_cpu_placement: Option<bool>,
+    /// One more dedicated host CPU, for QEMU's emulator thread.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolate_emulator_thread: Option<bool>,
+    /// The most sockets CPU hotplug may reach; kept without effect, as edgevirt does not
+    /// hotplug vCPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_sockets: Option<u32>,
 }
@@ -80,6 +86,7 @@ pub struct MemoryInstancetype {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Hugepages {
+    /// The huge page size (`2Mi`, `1Gi`).
     #[serde(default)]
     pub page_size: String,
 }
@@ -90,22 +97,32 @@ pub struct Hugepages {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct PreferenceSpec {
+    /// Added to the instance's annotations where it has none of the same key.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// The guest's clock, where the VM sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock: Option<ClockPreferences>,
+    /// How the vCPUs are laid out, and CPU features to add.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CpuPreferences>,
+    /// Device buses, models and devices, where the VM sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub devices: Option<DevicePreferences>,
+    /// Hypervisor features, where the VM sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub features: Option<FeaturePreferences>,
+    /// BIOS or EFI, where the VM names no bootloader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub firmware: Option<FirmwarePreferences>,
+    /// The machine type, where the VM sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<MachinePreferences>,
+    /// Cores per socket for the `spread` topology when `cpu.spreadOptions.ratio` is unset; 2
+    /// by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefer_spread_socket_to_core_ratio: Option<u32>,
+    /// The instance's `terminationGracePeriodSeconds` where the VM sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_termination_grace_period_seconds: Option<i64>,
     /// The least a VM must have to run this OS; a smaller instancetype is refused.
@@ -117,8 +134,10 @@ pub struct PreferenceSpec {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct ClockPreferences {
+    /// UTC (with an offset) or a timezone, where the VM sets neither.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_clock_offset: Option<ClockOffset>,
+    /// The guest's timers, where the VM names none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_timer: Option<Timers>,
 }
@@ -128,8 +147,10 @@ pub struct ClockPreferences {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct ClockOffset {
+    /// Keep the guest's clock in UTC, optionally with an offset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub utc: Option<ClockOffsetUtc>,
+    /// An IANA timezone (`Europe/Berlin`) the guest's clock keeps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timezone: Option<String>,
 }
@@ -146,12 +167,14 @@ pub struct CpuPreferences {
         skip_serializing_if = "Option::is_none"
     )]
     pub preferred_cpu_topology: Option<String>,
+    /// CPU features added to the VM's; a feature the VM names itself keeps the VM's policy.
     #[serde(
         default,
         rename = "preferredCPUFeatures",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub preferred_cpu_features: Vec<CpuFeature>,
+    /// How the `spread` topology lays out the vCPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spread_options: Option<SpreadOptions>,
 }
@@ -163,6 +186,8 @@ pub struct SpreadOptions {
     /// `SocketsCores` (the default), `SocketsCoresThreads` or `CoresThreads`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub across: Option<String>,
+    /// Cores per socket (threads per core with `CoresThreads`);
+    /// `preferSpreadSocketToCoreRatio`, else 2, when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ratio: Option<u32>,
 }
@@ -171,18 +196,25 @@ pub struct SpreadOptions {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct DevicePreferences {
+    /// The VM's `autoattachGraphicsDevice` where it sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_autoattach_graphics_device: Option<bool>,
+    /// The VM's `autoattachSerialConsole` where it sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_autoattach_serial_console: Option<bool>,
+    /// The bus of CD-ROMs that name none: `virtio`, `sata` or `scsi`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_cdrom_bus: Option<String>,
+    /// The bus of disks that name none: `virtio`, `sata` or `scsi`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_disk_bus: Option<String>,
+    /// The model of network interfaces that name none (`virtio`, `e1000e`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_interface_model: Option<String>,
+    /// A random number generator, where the VM has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_rng: Option<Rng>,
+    /// A vTPM, where the VM has none.
     #[serde(
         default,
         rename = "preferredTPM",
@@ -195,16 +227,22 @@ pub struct DevicePreferences {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct FeaturePreferences {
+    /// ACPI; unlike the other preferences, it wins over the VM's own setting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_acpi: Option<FeatureState>,
+    /// The APIC, where the VM sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_apic: Option<FeatureApic>,
+    /// The Hyper-V enlightenments, where the VM sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_hyperv: Option<FeatureHyperv>,
+    /// KVM settings, where the VM sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_kvm: Option<FeatureKvm>,
+    /// Paravirtualized spinlocks, where the VM sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_pvspinlock: Option<FeatureState>,
+    /// System Management Mode, where the VM sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_smm: Option<FeatureState>,
 }
@@ -213,12 +251,17 @@ pub struct FeaturePreferences {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct FirmwarePreferences {
+    /// Boot with BIOS, where the VM names no bootloader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_use_bios: Option<bool>,
+    /// Boot with EFI, where the VM names no bootloader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_use_efi: Option<bool>,
+    /// With `preferredUseEfi`: turn on Secure Boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_use_secure_boot: Option<bool>,
+    /// The EFI settings to boot with where the VM names no bootloader; wins over
+    /// `preferredUseEfi`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_efi: Option<Efi>,
 }
@@ -227,6 +270,7 @@ pub struct FirmwarePreferences {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct MachinePreferences {
+    /// The QEMU machine type, where the VM sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_machine_type: Option<String>,
 }
@@ -235,8 +279,10 @@ pub struct MachinePreferences {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Requirements {
+    /// The fewest vCPUs the VM may have.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CpuRequirement>,
+    /// The least memory the VM may have.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryRequirement>,
 }
@@ -244,12 +290,14 @@ pub struct Requirements {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[schemars(deny_unknown_fields)]
 pub struct CpuRequirement {
+    /// The fewest vCPUs.
     pub guest: u32,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[schemars(deny_unknown_fields)]
 pub struct MemoryRequirement {
+    /// The least guest memory, a quantity (`2Gi`).
     pub guest: String,
 }
 

@@ -1179,6 +1179,15 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
             ]);
             spec["readinessProbe"] = json!({"guestAgentPing": {}, "periodSeconds": 1,
                 "failureThreshold": 2});
+            // A scratch disk with the host-side settings KubeVirt's Disk has.
+            spec["domain"]["devices"]["disks"] = json!([{"name": "scratch",
+                "disk": {"bus": "virtio"}, "cache": "writeback", "io": "threads",
+                "errorPolicy": "report",
+                "blockSize": {"custom": {"logical": 512, "physical": 4096}}}]);
+            spec["volumes"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"name": "scratch", "emptyDisk": {"capacity": "16Mi"}}));
         })
         .yaml();
     let (code, v) = a.post_yaml(VMS, &sized).await;
@@ -1220,9 +1229,27 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
         "<model type='virtio-transitional'/>",
         "<tpm model='tpm-tis'>",
         "<backend type='emulator' version='2.0'",
+        "cache='writeback' io='threads' error_policy='report'",
+        "<blockio logical_block_size='512' physical_block_size='4096'/>",
     ] {
         assert!(xml.contains(want), "{want} not in {xml}");
     }
+    // The scratch disk's block sizes, as the guest's kernel sees them (the only 16 MiB disk).
+    let sizes = guest_exec(
+        &dom,
+        "/bin/sh",
+        &[
+            "-c",
+            "for d in /sys/block/vd*; do [ $(cat $d/size) = 32768 ] && \
+             cat $d/queue/logical_block_size $d/queue/physical_block_size; done",
+        ],
+    )
+    .unwrap_or_default();
+    assert_eq!(
+        sizes.split_whitespace().collect::<Vec<_>>(),
+        ["512", "4096"],
+        "the scratch disk's block sizes in the guest"
+    );
     // The vTPM (swtpm), as the guest's kernel sees it.
     assert_eq!(
         guest_exec(&dom, "/bin/cat", &["/sys/class/tpm/tpm0/tpm_version_major"])
@@ -1281,7 +1308,10 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
         .post_yaml(
             VMS,
             &Vm::guest("held")
-                .with(|v| v["spec"]["template"]["spec"]["startStrategy"] = json!("Paused"))
+                .with(|v| {
+                    v["spec"]["template"]["spec"]["startStrategy"] = json!("Paused");
+                    v["spec"]["template"]["spec"]["domain"]["rebootPolicy"] = json!("Terminate");
+                })
                 .yaml(),
         )
         .await;
@@ -1307,6 +1337,23 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
     })
     .await;
     assert_eq!(domstate(&hdom).as_deref(), Some("running"));
+    // rebootPolicy Terminate: a reboot inside the guest ends the instance, and the VM
+    // (runStrategy Always) starts a new one.
+    let (_, hxml) = virsh(&["dumpxml", &hdom]);
+    assert!(hxml.contains("<on_reboot>destroy</on_reboot>"), "{hxml}");
+    let huid = held["metadata"]["uid"].clone();
+    let _ = guest_exec(&hdom, "/bin/sh", &["-c", "echo b > /proc/sysrq-trigger"]);
+    let next = wait_for(
+        "held: a new instance after the guest rebooted",
+        BOOT,
+        || async {
+            a.vmi("held")
+                .await
+                .filter(|v| v["metadata"]["uid"] != huid && v["status"]["phase"] == "Running")
+        },
+    )
+    .await;
+    assert_ne!(next["metadata"]["uid"], huid);
 
     let unlive = |v: &mut serde_json::Value| {
         v["spec"]["template"]["spec"]["livenessProbe"] = json!({"tcpSocket": {"port": 9},

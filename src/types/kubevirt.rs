@@ -582,6 +582,11 @@ pub struct DomainSpec {
     /// per vCPU, disks spread over it); a disk with `dedicatedIOThread` gets its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io_threads_policy: Option<String>,
+    /// What a reboot inside the guest does: `Reboot` (the default: it reboots) or
+    /// `Terminate` (the instance ends, and its VM's run strategy decides whether a new one
+    /// starts, with the VM's current spec).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reboot_policy: Option<String>,
 }
 
 /// KubeVirt's `FeatureState`: present means on unless `enabled: false`.
@@ -1065,6 +1070,54 @@ pub struct Disk {
         skip_serializing_if = "Option::is_none"
     )]
     pub dedicated_io_thread: Option<bool>,
+    /// The host's cache mode for the disk: `none`, `writethrough` or `writeback`. Unset:
+    /// `none` on the shared pool and for `shareable` or `io: native` disks, else QEMU's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<String>,
+    /// QEMU's I/O mode: `native` (Linux AIO; needs cache `none`), `threads` or `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io: Option<String>,
+    /// What the guest sees on a host I/O error: `stop` (pause the VM; QEMU's default),
+    /// `report`, `ignore` or `enospace` (stop only when the host disk is full).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_policy: Option<String>,
+    /// Several VMs may write the disk at once (a cluster filesystem's disk): a raw disk,
+    /// opened with cache `none` and without QEMU's image lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shareable: Option<bool>,
+    /// The block sizes the guest sees (`custom` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<BlockSize>,
+}
+
+/// The block sizes a disk presents to the guest.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct BlockSize {
+    /// Sizes given in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom: Option<CustomBlockSize>,
+    /// The sizes of the storage below: not supported yet (refused by name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_volume: Option<FeatureState>,
+}
+
+/// Logical and physical block size (powers of two from 512 bytes to 2 MiB, physical at
+/// least logical) and the discard granularity, in bytes.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct CustomBlockSize {
+    /// The smallest unit the guest may address.
+    #[serde(default)]
+    pub logical: u32,
+    /// The unit the guest should write in for best speed.
+    #[serde(default)]
+    pub physical: u32,
+    /// The unit of discard requests (0 or unset: QEMU's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discard_granularity: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

@@ -66,7 +66,6 @@ struct DiskXml {
     target: String,
     bus: String,
     readonly: bool,
-    shared: bool,
     boot_order: Option<u32>,
     serial: Option<String>,
     alias: String,
@@ -75,6 +74,14 @@ struct DiskXml {
     /// `queues='N'` (virtio, blockMultiQueue).
     queues: Option<u32>,
     iothread: Option<u32>,
+    /// `cache='...'`: the disk's own, else `none` where it must be (shared pool,
+    /// shareable, native I/O).
+    cache: Option<String>,
+    io: Option<String>,
+    error_policy: Option<String>,
+    shareable: bool,
+    /// `<blockio>`: logical, physical, discard granularity.
+    blockio: Option<(u32, u32, Option<u32>)>,
 }
 
 /// One Hyper-V enlightenment: its libvirt element, state, and extra attributes/children.
@@ -121,6 +128,8 @@ struct DomainXml<'a> {
     namespace: &'a str,
     vmi_name: &'a str,
     memory_kib: u64,
+    /// `restart`, or `destroy` for `rebootPolicy: Terminate`.
+    on_reboot: &'static str,
     vcpus: u32,
     sockets: u32,
     cores: u32,
@@ -252,6 +261,65 @@ pub fn mac_for(seed: &str, index: usize) -> String {
 }
 
 /// Check the parts of a spec the converter relies on, before anything is stored.
+/// A disk's cache, I/O mode, error policy, sharing and block sizes: only the values libvirt
+/// takes, and combinations QEMU can open.
+fn check_disk_io(d: &crate::types::kubevirt::Disk) -> Result<(), Invalid> {
+    let at = format!("spec.domain.devices.disks[{}]", d.name);
+    let one_of = |field: &str, v: &Option<String>, allowed: &[&str]| match v {
+        Some(x) if !allowed.contains(&x.as_str()) => Err(Invalid(format!(
+            "{at}.{field}: {x:?}: must be one of {}",
+            allowed.join(", ")
+        ))),
+        _ => Ok(()),
+    };
+    one_of("cache", &d.cache, &["none", "writethrough", "writeback"])?;
+    one_of("io", &d.io, &["native", "threads", "default"])?;
+    one_of(
+        "errorPolicy",
+        &d.error_policy,
+        &["stop", "report", "ignore", "enospace"],
+    )?;
+    let direct = d.cache.as_deref().is_none_or(|c| c == "none");
+    if d.io.as_deref() == Some("native") && !direct {
+        return Err(Invalid(format!(
+            "{at}.io: native needs cache none (QEMU opens the disk with O_DIRECT)"
+        )));
+    }
+    if d.shareable == Some(true) && !direct {
+        return Err(Invalid(format!(
+            "{at}.shareable: a disk several VMs write needs cache none"
+        )));
+    }
+    if let Some(b) = &d.block_size {
+        if b.match_volume.is_some() {
+            return Err(Invalid(format!(
+                "{at}.blockSize.matchVolume is not supported yet; give the sizes with \
+                 blockSize.custom"
+            )));
+        }
+        let Some(c) = &b.custom else {
+            return Err(Invalid(format!("{at}.blockSize: custom is required")));
+        };
+        let size_ok = |n: u32| n.is_power_of_two() && (512..=2 << 20).contains(&n);
+        if !size_ok(c.logical) || !size_ok(c.physical) || c.physical < c.logical {
+            return Err(Invalid(format!(
+                "{at}.blockSize.custom: logical {} and physical {}: powers of two from 512 to \
+                 2097152 bytes, physical at least logical",
+                c.logical, c.physical
+            )));
+        }
+        if let Some(g) = c.discard_granularity.filter(|g| *g != 0)
+            && (!g.is_power_of_two() || g < c.logical)
+        {
+            return Err(Invalid(format!(
+                "{at}.blockSize.custom.discardGranularity: {g}: a power of two, at least the \
+                 logical block size"
+            )));
+        }
+    }
+    Ok(())
+}
+
 pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     validate_domain(spec)?;
     crate::rules::guest::validate(spec)?;
@@ -276,6 +344,7 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
                 d.name, d.name
             )));
         }
+        check_disk_io(d)?;
         for t in [&d.disk, &d.cdrom].into_iter().flatten() {
             if let Some(bus) = &t.bus
                 && !["virtio", "sata", "scsi"].contains(&bus.as_str())
@@ -457,10 +526,13 @@ fn validate_devices(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
             &["isa", "hyperv", "pvpanic"],
         )?;
     }
+    if let Some(p) = &spec.domain.reboot_policy {
+        one_of("spec.domain.rebootPolicy", p, &["Reboot", "Terminate"])?;
+    }
     if let Some(p) = &spec.domain.io_threads_policy {
         if p == "supplementalPool" {
             return Err(Invalid(
-                "spec.domain.ioThreadsPolicy: supplementalPool is not supported yet; use shared                  or auto"
+                "spec.domain.ioThreadsPolicy: supplementalPool is not supported yet; use shared or auto"
                     .into(),
             ));
         }
@@ -871,6 +943,22 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
         let n = counters.entry(prefix).or_insert(0);
         let dev = format!("{prefix}{}", (b'a' + *n) as char);
         *n += 1;
+        let shareable = d.shareable == Some(true);
+        if shareable && resolved.format != "raw" {
+            return Err(Invalid(format!(
+                "disk {:?}: shareable needs a raw disk ({} is {}; QEMU cannot let two VMs \
+                 write one qcow2)",
+                d.name, resolved.path, resolved.format
+            )));
+        }
+        if resolved.shared && d.cache.as_deref().is_some_and(|c| c != "none") {
+            return Err(Invalid(format!(
+                "disk {:?}: a disk on the shared pool must use cache none (another host opens \
+                 it when the VM migrates)",
+                d.name
+            )));
+        }
+        let must_be_direct = resolved.shared || shareable || d.io.as_deref() == Some("native");
         disks.push(DiskXml {
             device,
             format: resolved.format.clone(),
@@ -878,13 +966,30 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             target: dev,
             bus,
             readonly: device == "cdrom" || target.readonly.unwrap_or(false) || resolved.readonly,
-            shared: resolved.shared,
             boot_order: d.boot_order,
             serial: d.serial.clone(),
             alias: d.name.clone(),
             transitional: false,
             queues: None,
             iothread: None,
+            cache: d
+                .cache
+                .clone()
+                .or_else(|| must_be_direct.then(|| "none".to_string())),
+            io: d.io.clone().filter(|io| io != "default"),
+            error_policy: d.error_policy.clone(),
+            shareable,
+            blockio: d
+                .block_size
+                .as_ref()
+                .and_then(|b| b.custom.as_ref())
+                .map(|c| {
+                    (
+                        c.logical,
+                        c.physical,
+                        c.discard_granularity.filter(|g| *g != 0),
+                    )
+                }),
         });
         dedicated.push(d.dedicated_io_thread == Some(true));
     }
@@ -907,13 +1012,17 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             target: dev,
             bus: "virtio".into(),
             readonly: resolved.readonly,
-            shared: resolved.shared,
             boot_order: None,
             serial: None,
             alias: v.name.clone(),
             transitional: false,
             queues: None,
             iothread: None,
+            cache: resolved.shared.then(|| "none".to_string()),
+            io: None,
+            error_policy: None,
+            shareable: false,
+            blockio: None,
         });
         dedicated.push(false);
     }
@@ -984,6 +1093,11 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
         .unwrap_or_else(|| "vga".into());
 
     let tpl = DomainXml {
+        on_reboot: if spec.domain.reboot_policy.as_deref() == Some("Terminate") {
+            "destroy"
+        } else {
+            "restart"
+        },
         accel: &ctx.accel,
         name: &ctx.domain_name,
         // The SMBIOS UUID the guest sees is the domain's (libvirt wants them equal).

@@ -693,6 +693,32 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             "bus",
         ),
         (
+            "disk-cache-xml-injection",
+            json!({"domain": {"devices": {"disks": [{"name": "d",
+                "cache": "none' io='native"}]}},
+                "volumes": [{"name": "d", "emptyDisk": {"capacity": "1Mi"}}]}),
+            "cache",
+        ),
+        (
+            "disk-error-policy-unknown",
+            json!({"domain": {"devices": {"disks": [{"name": "d",
+                "errorPolicy": "reboot"}]}},
+                "volumes": [{"name": "d", "emptyDisk": {"capacity": "1Mi"}}]}),
+            "errorPolicy",
+        ),
+        (
+            "disk-block-size-huge",
+            json!({"domain": {"devices": {"disks": [{"name": "d",
+                "blockSize": {"custom": {"logical": 4294967295u32, "physical": 4294967295u32}}}]}},
+                "volumes": [{"name": "d", "emptyDisk": {"capacity": "1Mi"}}]}),
+            "blockSize",
+        ),
+        (
+            "reboot-policy-unknown",
+            json!({"domain": {"rebootPolicy": "Halt"}}),
+            "rebootPolicy",
+        ),
+        (
             "io-threads-policy-unknown",
             json!({"domain": {"ioThreadsPolicy": "all-of-them"}}),
             "ioThreadsPolicy",

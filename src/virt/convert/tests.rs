@@ -367,6 +367,83 @@ fn shared_pool_claims_kvm() {
     golden("shared-pool-claims-kvm", "kvm");
 }
 
+/// Cache, I/O mode, error policy, block sizes, a shareable disk, and a reboot that ends
+/// the instance.
+#[test]
+fn disk_io_kvm() {
+    golden("disk-io-kvm", "kvm");
+}
+
+#[test]
+fn disk_io_settings_are_checked() {
+    for (disk, needle) in [
+        (
+            "{name: d, cache: unsafe}",
+            "cache: \"unsafe\": must be one of",
+        ),
+        ("{name: d, io: io_uring}", "io: \"io_uring\""),
+        ("{name: d, errorPolicy: panic}", "errorPolicy"),
+        (
+            "{name: d, cache: writeback, io: native}",
+            "native needs cache none",
+        ),
+        (
+            "{name: d, cache: writethrough, shareable: true}",
+            "needs cache none",
+        ),
+        (
+            "{name: d, blockSize: {matchVolume: {}}}",
+            "matchVolume is not supported yet",
+        ),
+        ("{name: d, blockSize: {}}", "custom is required"),
+        (
+            "{name: d, blockSize: {custom: {logical: 4096, physical: 512}}}",
+            "physical at least",
+        ),
+        (
+            "{name: d, blockSize: {custom: {logical: 1000, physical: 4096}}}",
+            "powers of two",
+        ),
+        (
+            "{name: d, blockSize: {custom: {logical: 512, physical: 512, discardGranularity: 3}}}",
+            "discardGranularity",
+        ),
+    ] {
+        let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(&format!(
+            "domain: {{memory: {{guest: 64Mi}}, devices: {{disks: [{disk}]}}}}\n\
+             volumes: [{{name: d, containerDisk: {{image: x}}}}]"
+        ))
+        .unwrap();
+        let e = validate(&spec).unwrap_err().0;
+        assert!(e.contains(needle), "{disk}: {e}");
+    }
+    let spec: VirtualMachineInstanceSpec =
+        serde_yaml_ng::from_str("domain: {memory: {guest: 64Mi}, rebootPolicy: Halt, devices: {}}")
+            .unwrap();
+    assert!(validate(&spec).unwrap_err().0.contains("rebootPolicy"));
+    // Where the disk is decides the rest: a qcow2 cannot be shared, and a disk on the shared
+    // pool keeps cache none.
+    for (disk, needle) in [
+        (
+            "{name: rootdisk, shareable: true}",
+            "shareable needs a raw disk",
+        ),
+        ("{name: data, cache: writeback}", "must use cache none"),
+    ] {
+        let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(&format!(
+            "domain: {{memory: {{guest: 64Mi}}, devices: {{disks: [{disk}]}}}}\n\
+             volumes: [{{name: rootdisk, containerDisk: {{image: x}}}}, \
+             {{name: data, persistentVolumeClaim: {{claimName: data}}}}]"
+        ))
+        .unwrap();
+        let mut c = ctx("kvm");
+        c.kernel = None;
+        c.initrd = None;
+        let e = domain_xml(&spec, &c).unwrap_err().0;
+        assert!(e.contains(needle), "{disk}: {e}");
+    }
+}
+
 #[test]
 fn claims_name_disks_never_paths() {
     for claim in ["../../etc/shadow", "/etc/shadow", "Data", ""] {

@@ -1229,7 +1229,9 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
         "<model type='virtio-transitional'/>",
         "<tpm model='tpm-tis'>",
         "<backend type='emulator' version='2.0'",
-        "cache='writeback' io='threads' error_policy='report'",
+        "cache='writeback'",
+        "error_policy='report'",
+        "io='threads'",
         "<blockio logical_block_size='512' physical_block_size='4096'/>",
     ] {
         assert!(xml.contains(want), "{want} not in {xml}");

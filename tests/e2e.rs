@@ -1311,8 +1311,15 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
             VMS,
             &Vm::guest("held")
                 .with(|v| {
-                    v["spec"]["template"]["spec"]["startStrategy"] = json!("Paused");
-                    v["spec"]["template"]["spec"]["domain"]["rebootPolicy"] = json!("Terminate");
+                    let spec = &mut v["spec"]["template"]["spec"];
+                    spec["startStrategy"] = json!("Paused");
+                    spec["domain"]["rebootPolicy"] = json!("Terminate");
+                    // An OpenStack config drive carrying the key (configDrive propagation).
+                    spec["volumes"] = json!([{"name": "cd",
+                        "cloudInitConfigDrive": {"userData": "#cloud-config\nhostname: held-cd\n"}}]);
+                    spec["accessCredentials"] = json!([{"sshPublicKey": {
+                        "source": {"secret": {"secretName": "my-keys"}},
+                        "propagationMethod": {"configDrive": {}}}}]);
                 })
                 .yaml(),
         )
@@ -1321,6 +1328,25 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
     let held = a.wait_running("held", None, BOOT).await;
     let hdom = held["status"]["domainName"].as_str().unwrap().to_string();
     assert_eq!(domstate(&hdom).as_deref(), Some("paused"), "created paused");
+    let (_, hxml) = virsh(&["dumpxml", &hdom]);
+    let drive = hxml
+        .split("<source file='")
+        .filter_map(|s| s.split('\'').next())
+        .find(|p| p.ends_with("/cd.iso"))
+        .unwrap_or_else(|| panic!("no config drive in {hxml}"))
+        .to_string();
+    let iso_file = |inside: &str| {
+        let out = std::process::Command::new("isoinfo")
+            .args(["-R", "-i", &drive, "-x", inside])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(iso_file("/openstack/latest/user_data").contains("hostname: held-cd"));
+    let meta: serde_json::Value =
+        serde_json::from_str(&iso_file("/openstack/latest/meta_data.json")).unwrap();
+    assert_eq!(meta["public_keys"]["0"], key, "{meta}");
+    assert_eq!(meta["uuid"], held["metadata"]["uid"], "{meta}");
     let paused = wait_for("held: Paused condition", BOOT, || async {
         a.vmi("held")
             .await

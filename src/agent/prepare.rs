@@ -213,8 +213,21 @@ pub async fn prepare(
             let overlay = vol_dir.join(format!("{}.qcow2", v.name));
             made_volume |= make_overlay(&base, &format, &overlay).await?;
             disks.insert(v.name.clone(), local_disk(&overlay));
+        } else if let Some(ci) = &v.cloud_init_config_drive {
+            let keys = propagated_keys(agent, &ns, spec, |m| m.config_drive.is_some()).await?;
+            let host = spec.hostname.as_deref().unwrap_or(&name);
+            let iso = config_drive_iso(&run_dir, &uid, host, &v.name, ci, &keys).await?;
+            disks.insert(
+                v.name.clone(),
+                ResolvedDisk {
+                    path: iso.to_string_lossy().into_owned(),
+                    format: "raw".into(),
+                    shared: false,
+                    readonly: false,
+                },
+            );
         } else if let Some(ci) = &v.cloud_init_no_cloud {
-            let keys = no_cloud_keys(agent, &ns, spec).await?;
+            let keys = propagated_keys(agent, &ns, spec, |m| m.no_cloud.is_some()).await?;
             let host = spec.hostname.as_deref().unwrap_or(&name);
             let iso = cloud_init_iso(&run_dir, &uid, host, &v.name, ci, &keys).await?;
             disks.insert(
@@ -351,21 +364,20 @@ pub async fn prepare(
     Ok(path)
 }
 
-async fn cloud_init_iso(
-    run_dir: &Path,
-    uid: &str,
-    hostname: &str,
+/// A cloud-init volume's user data (with `keys` added, for NoCloud) and network data,
+/// decoded.
+fn cloud_init_data(
     vol: &str,
     ci: &crate::types::kubevirt::CloudInitNoCloud,
     keys: &[String],
-) -> anyhow::Result<PathBuf> {
+) -> anyhow::Result<(String, Option<String>)> {
     use base64::Engine;
     let b64 = |s: &Option<String>| -> anyhow::Result<Option<String>> {
         s.as_ref()
             .map(|s| {
                 base64::engine::general_purpose::STANDARD
                     .decode(s.trim())
-                    .context("invalid base64 in cloudInitNoCloud")
+                    .with_context(|| format!("volume {vol}: invalid base64 in its cloud-init data"))
                     .and_then(|b| String::from_utf8(b).context("cloud-init data is not UTF-8"))
             })
             .transpose()
@@ -378,6 +390,45 @@ async fn cloud_init_iso(
     let user = crate::rules::guest::user_data_with_keys(&user, keys)
         .map_err(|e| anyhow::anyhow!("volume {vol}: {}", e.0))?;
     let net = ci.network_data.clone().or(b64(&ci.network_data_base64)?);
+    Ok((user, net))
+}
+
+/// Write an ISO labelled `volid` at `iso` holding the files under `dir` (paths relative to
+/// it), with Rock Ridge and Joliet names.
+async fn write_iso(iso: &Path, volid: &str, dir: &Path, files: &[&str]) -> anyhow::Result<()> {
+    let iso_s = iso.to_string_lossy().into_owned();
+    // Graft points (`inside=outside`) keep each file's folder inside the ISO.
+    let mut args: Vec<String> = [
+        "-quiet",
+        "-graft-points",
+        "-output",
+        &iso_s,
+        "-volid",
+        volid,
+        "-joliet",
+        "-rock",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(
+        files
+            .iter()
+            .map(|f| format!("{f}={}", dir.join(f).to_string_lossy())),
+    );
+    super::run_tool("genisoimage", &args).await
+}
+
+/// The NoCloud ISO (label `cidata`) of a `cloudInitNoCloud` volume.
+async fn cloud_init_iso(
+    run_dir: &Path,
+    uid: &str,
+    hostname: &str,
+    vol: &str,
+    ci: &crate::types::kubevirt::CloudInitNoCloud,
+    keys: &[String],
+) -> anyhow::Result<PathBuf> {
+    let (user, net) = cloud_init_data(vol, ci, keys)?;
     let dir = run_dir.join(format!("cloudinit-{vol}"));
     tokio::fs::create_dir_all(&dir).await?;
     tokio::fs::write(dir.join("user-data"), user).await?;
@@ -392,30 +443,60 @@ async fn cloud_init_iso(
         files.push("network-config");
     }
     let iso = run_dir.join(format!("{vol}.iso"));
-    let iso_s = iso.to_string_lossy().into_owned();
-    let mut args = vec![
-        "-quiet", "-output", &iso_s, "-volid", "cidata", "-joliet", "-rock",
-    ];
-    let paths: Vec<String> = files
-        .iter()
-        .map(|f| dir.join(f).to_string_lossy().into_owned())
-        .collect();
-    args.extend(paths.iter().map(String::as_str));
-    super::run_tool("genisoimage", &args).await?;
+    write_iso(&iso, "cidata", &dir, &files).await?;
     Ok(iso)
 }
 
-/// The SSH keys `accessCredentials` propagates through cloud-init NoCloud, from their
-/// Secrets in namespace `ns`.
-async fn no_cloud_keys(
+/// The OpenStack config drive (label `config-2`) of a `cloudInitConfigDrive` volume, as
+/// KubeVirt writes it: `openstack/latest/user_data`, `meta_data.json` (the instance's
+/// uid, host name, and the SSH keys propagated by `configDrive` as `public_keys`) and
+/// `network_data.json` when network data is given.
+async fn config_drive_iso(
+    run_dir: &Path,
+    uid: &str,
+    hostname: &str,
+    vol: &str,
+    ci: &crate::types::kubevirt::CloudInitNoCloud,
+    keys: &[String],
+) -> anyhow::Result<PathBuf> {
+    let (user, net) = cloud_init_data(vol, ci, &[])?;
+    let dir = run_dir.join(format!("configdrive-{vol}"));
+    let latest = dir.join("openstack/latest");
+    tokio::fs::create_dir_all(&latest).await?;
+    tokio::fs::write(latest.join("user_data"), user).await?;
+    let public_keys: serde_json::Map<String, serde_json::Value> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (i.to_string(), json!(k)))
+        .collect();
+    let meta = json!({"uuid": uid, "hostname": hostname, "name": hostname,
+                      "public_keys": public_keys});
+    tokio::fs::write(latest.join("meta_data.json"), meta.to_string()).await?;
+    let mut files = vec![
+        "openstack/latest/user_data",
+        "openstack/latest/meta_data.json",
+    ];
+    if let Some(n) = net {
+        tokio::fs::write(latest.join("network_data.json"), n).await?;
+        files.push("openstack/latest/network_data.json");
+    }
+    let iso = run_dir.join(format!("{vol}.iso"));
+    write_iso(&iso, "config-2", &dir, &files).await?;
+    Ok(iso)
+}
+
+/// The SSH keys `accessCredentials` propagates by the methods `by` picks (NoCloud, config
+/// drive), from their Secrets in namespace `ns`.
+async fn propagated_keys(
     agent: &Agent,
     ns: &str,
     spec: &crate::types::kubevirt::VirtualMachineInstanceSpec,
+    by: fn(&crate::types::kubevirt::SshPropagation) -> bool,
 ) -> anyhow::Result<Vec<String>> {
     let mut keys = Vec::new();
     for c in &spec.access_credentials {
         if let Some(k) = &c.ssh_public_key
-            && k.propagation_method.no_cloud.is_some()
+            && by(&k.propagation_method)
             && let Some(s) = &k.source.secret
         {
             let data = agent
@@ -505,6 +586,69 @@ pub fn spawn_launcher(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn iso_file(iso: &Path, inside: &str) -> String {
+        let out = std::process::Command::new("isoinfo")
+            .args(["-R", "-i"])
+            .arg(iso)
+            .args(["-x", inside])
+            .output()
+            .expect("isoinfo (genisoimage) is installed by setup-host.sh");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn iso_label(iso: &Path) -> String {
+        let out = std::process::Command::new("isoinfo")
+            .args(["-d", "-i"])
+            .arg(iso)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("Volume id: ").map(str::to_string))
+            .unwrap_or_default()
+    }
+
+    /// The two cloud-init ISOs, as cloud-init's NoCloud and ConfigDrive sources read them.
+    #[tokio::test]
+    async fn cloud_init_isos_are_laid_out_as_their_sources_expect() {
+        let d = tempfile::tempdir().unwrap();
+        let ci = crate::types::kubevirt::CloudInitNoCloud {
+            user_data: Some("#cloud-config\nhostname: x\n".into()),
+            network_data: Some("{\"links\": []}".into()),
+            ..Default::default()
+        };
+        let key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEdnZXZpcnQ k@e".to_string();
+        let iso = config_drive_iso(
+            d.path(),
+            "uid-1",
+            "host-1",
+            "cd",
+            &ci,
+            std::slice::from_ref(&key),
+        )
+        .await
+        .unwrap();
+        assert_eq!(iso_label(&iso), "config-2");
+        assert!(iso_file(&iso, "/openstack/latest/user_data").contains("hostname: x"));
+        assert_eq!(
+            iso_file(&iso, "/openstack/latest/network_data.json"),
+            "{\"links\": []}"
+        );
+        let meta: serde_json::Value =
+            serde_json::from_str(&iso_file(&iso, "/openstack/latest/meta_data.json")).unwrap();
+        assert_eq!(
+            meta,
+            json!({"uuid": "uid-1", "hostname": "host-1", "name": "host-1",
+                   "public_keys": {"0": key}})
+        );
+        let iso = cloud_init_iso(d.path(), "uid-1", "host-1", "ci", &ci, &[])
+            .await
+            .unwrap();
+        assert_eq!(iso_label(&iso), "cidata");
+        assert!(iso_file(&iso, "/meta-data").contains("local-hostname: host-1"));
+        assert!(iso_file(&iso, "/user-data").contains("hostname: x"));
+    }
 
     #[test]
     fn launchers_get_their_own_scope_under_systemd() {

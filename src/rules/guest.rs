@@ -282,10 +282,15 @@ fn check_credential(
                      carry the keys"
                 )));
             }
-            if m.config_drive.is_some() {
+            if m.config_drive.is_some()
+                && !spec
+                    .volumes
+                    .iter()
+                    .any(|v| v.cloud_init_config_drive.is_some())
+            {
                 return Err(Invalid(format!(
-                    "{at}.propagationMethod.configDrive: cloudInitConfigDrive volumes are not \
-                     supported yet; use noCloud or qemuGuestAgent"
+                    "{at}.propagationMethod.configDrive: the VMI has no cloudInitConfigDrive \
+                     volume to carry the keys"
                 )));
             }
             if let Some(g) = &m.qemu_guest_agent {
@@ -520,7 +525,11 @@ mod tests {
         with_ci["volumes"] =
             json!([{"name": "ci", "cloudInitNoCloud": {"userData": "#cloud-config\n"}}]);
         validate(&spec(with_ci)).unwrap();
-        assert!(err(ssh(json!({"configDrive": {}}))).contains("not supported yet"));
+        assert!(err(ssh(json!({"configDrive": {}}))).contains("no cloudInitConfigDrive volume"));
+        let mut with_cd = ssh(json!({"configDrive": {}}));
+        with_cd["volumes"] =
+            json!([{"name": "cd", "cloudInitConfigDrive": {"userData": "#cloud-config\n"}}]);
+        validate(&spec(with_cd)).unwrap();
         assert!(err(ssh(json!({}))).contains("exactly one of noCloud"));
         assert!(
             err(ssh(json!({"qemuGuestAgent": {"users": ["../etc"]}}))).contains("not a user name")

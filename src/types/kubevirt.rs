@@ -382,8 +382,8 @@ pub struct AccessCredential {
 pub struct SshPublicKeyAccessCredential {
     /// The Secret holding the keys.
     pub source: AccessCredentialSource,
-    /// How the keys reach the guest: `noCloud` (cloud-init user data) or `qemuGuestAgent`;
-    /// `configDrive` is refused.
+    /// How the keys reach the guest: `noCloud` (cloud-init user data), `configDrive` (the
+    /// config drive's `meta_data.json`, `public_keys`) or `qemuGuestAgent`.
     pub propagation_method: SshPropagation,
 }
 
@@ -422,7 +422,7 @@ pub struct SshPropagation {
     /// Into the user data of the VMI's `cloudInitNoCloud` volume (`ssh_authorized_keys`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub no_cloud: Option<Empty>,
-    /// Into the user data of the VMI's `cloudInitConfigDrive` volume.
+    /// Into `public_keys` of the `meta_data.json` of the VMI's `cloudInitConfigDrive` volume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_drive: Option<Empty>,
     /// Written by the guest agent into each user's `~/.ssh/authorized_keys`, and kept in
@@ -1295,6 +1295,11 @@ pub struct Volume {
     /// Cloud-init data, given to the guest as a NoCloud ISO (volume label `cidata`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud_init_no_cloud: Option<CloudInitNoCloud>,
+    /// Cloud-init data, given to the guest as an OpenStack config drive (an ISO labelled
+    /// `config-2` holding `openstack/latest/user_data`, `meta_data.json` and
+    /// `network_data.json`). Same fields as `cloudInitNoCloud`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_init_config_drive: Option<CloudInitNoCloud>,
     /// A disk file on the shared storage pool, persistent and the same on every node that
     /// mounts the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -361,13 +361,14 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
             v.container_disk.is_some(),
             v.data_volume.is_some(),
             v.cloud_init_no_cloud.is_some(),
+            v.cloud_init_config_drive.is_some(),
             v.persistent_volume_claim.is_some(),
             v.empty_disk.is_some(),
         ];
         if sources.iter().filter(|s| **s).count() != 1 {
             return Err(Invalid(format!(
                 "volume {:?} must have exactly one source (containerDisk, dataVolume, emptyDisk, \
-                 persistentVolumeClaim or cloudInitNoCloud)",
+                 persistentVolumeClaim, cloudInitNoCloud or cloudInitConfigDrive)",
                 v.name
             )));
         }

@@ -115,6 +115,27 @@ pub async fn pick_node(
     let running_cpu: Option<GuestCpu> = vmi
         .annotation(crate::cpu::policy::GUEST_CPU_ANNOTATION)
         .and_then(|s| serde_json::from_str(s).ok());
+    // What pod (anti-)affinity reads: every node's labels, and the other instances placed.
+    let no_labels = BTreeMap::new();
+    let node_views: Vec<crate::rules::placement::NodeView> = nodes
+        .iter()
+        .map(|n| crate::rules::placement::NodeView {
+            name: n.name(),
+            labels: n.metadata.labels.as_ref().unwrap_or(&no_labels),
+        })
+        .collect();
+    let others: Vec<crate::rules::placement::PlacedView> = placed
+        .iter()
+        .filter(|v| v.uid() != vmi.uid() && !v.phase().is_final())
+        .filter_map(|v| {
+            Some(crate::rules::placement::PlacedView {
+                namespace: v.namespace(),
+                labels: v.metadata.labels.as_ref().unwrap_or(&no_labels),
+                node: v.node_name()?,
+            })
+        })
+        .collect();
+    let own_labels = vmi.metadata.labels.as_ref().unwrap_or(&no_labels);
     for n in &nodes {
         let name = n.name().to_string();
         if exclude == Some(name.as_str()) {
@@ -133,7 +154,6 @@ pub async fn pick_node(
             reasons.push(format!("{name}: does not match nodeSelector"));
             continue;
         }
-        let no_labels = BTreeMap::new();
         let view = crate::rules::placement::NodeView {
             name: &name,
             labels: n.metadata.labels.as_ref().unwrap_or(&no_labels),
@@ -142,6 +162,17 @@ pub async fn pick_node(
             reasons.push(format!(
                 "{name}: does not match the instance's node affinity"
             ));
+            continue;
+        }
+        if let Err(why) = crate::rules::placement::pod_required(
+            &vmi.spec.affinity,
+            vmi.namespace(),
+            own_labels,
+            &view,
+            &others,
+            &node_views,
+        ) {
+            reasons.push(format!("{name}: {why}"));
             continue;
         }
         let taints = &n.spec.taints;
@@ -162,8 +193,15 @@ pub async fn pick_node(
         let preferred_against =
             crate::rules::placement::untolerated(taints, &vmi.spec.tolerations, "PreferNoSchedule")
                 .len() as i64;
-        let score =
-            crate::rules::placement::score(&vmi.spec.affinity, &view) - 100 * preferred_against;
+        let score = crate::rules::placement::score(&vmi.spec.affinity, &view)
+            + crate::rules::placement::pod_score(
+                &vmi.spec.affinity,
+                vmi.namespace(),
+                &view,
+                &others,
+                &node_views,
+            )
+            - 100 * preferred_against;
         if let Some((dv, there)) = bound.iter().find(|(_, there)| **there != name) {
             reasons.push(format!(
                 "{name}: DataVolume {dv} lives on node {there} (local storage)"

@@ -867,3 +867,132 @@ async fn data_volumes_on_a_shared_pool_bind_at_once_and_follow_the_pool() {
         "{why}"
     );
 }
+
+/// Pod affinity and anti-affinity read the instances placed on nodes: required terms keep
+/// an instance away from (or with) the ones they select in the same topology domain, the
+/// first of a group may go anywhere, preferred terms weigh, and namespaces are kept apart.
+#[tokio::test]
+async fn pod_affinity_reads_the_instances_placed_on_nodes() {
+    let (_d, ctx) = ctx().await;
+    for (n, mem, zone) in [
+        ("a", 64u64 << 30, "office"),
+        ("b", 16 << 30, "shop"),
+        ("c", 8 << 30, "shop"),
+    ] {
+        add_node(&ctx, n, mem).await;
+        let zone = zone.to_string();
+        ctx.store
+            .update_typed("", n, move |o: &mut Node| {
+                o.metadata
+                    .labels
+                    .get_or_insert_default()
+                    .insert("zone".into(), zone);
+                Ok(())
+            })
+            .await
+            .unwrap();
+    }
+    let place = |name: &'static str, ns: &'static str, app: &'static str, node: &'static str| {
+        let ctx = &ctx;
+        async move {
+            ctx.store
+                .create(
+                    Kind::VirtualMachineInstance,
+                    json!({"metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
+                        "spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {}}},
+                        "status": {"phase": "Running", "nodeName": node}}),
+                    false,
+                )
+                .await
+                .unwrap();
+        }
+    };
+    place("db-1", "default", "db", "a").await;
+    place("web-1", "default", "web", "c").await;
+    place("db-x", "other", "db", "b").await;
+    let pick = |app: &'static str, affinity: serde_json::Value| {
+        let ctx = &ctx;
+        async move {
+            let vmi = VirtualMachineInstance::from_value(json!({
+                "metadata": {"name": "new", "namespace": "default", "labels": {"app": app}},
+                "spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {}},
+                         "affinity": affinity}}))
+            .unwrap();
+            scheduler::pick_node(ctx, &vmi, None, &Default::default())
+                .await
+                .unwrap()
+                .map(|(node, _)| node)
+        }
+    };
+    let term = |app: &str, key: &str| json!({"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": key});
+    let required = |which: &str, t: serde_json::Value| json!({which: {"requiredDuringSchedulingIgnoredDuringExecution": [t]}});
+    // Away from db-1's node (the roomiest); db-x is in another namespace and does not count.
+    assert_eq!(
+        pick(
+            "db",
+            required("podAntiAffinity", term("db", "kubernetes.io/hostname"))
+        )
+        .await
+        .unwrap(),
+        "b"
+    );
+    // Unless the term names that namespace too.
+    let mut both = term("db", "kubernetes.io/hostname");
+    both["namespaces"] = json!(["default", "other"]);
+    assert_eq!(
+        pick("db", required("podAntiAffinity", both)).await.unwrap(),
+        "c"
+    );
+    // Away from db-1's zone: the shop nodes.
+    assert_eq!(
+        pick("db", required("podAntiAffinity", term("db", "zone")))
+            .await
+            .unwrap(),
+        "b"
+    );
+    // With web-1, on the smallest node.
+    assert_eq!(
+        pick(
+            "api",
+            required("podAffinity", term("web", "kubernetes.io/hostname"))
+        )
+        .await
+        .unwrap(),
+        "c"
+    );
+    // With "cache", of which none runs: only the first cache itself may go (anywhere).
+    assert_eq!(
+        pick(
+            "cache",
+            required("podAffinity", term("cache", "kubernetes.io/hostname"))
+        )
+        .await
+        .unwrap(),
+        "a"
+    );
+    let why = pick(
+        "api",
+        required("podAffinity", term("cache", "kubernetes.io/hostname")),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        why.contains(
+            "a: no instance its pod affinity selects runs in its kubernetes.io/hostname domain"
+        ),
+        "{why}"
+    );
+    // Preferred anti-affinity outweighs free memory.
+    let preferred = json!({"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": term("db", "zone")}]}});
+    assert_eq!(pick("db", preferred).await.unwrap(), "b");
+    // Nowhere left: every zone has a db.
+    place("db-2", "default", "db", "b").await;
+    let why = pick("db", required("podAntiAffinity", term("db", "zone")))
+        .await
+        .unwrap_err();
+    assert!(
+        why.contains("c: an instance its pod anti-affinity selects runs in its zone domain (shop)"),
+        "{why}"
+    );
+}

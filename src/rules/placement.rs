@@ -5,12 +5,25 @@
 //! the node's name (`matchFields` on `metadata.name`). Taints and tolerations: a node's
 //! `NoSchedule` and `NoExecute` taints keep off instances that do not tolerate them, its
 //! `PreferNoSchedule` ones make it a last choice.
+//!
+//! Pod affinity and anti-affinity read the instances placed on nodes as Kubernetes reads
+//! pods: a term selects instances by labels (in the instance's own namespace unless it
+//! names others) and groups nodes into topology domains by a node label
+//! (`kubernetes.io/hostname`, which is the node's name when no label says otherwise).
+//! A required affinity term holds on a node whose domain has a selected instance (or, when
+//! none exists anywhere yet, for an instance its own term selects: the first of a group);
+//! a required anti-affinity term holds on a node whose domain has none. Preferred terms
+//! add (affinity met) or take (anti-affinity broken) their weight. The other instances'
+//! own anti-affinity is not read back (Kubernetes' symmetry): give each instance its terms.
 
 use std::collections::BTreeMap;
 
 use crate::types::Invalid;
 use crate::types::edgevirt::Taint;
-use crate::types::kubevirt::{Affinity, NodeSelectorRequirement, NodeSelectorTerm, Toleration};
+use crate::types::kubevirt::{
+    Affinity, LabelSelectorSpec, NodeSelectorRequirement, NodeSelectorTerm, PodAffinityTerm,
+    Toleration,
+};
 
 const EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
 
@@ -169,6 +182,238 @@ pub fn score(a: &Option<Affinity>, n: &NodeView) -> i64 {
         .unwrap_or(0)
 }
 
+/// An instance placed on a node, as the pod (anti-)affinity rules read it.
+pub struct PlacedView<'a> {
+    pub namespace: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    pub node: &'a str,
+}
+
+/// The well-known topology key of one node.
+pub const HOSTNAME_KEY: &str = "kubernetes.io/hostname";
+
+/// A node's topology domain for `key`: its label's value (for `kubernetes.io/hostname`, its
+/// name when it has no such label).
+pub fn topology<'a>(n: &NodeView<'a>, key: &str) -> Option<&'a str> {
+    match n.labels.get(key) {
+        Some(v) => Some(v.as_str()),
+        None if key == HOSTNAME_KEY => Some(n.name),
+        None => None,
+    }
+}
+
+/// Whether labels match a selector (unset selects nothing; `{}` everything).
+fn selects(sel: &Option<LabelSelectorSpec>, labels: &BTreeMap<String, String>) -> bool {
+    let Some(sel) = sel else { return false };
+    sel.match_labels
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v))
+        && sel.match_expressions.iter().all(|r| {
+            let value = labels.get(&r.key).map(String::as_str);
+            match r.operator.as_str() {
+                "In" => value.is_some_and(|v| r.values.iter().any(|x| x == v)),
+                "NotIn" => value.is_none_or(|v| !r.values.iter().any(|x| x == v)),
+                "Exists" => value.is_some(),
+                "DoesNotExist" => value.is_none(),
+                _ => false,
+            }
+        })
+}
+
+/// Whether a term is about instances in namespace `ns` (the term's owner lives in `own`).
+fn in_namespaces(t: &PodAffinityTerm, own: &str, ns: &str) -> bool {
+    if t.namespace_selector.is_some() {
+        return true;
+    }
+    if t.namespaces.is_empty() {
+        ns == own
+    } else {
+        t.namespaces.iter().any(|n| n == ns)
+    }
+}
+
+/// The placed instances a term selects, with their nodes' domains.
+fn selected<'a>(
+    t: &PodAffinityTerm,
+    own_ns: &str,
+    placed: &'a [PlacedView<'a>],
+    nodes: &'a [NodeView<'a>],
+) -> Vec<Option<&'a str>> {
+    placed
+        .iter()
+        .filter(|p| in_namespaces(t, own_ns, p.namespace) && selects(&t.label_selector, p.labels))
+        .map(|p| {
+            nodes
+                .iter()
+                .find(|n| n.name == p.node)
+                .and_then(|n| topology(n, &t.topology_key))
+        })
+        .collect()
+}
+
+/// Why the node may not take the instance by its pod (anti-)affinity, if it may not.
+pub fn pod_required(
+    a: &Option<Affinity>,
+    own_ns: &str,
+    own_labels: &BTreeMap<String, String>,
+    node: &NodeView,
+    placed: &[PlacedView],
+    nodes: &[NodeView],
+) -> Result<(), String> {
+    let Some(a) = a else { return Ok(()) };
+    for t in a
+        .pod_affinity
+        .iter()
+        .flat_map(|p| &p.required_during_scheduling_ignored_during_execution)
+    {
+        let hits = selected(t, own_ns, placed, nodes);
+        let here = topology(node, &t.topology_key);
+        let first_of_group = hits.is_empty()
+            && in_namespaces(t, own_ns, own_ns)
+            && selects(&t.label_selector, own_labels);
+        if !first_of_group && (here.is_none() || !hits.contains(&here)) {
+            return Err(format!(
+                "no instance its pod affinity selects runs in its {} domain",
+                t.topology_key
+            ));
+        }
+    }
+    for t in a
+        .pod_anti_affinity
+        .iter()
+        .flat_map(|p| &p.required_during_scheduling_ignored_during_execution)
+    {
+        if let Some(here) = topology(node, &t.topology_key)
+            && selected(t, own_ns, placed, nodes).contains(&Some(here))
+        {
+            return Err(format!(
+                "an instance its pod anti-affinity selects runs in its {} domain ({here})",
+                t.topology_key
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The node's pod (anti-)affinity score: preferred affinity terms it meets add their
+/// weight, preferred anti-affinity terms it breaks take theirs.
+pub fn pod_score(
+    a: &Option<Affinity>,
+    own_ns: &str,
+    node: &NodeView,
+    placed: &[PlacedView],
+    nodes: &[NodeView],
+) -> i64 {
+    let Some(a) = a else { return 0 };
+    let near = |t: &PodAffinityTerm| {
+        topology(node, &t.topology_key)
+            .is_some_and(|here| selected(t, own_ns, placed, nodes).contains(&Some(here)))
+    };
+    let plus: i64 = a
+        .pod_affinity
+        .iter()
+        .flat_map(|p| &p.preferred_during_scheduling_ignored_during_execution)
+        .filter(|w| near(&w.pod_affinity_term))
+        .map(|w| i64::from(w.weight))
+        .sum();
+    let minus: i64 = a
+        .pod_anti_affinity
+        .iter()
+        .flat_map(|p| &p.preferred_during_scheduling_ignored_during_execution)
+        .filter(|w| near(&w.pod_affinity_term))
+        .map(|w| i64::from(w.weight))
+        .sum();
+    plus - minus
+}
+
+/// Check one pod affinity term as Kubernetes' API server does.
+fn check_pod_term(t: &PodAffinityTerm, at: &str) -> Result<(), Invalid> {
+    if t.topology_key.is_empty() {
+        return Err(Invalid(format!("{at}.topologyKey: required")));
+    }
+    crate::types::check_label_key(&format!("{at}.topologyKey"), &t.topology_key)?;
+    for n in &t.namespaces {
+        crate::types::check_name(&format!("{at}.namespaces"), n)?;
+    }
+    if let Some(ns) = &t.namespace_selector
+        && (!ns.match_labels.is_empty() || !ns.match_expressions.is_empty())
+    {
+        return Err(Invalid(format!(
+            "{at}.namespaceSelector: only {{}} (every namespace) is supported yet"
+        )));
+    }
+    for (k, v) in t.label_selector.iter().flat_map(|s| &s.match_labels) {
+        crate::types::check_label_key(&format!("{at}.labelSelector.matchLabels"), k)?;
+        crate::types::check_label_value(&format!("{at}.labelSelector.matchLabels"), v)?;
+    }
+    for (i, r) in t
+        .label_selector
+        .iter()
+        .flat_map(|s| &s.match_expressions)
+        .enumerate()
+    {
+        let at = format!("{at}.labelSelector.matchExpressions[{i}]");
+        crate::types::check_label_key(&format!("{at}.key"), &r.key)?;
+        let ok = match r.operator.as_str() {
+            "In" | "NotIn" => !r.values.is_empty(),
+            "Exists" | "DoesNotExist" => r.values.is_empty(),
+            other => {
+                return Err(Invalid(format!(
+                    "{at}.operator: {other:?}: must be In, NotIn, Exists or DoesNotExist"
+                )));
+            }
+        };
+        if !ok {
+            return Err(Invalid(format!(
+                "{at}.values: {} takes {}",
+                r.operator,
+                if r.operator.ends_with("In") {
+                    "one value or more"
+                } else {
+                    "no values"
+                }
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Check the pod affinity and anti-affinity of an instance.
+fn check_pod(a: &Affinity) -> Result<(), Invalid> {
+    for (field, p) in [
+        ("podAffinity", &a.pod_affinity),
+        ("podAntiAffinity", &a.pod_anti_affinity),
+    ] {
+        let Some(p) = p else { continue };
+        let at = format!("spec.affinity.{field}");
+        for (i, t) in p
+            .required_during_scheduling_ignored_during_execution
+            .iter()
+            .enumerate()
+        {
+            check_pod_term(
+                t,
+                &format!("{at}.requiredDuringSchedulingIgnoredDuringExecution[{i}]"),
+            )?;
+        }
+        for (i, w) in p
+            .preferred_during_scheduling_ignored_during_execution
+            .iter()
+            .enumerate()
+        {
+            let at = format!("{at}.preferredDuringSchedulingIgnoredDuringExecution[{i}]");
+            if !(1..=100).contains(&w.weight) {
+                return Err(Invalid(format!(
+                    "{at}.weight: {}: must be in the range 1-100",
+                    w.weight
+                )));
+            }
+            check_pod_term(&w.pod_affinity_term, &format!("{at}.podAffinityTerm"))?;
+        }
+    }
+    Ok(())
+}
+
 fn check_term(t: &NodeSelectorTerm, at: &str) -> Result<(), Invalid> {
     for (field, list) in [
         ("matchExpressions", &t.match_expressions),
@@ -215,6 +460,9 @@ fn check_term(t: &NodeSelectorTerm, at: &str) -> Result<(), Invalid> {
 
 /// Check an affinity as Kubernetes' API server does.
 pub fn check(a: &Option<Affinity>) -> Result<(), Invalid> {
+    if let Some(a) = a {
+        check_pod(a)?;
+    }
     let Some(na) = a.as_ref().and_then(|a| a.node_affinity.as_ref()) else {
         return Ok(());
     };
@@ -328,6 +576,57 @@ mod tests {
         );
         assert!(check_taints(&[taint("a", None, "Never")]).is_err());
         assert!(check_taints(&taints).is_ok());
+    }
+
+    #[test]
+    fn malformed_pod_affinity_is_refused_naming_the_field() {
+        let term = |t: serde_json::Value| {
+            affinity(serde_json::json!({"podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [t]}}))
+        };
+        let err = |a: Option<Affinity>| check(&a).unwrap_err().0;
+        check(&term(
+            serde_json::json!({"topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]},
+            "namespaceSelector": {}}),
+        ))
+        .unwrap();
+        for (t, needle) in [
+            (
+                serde_json::json!({"topologyKey": ""}),
+                "topologyKey: required",
+            ),
+            (
+                serde_json::json!({"topologyKey": "bad key!"}),
+                "topologyKey",
+            ),
+            (
+                serde_json::json!({"topologyKey": "zone", "namespaces": ["../x"]}),
+                "namespaces",
+            ),
+            (
+                serde_json::json!({"topologyKey": "zone", "namespaceSelector": {"matchLabels": {"a": "b"}}}),
+                "only {} (every namespace)",
+            ),
+            (
+                serde_json::json!({"topologyKey": "zone", "labelSelector": {"matchExpressions": [
+                    {"key": "app", "operator": "Gt", "values": ["1"]}]}}),
+                "must be In, NotIn, Exists or DoesNotExist",
+            ),
+            (
+                serde_json::json!({"topologyKey": "zone", "labelSelector": {"matchExpressions": [
+                    {"key": "app", "operator": "In"}]}}),
+                "In takes one value or more",
+            ),
+        ] {
+            let e = err(term(t.clone()));
+            assert!(e.contains(needle), "{t}: {e}");
+            assert!(e.contains("spec.affinity.podAntiAffinity"), "{e}");
+        }
+        let heavy = affinity(serde_json::json!({"podAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 101,
+                "podAffinityTerm": {"topologyKey": "zone"}}]}}));
+        assert!(err(heavy).contains("weight: 101"));
     }
 
     #[test]

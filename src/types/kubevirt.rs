@@ -275,7 +275,7 @@ pub struct Toleration {
     pub toleration_seconds: Option<i64>,
 }
 
-/// Kubernetes' `Affinity`, its node part.
+/// Kubernetes' `Affinity`: by node, and by the other instances ("pods") on nodes.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
@@ -283,6 +283,83 @@ pub struct Affinity {
     /// Which nodes the instance must or prefers to run on, by node labels or names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_affinity: Option<NodeAffinity>,
+    /// Instances this one must or prefers to run near (in the same topology domain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_affinity: Option<PodAffinity>,
+    /// Instances this one must or prefers to run away from (in another topology domain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_anti_affinity: Option<PodAffinity>,
+}
+
+/// Kubernetes' `PodAffinity` and `PodAntiAffinity` (the same fields), read against the
+/// instances placed on nodes.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct PodAffinity {
+    /// Terms ANDed: a node that breaks one is never chosen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub required_during_scheduling_ignored_during_execution: Vec<PodAffinityTerm>,
+    /// Each term met (affinity) or broken (anti-affinity) adds or takes its weight.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preferred_during_scheduling_ignored_during_execution: Vec<WeightedPodAffinityTerm>,
+}
+
+/// Which instances a term is about, and what "near" means.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct PodAffinityTerm {
+    /// The instances' labels to match (unset: none match).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<LabelSelectorSpec>,
+    /// The namespaces of those instances; empty: the instance's own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+    /// Namespaces by their labels: only `{}` (every namespace) is supported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelectorSpec>,
+    /// The node label whose value is a topology domain: `kubernetes.io/hostname` (the
+    /// node's name when the node has no such label) means one node.
+    pub topology_key: String,
+}
+
+/// A preferred term and its weight (1 to 100).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct WeightedPodAffinityTerm {
+    /// 1 to 100.
+    pub weight: i32,
+    /// The term.
+    pub pod_affinity_term: PodAffinityTerm,
+}
+
+/// Kubernetes' `LabelSelector`: `matchLabels` and `matchExpressions`, ANDed.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct LabelSelectorSpec {
+    /// Labels that must have exactly these values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+    /// Requirements with In, NotIn, Exists or DoesNotExist.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<LabelSelectorRequirement>,
+}
+
+/// One requirement of a label selector.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct LabelSelectorRequirement {
+    /// The label's key.
+    pub key: String,
+    /// In, NotIn, Exists or DoesNotExist.
+    pub operator: String,
+    /// One value or more for In and NotIn, none for Exists and DoesNotExist.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

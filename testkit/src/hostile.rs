@@ -756,9 +756,24 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             "effect",
         ),
         (
-            "pod-anti-affinity",
-            json!({"affinity": {"podAntiAffinity": {}}}),
-            "podAntiAffinity",
+            "pod-anti-affinity-no-topology-key",
+            json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": ""}]}}}),
+            "topologyKey",
+        ),
+        (
+            "pod-affinity-selector-injection",
+            json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchExpressions": [{"key": "app' OR 1=1", "operator": "In",
+                    "values": ["x"]}]}, "topologyKey": "kubernetes.io/hostname"}]}}}),
+            "key",
+        ),
+        (
+            "pod-affinity-namespace-selector",
+            json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"namespaceSelector": {"matchLabels": {"team": "a"}},
+                 "topologyKey": "kubernetes.io/hostname"}]}}}),
+            "namespaceSelector",
         ),
         (
             "tpm-persistent",

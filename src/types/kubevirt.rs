@@ -202,6 +202,9 @@ pub struct StateChangeRequest {
 pub struct VirtualMachineInstanceSpec {
     /// The virtual hardware: CPU, memory, devices, firmware, clock and hypervisor features.
     pub domain: DomainSpec,
+    /// The guest's CPU architecture: `amd64` (the only one these hosts run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<String>,
     /// The instance's volumes, each presented by the disk of the same name (a volume without
     /// a disk entry becomes a virtio disk).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -985,6 +988,11 @@ pub struct Devices {
     /// `false`: no serial console; one is attached otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoattach_serial_console: Option<bool>,
+    /// `false`: an instance with no interfaces and no networks has no NIC; otherwise it
+    /// gets one on the node's NAT network (KubeVirt's default pod interface, here with
+    /// `masquerade`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoattach_pod_interface: Option<bool>,
     /// A virtio random number generator fed from the host's `/dev/urandom`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rng: Option<Rng>,

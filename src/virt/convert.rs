@@ -527,6 +527,13 @@ fn validate_devices(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
             &["isa", "hyperv", "pvpanic"],
         )?;
     }
+    if let Some(a) = spec.architecture.as_deref()
+        && a != "amd64"
+    {
+        return Err(Invalid(format!(
+            "spec.architecture: {a:?}: these hosts run amd64 guests only"
+        )));
+    }
     if let Some(p) = &spec.domain.reboot_policy {
         one_of("spec.domain.rebootPolicy", p, &["Reboot", "Terminate"])?;
     }
@@ -1050,12 +1057,23 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
 
     let mut nics = Vec::new();
     let ifaces = &spec.domain.devices.interfaces;
-    if ifaces.is_empty() && spec.networks.len() == 1 {
+    // KubeVirt's default interface: a lone network without one, or (unless
+    // autoattachPodInterface is false) no networks at all.
+    let default_nic = match spec.networks.as_slice() {
+        [n] => Some(n.name.clone()),
+        [] if spec.domain.devices.autoattach_pod_interface != Some(false) => {
+            Some("default".to_string())
+        }
+        _ => None,
+    };
+    if ifaces.is_empty()
+        && let Some(alias) = default_nic
+    {
         nics.push(NicXml {
             network: ctx.nat_network.clone(),
             mac: mac_for(&ctx.mac_seed, 0),
             model: "virtio".into(),
-            alias: spec.networks[0].name.clone(),
+            alias,
             queues: None,
         });
     }

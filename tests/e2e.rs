@@ -1501,3 +1501,67 @@ async fn domain_of(a: &Appliance, name: &str) -> String {
         .unwrap()
         .to_string()
 }
+
+/// An `ephemeral` volume: the claim's disk on the shared pool is read under an overlay of
+/// the instance's own; the guest's writes never reach the claim and are gone after a
+/// restart.
+#[tokio::test]
+#[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
+async fn ephemeral_claims_read_the_pool_and_forget_their_writes() {
+    let pool = tempfile::Builder::new()
+        .prefix("evtest-pool-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::create_dir(pool.path().join("default")).unwrap();
+    let base = pool.path().join("default/golden.raw");
+    let marker = "golden-image";
+    let mut bytes = vec![0u8; 16 << 20];
+    bytes[..marker.len()].copy_from_slice(marker.as_bytes());
+    std::fs::write(&base, &bytes).unwrap();
+    let arg = format!("site={}", pool.path().display());
+    let a = Appliance::start(&["--shared-pool", &arg]).await;
+    a.import_guest().await;
+    let yaml = Vm::guest("eph")
+        .disk(
+            "data",
+            json!({"ephemeral": {"persistentVolumeClaim": {"claimName": "golden"}}}),
+        )
+        .yaml();
+    let (code, v) = a.post_yaml(VMS, &yaml).await;
+    assert_eq!(code, 201, "{v}");
+    let vmi = a.wait_running("eph", None, BOOT).await;
+    let uid = vmi["metadata"]["uid"].as_str().unwrap().to_string();
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    let (_, xml) = virsh(&["dumpxml", &dom]);
+    assert!(
+        xml.contains(&format!("run/vmi/{uid}/ephemeral-data.qcow2"))
+            && xml.contains(&base.display().to_string()),
+        "an overlay of the instance's own on the claim: {xml}"
+    );
+    let got = wait_for("the claim read through the overlay", BOOT, || async {
+        read_vda(&dom, marker.len())
+    })
+    .await;
+    assert_eq!(got, marker);
+    let scribble = "scribbled-on";
+    let write = format!("printf {scribble} > /dev/vda && sync && echo written");
+    wait_for("the guest's write", BOOT, || async {
+        guest_exec(&dom, "/bin/sh", &["-c", &write]).filter(|o| o.contains("written"))
+    })
+    .await;
+    assert_eq!(read_vda(&dom, scribble.len()).as_deref(), Some(scribble));
+    assert_eq!(
+        &std::fs::read(&base).unwrap()[..marker.len()],
+        marker.as_bytes(),
+        "the claim itself is never written"
+    );
+    // A restart: a new overlay, the claim as it was.
+    assert_eq!(a.action("eph", "restart").await, 202);
+    let vmi = a.wait_running("eph", Some(&uid), BOOT).await;
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    let got = wait_for("the claim read after the restart", BOOT, || async {
+        read_vda(&dom, marker.len())
+    })
+    .await;
+    assert_eq!(got, marker, "the write was gone with the instance");
+}

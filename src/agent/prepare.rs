@@ -239,6 +239,17 @@ pub async fn prepare(
                     readonly: false,
                 },
             );
+        } else if let Some(claim) = v
+            .ephemeral
+            .as_ref()
+            .and_then(|e| e.persistent_volume_claim.as_ref())
+        {
+            // The claim's disk under an overlay of this instance's own (its run dir goes
+            // with it): the claim is only read.
+            let (base, format) = claim_disk(agent, &ns, &claim.claim_name).await?;
+            let overlay = run_dir.join(format!("ephemeral-{}.qcow2", v.name));
+            make_overlay(&base, &format, &overlay).await?;
+            disks.insert(v.name.clone(), local_disk(&overlay));
         } else if let Some(claim) = &v.persistent_volume_claim {
             let (path, format) = claim_disk(agent, &ns, &claim.claim_name).await?;
             disks.insert(

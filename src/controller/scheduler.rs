@@ -92,7 +92,12 @@ pub async fn pick_node(
     };
     // Claims live on the shared pool: only nodes that mount it can open them, and a
     // migration stays among nodes that mount the same one.
-    let claims = shared_disks(vmi);
+    let mut claims = shared_disks(vmi);
+    for v in crate::rules::migration::pool_volumes(vmi) {
+        if !claims.contains(&v) {
+            claims.push(v);
+        }
+    }
     let needs_pool = !claims.is_empty();
     let source_pool = source_node.and_then(pool_of);
     // DataVolumes on local storage live on the node that first ran a VM using them; those

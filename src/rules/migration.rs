@@ -141,13 +141,21 @@ fn read_write_many(vmi: &VirtualMachineInstance, name: &str) -> bool {
 /// Volumes copied onto the node's local disk from images, and DataVolumes on local storage.
 fn local_disks(vmi: &VirtualMachineInstance) -> Vec<String> {
     let mut out = volumes_with(vmi, |v| {
-        v.container_disk.is_some() || v.empty_disk.is_some()
+        v.container_disk.is_some() || v.empty_disk.is_some() || v.ephemeral.is_some()
     });
     out.extend(
         volumes_with(vmi, |v| v.data_volume.is_some())
             .into_iter()
             .filter(|n| !read_write_many(vmi, n)),
     );
+    out
+}
+
+/// Volumes that need the shared pool on the node: claims, and the claims under `ephemeral`
+/// overlays.
+pub fn pool_volumes(vmi: &VirtualMachineInstance) -> Vec<String> {
+    let mut out = volumes_with(vmi, |v| v.persistent_volume_claim.is_some());
+    out.extend(volumes_with(vmi, |v| v.ephemeral.is_some()));
     out
 }
 

@@ -1392,6 +1392,10 @@ pub struct Volume {
     /// A blank disk of `capacity`, ephemeral like a containerDisk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub empty_disk: Option<EmptyDiskSource>,
+    /// A claim on the shared pool under an overlay of this instance's own: the guest reads
+    /// the claim's disk, its writes go to the overlay and are gone when the instance ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ephemeral: Option<EphemeralVolumeSource>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -1400,6 +1404,16 @@ pub struct Volume {
 pub struct EmptyDiskSource {
     /// A quantity (`2Gi`).
     pub capacity: String,
+}
+
+/// KubeVirt's `ephemeral` volume: a claim read under a throwaway overlay.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct EphemeralVolumeSource {
+    /// The claim whose disk is read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_volume_claim: Option<PersistentVolumeClaimSource>,
 }
 
 /// A persistent volume: the disk file `CLAIM.qcow2` (or `CLAIM.raw`) in the namespace's

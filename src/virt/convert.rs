@@ -364,13 +364,29 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
             v.cloud_init_config_drive.is_some(),
             v.persistent_volume_claim.is_some(),
             v.empty_disk.is_some(),
+            v.ephemeral.is_some(),
         ];
         if sources.iter().filter(|s| **s).count() != 1 {
             return Err(Invalid(format!(
                 "volume {:?} must have exactly one source (containerDisk, dataVolume, emptyDisk, \
-                 persistentVolumeClaim, cloudInitNoCloud or cloudInitConfigDrive)",
+                 ephemeral, persistentVolumeClaim, cloudInitNoCloud or cloudInitConfigDrive)",
                 v.name
             )));
+        }
+        if let Some(e) = &v.ephemeral {
+            let Some(c) = &e.persistent_volume_claim else {
+                return Err(Invalid(format!(
+                    "volume {:?}: ephemeral.persistentVolumeClaim is required",
+                    v.name
+                )));
+            };
+            crate::types::check_name(
+                &format!(
+                    "volume {:?}: ephemeral.persistentVolumeClaim.claimName",
+                    v.name
+                ),
+                &c.claim_name,
+            )?;
         }
         if let Some(e) = &v.empty_disk {
             empty_disk_bytes(&e.capacity).map_err(|e| {

@@ -198,7 +198,22 @@ pub async fn pick_node(
         let preferred_against =
             crate::rules::placement::untolerated(taints, &vmi.spec.tolerations, "PreferNoSchedule")
                 .len() as i64;
-        let score = crate::rules::placement::score(&vmi.spec.affinity, &view)
+        let spread = match crate::rules::placement::spread(
+            &vmi.spec.topology_spread_constraints,
+            vmi.namespace(),
+            own_labels,
+            &view,
+            &others,
+            &node_views,
+        ) {
+            Ok(s) => s,
+            Err(why) => {
+                reasons.push(format!("{name}: {why}"));
+                continue;
+            }
+        };
+        let score = spread
+            + crate::rules::placement::score(&vmi.spec.affinity, &view)
             + crate::rules::placement::pod_score(
                 &vmi.spec.affinity,
                 vmi.namespace(),

@@ -996,3 +996,111 @@ async fn pod_affinity_reads_the_instances_placed_on_nodes() {
         "{why}"
     );
 }
+
+/// Topology spread: DoNotSchedule keeps the selected instances within maxSkew of the
+/// emptiest domain (a node without the key cannot take the instance), ScheduleAnyway
+/// prefers emptier domains over free memory.
+#[tokio::test]
+async fn topology_spread_keeps_groups_even() {
+    let (_d, ctx) = ctx().await;
+    for (n, mem, zone) in [
+        ("a", 64u64 << 30, Some("office")),
+        ("b", 16 << 30, Some("shop")),
+        ("c", 8 << 30, None),
+    ] {
+        add_node(&ctx, n, mem).await;
+        if let Some(zone) = zone {
+            let zone = zone.to_string();
+            ctx.store
+                .update_typed("", n, move |o: &mut Node| {
+                    o.metadata
+                        .labels
+                        .get_or_insert_default()
+                        .insert("zone".into(), zone);
+                    Ok(())
+                })
+                .await
+                .unwrap();
+        }
+    }
+    for (name, node) in [("web-1", "a"), ("web-2", "a")] {
+        ctx.store
+            .create(
+                Kind::VirtualMachineInstance,
+                json!({"metadata": {"name": name, "namespace": "default", "labels": {"app": "web"}},
+                    "spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {}}},
+                    "status": {"phase": "Running", "nodeName": node}}),
+                false,
+            )
+            .await
+            .unwrap();
+    }
+    let pick = |constraint: serde_json::Value| {
+        let ctx = &ctx;
+        async move {
+            let vmi = VirtualMachineInstance::from_value(json!({
+                "metadata": {"name": "new", "namespace": "default", "labels": {"app": "web"}},
+                "spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {}},
+                         "topologySpreadConstraints": [constraint]}}))
+            .unwrap();
+            scheduler::pick_node(ctx, &vmi, None, &Default::default())
+                .await
+                .unwrap()
+                .map(|(node, _)| node)
+        }
+    };
+    let web = json!({"matchLabels": {"app": "web"}});
+    // One per node at most beyond the emptiest: a has two, so b (roomier than c).
+    assert_eq!(
+        pick(
+            json!({"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "DoNotSchedule", "labelSelector": web})
+        )
+        .await
+        .unwrap(),
+        "b"
+    );
+    // By zone: c has no zone label and cannot take it; office is full, so shop.
+    let why = pick(json!({"maxSkew": 1, "topologyKey": "zone",
+        "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "none"}}}))
+    .await
+    .unwrap();
+    assert_eq!(why, "a", "nothing selected: the roomiest");
+    let r = pick(json!({"maxSkew": 3, "topologyKey": "zone",
+        "whenUnsatisfiable": "DoNotSchedule", "labelSelector": web}))
+    .await
+    .unwrap();
+    assert_eq!(r, "a", "skew 3 allows office a third");
+    let by_zone = json!({"maxSkew": 1, "topologyKey": "zone",
+        "whenUnsatisfiable": "DoNotSchedule", "labelSelector": web});
+    assert_eq!(pick(by_zone.clone()).await.unwrap(), "b");
+    // With b cordoned, nothing fits, and each node says why.
+    ctx.store
+        .update_typed("", "b", |o: &mut Node| {
+            o.spec.unschedulable = true;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let err = pick(by_zone).await.unwrap_err();
+    assert!(
+        err.contains("a: would make the zone domain office 3 instances fuller than the emptiest"),
+        "{err}"
+    );
+    assert!(err.contains("c: has no zone label"), "{err}");
+    ctx.store
+        .update_typed("", "b", |o: &mut Node| {
+            o.spec.unschedulable = false;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    // ScheduleAnyway: the emptier zone beats the roomier node.
+    assert_eq!(
+        pick(json!({"maxSkew": 1, "topologyKey": "zone",
+            "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": web}))
+        .await
+        .unwrap(),
+        "b"
+    );
+}

@@ -22,7 +22,7 @@ use crate::types::Invalid;
 use crate::types::edgevirt::Taint;
 use crate::types::kubevirt::{
     Affinity, LabelSelectorSpec, NodeSelectorRequirement, NodeSelectorTerm, PodAffinityTerm,
-    Toleration,
+    Toleration, TopologySpreadConstraint,
 };
 
 const EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
@@ -326,6 +326,108 @@ pub fn pod_score(
     plus - minus
 }
 
+/// Topology spread on one node: `Err` naming the constraint a `DoNotSchedule` one would
+/// break, else the score (`ScheduleAnyway` ones take 10 for each selected instance above
+/// the emptiest domain's count). Domains are the values of the key on `domains_of` (every
+/// node, cordoned or not ready ones too, as Kubernetes' default policies count them); a
+/// node without the key breaks a `DoNotSchedule` constraint.
+pub fn spread(
+    constraints: &[TopologySpreadConstraint],
+    own_ns: &str,
+    own_labels: &BTreeMap<String, String>,
+    node: &NodeView,
+    placed: &[PlacedView],
+    domains_of: &[NodeView],
+) -> Result<i64, String> {
+    let mut score = 0;
+    for c in constraints {
+        let count = |domain: &str| {
+            placed
+                .iter()
+                .filter(|p| p.namespace == own_ns && selects(&c.label_selector, p.labels))
+                .filter(|p| {
+                    domains_of
+                        .iter()
+                        .find(|n| n.name == p.node)
+                        .and_then(|n| topology(n, &c.topology_key))
+                        == Some(domain)
+                })
+                .count() as i64
+        };
+        let min = domains_of
+            .iter()
+            .filter_map(|n| topology(n, &c.topology_key))
+            .map(count)
+            .min()
+            .unwrap_or(0);
+        let hard = c.when_unsatisfiable == "DoNotSchedule";
+        let Some(here) = topology(node, &c.topology_key) else {
+            if hard {
+                return Err(format!(
+                    "has no {} label for its topology spread constraint",
+                    c.topology_key
+                ));
+            }
+            continue;
+        };
+        let own = i64::from(selects(&c.label_selector, own_labels));
+        let skew = count(here) + own - min;
+        if hard && skew > i64::from(c.max_skew) {
+            return Err(format!(
+                "would make the {} domain {here} {skew} instances fuller than the emptiest \
+                 (maxSkew {})",
+                c.topology_key, c.max_skew
+            ));
+        }
+        if !hard {
+            score -= 10 * (skew - own).max(0);
+        }
+    }
+    Ok(score)
+}
+
+/// Check topology spread constraints as Kubernetes' API server does, refusing the parts
+/// edgevirt does not read by name.
+pub fn check_spread(constraints: &[TopologySpreadConstraint]) -> Result<(), Invalid> {
+    for (i, c) in constraints.iter().enumerate() {
+        let at = format!("spec.topologySpreadConstraints[{i}]");
+        if c.max_skew < 1 {
+            return Err(Invalid(format!(
+                "{at}.maxSkew: {}: must be greater than zero",
+                c.max_skew
+            )));
+        }
+        check_pod_term(
+            &PodAffinityTerm {
+                label_selector: c.label_selector.clone(),
+                topology_key: c.topology_key.clone(),
+                ..Default::default()
+            },
+            &at,
+        )?;
+        if !matches!(
+            c.when_unsatisfiable.as_str(),
+            "DoNotSchedule" | "ScheduleAnyway"
+        ) {
+            return Err(Invalid(format!(
+                "{at}.whenUnsatisfiable: {:?}: must be DoNotSchedule or ScheduleAnyway",
+                c.when_unsatisfiable
+            )));
+        }
+        for (field, set) in [
+            ("minDomains", c.min_domains.is_some()),
+            ("matchLabelKeys", !c.match_label_keys.is_empty()),
+            ("nodeAffinityPolicy", c.node_affinity_policy.is_some()),
+            ("nodeTaintsPolicy", c.node_taints_policy.is_some()),
+        ] {
+            if set {
+                return Err(Invalid(format!("{at}.{field} is not supported yet")));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Check one pod affinity term as Kubernetes' API server does.
 fn check_pod_term(t: &PodAffinityTerm, at: &str) -> Result<(), Invalid> {
     if t.topology_key.is_empty() {
@@ -627,6 +729,39 @@ mod tests {
             "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 101,
                 "podAffinityTerm": {"topologyKey": "zone"}}]}}));
         assert!(err(heavy).contains("weight: 101"));
+    }
+
+    #[test]
+    fn malformed_spread_constraints_are_refused_naming_the_field() {
+        let c = |v: serde_json::Value| -> Vec<TopologySpreadConstraint> {
+            vec![serde_json::from_value(v).unwrap()]
+        };
+        check_spread(&c(serde_json::json!({"maxSkew": 1, "topologyKey": "zone",
+            "whenUnsatisfiable": "ScheduleAnyway"})))
+        .unwrap();
+        for (v, needle) in [
+            (
+                serde_json::json!({"maxSkew": 0, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}),
+                "[0].maxSkew: 0",
+            ),
+            (
+                serde_json::json!({"maxSkew": 1, "topologyKey": "", "whenUnsatisfiable": "DoNotSchedule"}),
+                "[0].topologyKey: required",
+            ),
+            (
+                serde_json::json!({"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "Always"}),
+                "whenUnsatisfiable",
+            ),
+            (
+                serde_json::json!({"maxSkew": 1, "topologyKey": "zone",
+                    "whenUnsatisfiable": "DoNotSchedule", "nodeTaintsPolicy": "Honor"}),
+                "nodeTaintsPolicy is not supported yet",
+            ),
+        ] {
+            let e = check_spread(&c(v.clone())).unwrap_err().0;
+            assert!(e.contains(needle), "{v}: {e}");
+            assert!(e.starts_with("spec.topologySpreadConstraints[0]"), "{e}");
+        }
     }
 
     #[test]

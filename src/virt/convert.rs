@@ -325,6 +325,7 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     crate::rules::guest::validate(spec)?;
     crate::rules::placement::check(&spec.affinity)?;
     crate::rules::placement::check_tolerations(&spec.tolerations)?;
+    crate::rules::placement::check_spread(&spec.topology_spread_constraints)?;
     guest_memory(spec)?;
     vcpu_count(spec)?;
     crate::cpu::policy::validate(spec.domain.cpu.as_ref())?;

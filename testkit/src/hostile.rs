@@ -756,6 +756,24 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             "effect",
         ),
         (
+            "spread-skew-zero",
+            json!({"topologySpreadConstraints": [{"maxSkew": 0, "topologyKey": "zone",
+                "whenUnsatisfiable": "DoNotSchedule"}]}),
+            "maxSkew",
+        ),
+        (
+            "spread-when-unknown",
+            json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
+                "whenUnsatisfiable": "Sometimes"}]}),
+            "whenUnsatisfiable",
+        ),
+        (
+            "spread-min-domains",
+            json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
+                "whenUnsatisfiable": "DoNotSchedule", "minDomains": 3}]}),
+            "minDomains",
+        ),
+        (
             "pod-anti-affinity-no-topology-key",
             json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
                 {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": ""}]}}}),

@@ -1179,6 +1179,8 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
             ]);
             spec["readinessProbe"] = json!({"guestAgentPing": {}, "periodSeconds": 1,
                 "failureThreshold": 2});
+            // The NIC's ACPI index, which the guest's kernel shows.
+            spec["domain"]["devices"]["interfaces"][0]["acpiIndex"] = json!(7);
             // A scratch disk with the host-side settings KubeVirt's Disk has.
             spec["domain"]["devices"]["disks"] = json!([{"name": "scratch",
                 "disk": {"bus": "virtio"}, "cache": "writeback", "io": "threads",
@@ -1236,6 +1238,17 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
     ] {
         assert!(xml.contains(want), "{want} not in {xml}");
     }
+    assert!(xml.contains("<acpi index='7'/>"), "{xml}");
+    let indexes = guest_exec(
+        &dom,
+        "/bin/sh",
+        &["-c", "cat /sys/bus/pci/devices/*/acpi_index 2>/dev/null"],
+    )
+    .unwrap_or_default();
+    assert!(
+        indexes.split_whitespace().any(|i| i == "7"),
+        "the NIC's ACPI index in the guest: {indexes:?}"
+    );
     // The scratch disk's block sizes, as the guest's kernel sees them (the only 16 MiB disk).
     let sizes = guest_exec(
         &dom,

@@ -1280,6 +1280,16 @@ pub struct Interface {
     /// no inbound connections from outside the node, so this is recorded and checked only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<Port>,
+    /// Its place in the boot order (network boot, PXE), shared with the disks' `bootOrder`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_order: Option<u32>,
+    /// The guest PCI address of the NIC, `DDDD:BB:SS.F` (e.g. `0000:01:01.0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_address: Option<String>,
+    /// The ACPI index the guest sees for the NIC (1 to 16383), which names it stably
+    /// (`eno<N>` under systemd's naming).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acpi_index: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

@@ -114,6 +114,25 @@ struct NicXml {
     alias: String,
     /// `<driver queues='N'/>` (virtio, networkInterfaceMultiqueue).
     queues: Option<u32>,
+    boot_order: Option<u32>,
+    /// Domain, bus, slot and function of `<address type='pci'>`.
+    pci: Option<(u16, u8, u8, u8)>,
+    acpi_index: Option<u32>,
+}
+
+/// A guest PCI address, `DDDD:BB:SS.F` in hexadecimal (slot up to 0x1f, function up to 7).
+fn pci_address(s: &str) -> Option<(u16, u8, u8, u8)> {
+    let (domain, rest) = s.split_once(':')?;
+    let (bus, rest) = rest.split_once(':')?;
+    let (slot, function) = rest.split_once('.')?;
+    let hex = |x: &str, len: usize| (x.len() == len).then(|| u32::from_str_radix(x, 16).ok())?;
+    let (d, b, s, f) = (
+        hex(domain, 4)?,
+        hex(bus, 2)?,
+        hex(slot, 2)?,
+        hex(function, 1)?,
+    );
+    (s <= 0x1f && f <= 7).then_some((d as u16, b as u8, s as u8, f as u8))
 }
 
 #[derive(Template)]
@@ -459,6 +478,73 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
                 i.name
             )));
         }
+        if let Some(a) = i.pci_address.as_deref()
+            && pci_address(a).is_none()
+        {
+            return Err(Invalid(format!(
+                "interface {:?}: pciAddress {a:?}: must be DDDD:BB:SS.F in hexadecimal (slot up \
+                 to 1f, function up to 7)",
+                i.name
+            )));
+        }
+        if let Some(n) = i.acpi_index
+            && !(1..=16383).contains(&n)
+        {
+            return Err(Invalid(format!(
+                "interface {:?}: acpiIndex {n}: from 1 to 16383",
+                i.name
+            )));
+        }
+    }
+    // Boot orders and ACPI indexes are each the guest's one namespace.
+    let orders: Vec<u32> = spec
+        .domain
+        .devices
+        .disks
+        .iter()
+        .filter_map(|d| d.boot_order)
+        .chain(
+            spec.domain
+                .devices
+                .interfaces
+                .iter()
+                .filter_map(|i| i.boot_order),
+        )
+        .collect();
+    let acpi: Vec<u32> = spec
+        .domain
+        .devices
+        .interfaces
+        .iter()
+        .filter_map(|i| i.acpi_index)
+        .collect();
+    for (what, list) in [("bootOrder", &orders), ("acpiIndex", &acpi)] {
+        if let Some(dup) = list
+            .iter()
+            .find(|x| list.iter().filter(|y| y == x).count() > 1)
+        {
+            return Err(Invalid(format!(
+                "{what} {dup} is given to two devices; each must be unique"
+            )));
+        }
+        if what == "bootOrder" && list.contains(&0) {
+            return Err(Invalid("bootOrder 0: boot orders start at 1".into()));
+        }
+    }
+    let pcis: Vec<&str> = spec
+        .domain
+        .devices
+        .interfaces
+        .iter()
+        .filter_map(|i| i.pci_address.as_deref())
+        .collect();
+    if let Some(dup) = pcis
+        .iter()
+        .find(|x| pcis.iter().filter(|y| y == x).count() > 1)
+    {
+        return Err(Invalid(format!(
+            "pciAddress {dup} is given to two interfaces"
+        )));
     }
     if let Some(c) = spec.kernel_boot_container() {
         // Paths inside an image are checked with the image by admission and pulled by the
@@ -1092,6 +1178,9 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             model: "virtio".into(),
             alias,
             queues: None,
+            boot_order: None,
+            pci: None,
+            acpi_index: None,
         });
     }
     for (i, iface) in ifaces.iter().enumerate() {
@@ -1104,6 +1193,9 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             model: iface.model.clone().unwrap_or_else(|| "virtio".into()),
             alias: iface.name.clone(),
             queues: None,
+            boot_order: iface.boot_order,
+            pci: iface.pci_address.as_deref().and_then(pci_address),
+            acpi_index: iface.acpi_index,
         });
     }
     for n in &mut nics {
@@ -1187,7 +1279,8 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             .devices
             .disks
             .iter()
-            .any(|d| d.boot_order.is_some()),
+            .any(|d| d.boot_order.is_some())
+            || ifaces.iter().any(|i| i.boot_order.is_some()),
         disks,
         nics,
         serial: spec.domain.devices.autoattach_serial_console != Some(false),

@@ -480,3 +480,71 @@ fn refuses_paths_and_missing_memory() {
     .unwrap();
     assert_eq!(validate(&spec).map_err(|e| e.0), Ok(()));
 }
+
+/// An interface's boot order, PCI address and ACPI index, and the checks on them.
+#[test]
+fn interfaces_take_boot_order_pci_address_and_acpi_index() {
+    let yaml = |iface: &str, disk_order: u32| {
+        format!(
+            "domain: {{memory: {{guest: 64Mi}}, devices: {{\
+             disks: [{{name: rootdisk, bootOrder: {disk_order}}}], \
+             interfaces: [{iface}]}}}}\n\
+             networks: [{{name: default, pod: {{}}}}]\n\
+             volumes: [{{name: rootdisk, containerDisk: {{image: x}}}}]"
+        )
+    };
+    let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(&yaml(
+        "{name: default, masquerade: {}, bootOrder: 2, pciAddress: '0000:00:0a.0', acpiIndex: 3}",
+        1,
+    ))
+    .unwrap();
+    validate(&spec).unwrap();
+    let mut c = ctx("kvm");
+    c.kernel = None;
+    c.initrd = None;
+    let xml = domain_xml(&spec, &c).unwrap();
+    for want in [
+        "<boot order='2'/>",
+        "<boot order='1'/>",
+        "<acpi index='3'/>",
+        "<address type='pci' domain='0x0000' bus='0x00' slot='0x0a' function='0x0'/>",
+    ] {
+        assert!(xml.contains(want), "{want} not in {xml}");
+    }
+    assert!(
+        !xml.contains("<boot dev="),
+        "per-device boot order only: {xml}"
+    );
+    for (iface, order, needle) in [
+        (
+            "{name: default, masquerade: {}, bootOrder: 1}",
+            1,
+            "bootOrder 1 is given to two",
+        ),
+        (
+            "{name: default, masquerade: {}, pciAddress: '00:0a.0'}",
+            1,
+            "DDDD:BB:SS.F",
+        ),
+        (
+            "{name: default, masquerade: {}, pciAddress: '0000:00:20.0'}",
+            1,
+            "slot up",
+        ),
+        (
+            "{name: default, masquerade: {}, acpiIndex: 0}",
+            1,
+            "acpiIndex 0",
+        ),
+        (
+            "{name: default, masquerade: {}, bootOrder: 0}",
+            1,
+            "boot orders start at 1",
+        ),
+    ] {
+        let spec: VirtualMachineInstanceSpec =
+            serde_yaml_ng::from_str(&yaml(iface, order)).unwrap();
+        let e = validate(&spec).unwrap_err().0;
+        assert!(e.contains(needle), "{iface}: {e}");
+    }
+}

@@ -43,6 +43,8 @@ pub struct Settings {
     pub cpu_model: String,
     /// The shared storage pool this host mounts: name and path (`shared_pool`).
     pub shared_pool: Option<(String, PathBuf)>,
+    /// The folder hostDisk volumes may live in (`host_disk_dir`).
+    pub host_disk_dir: Option<PathBuf>,
     /// Registry mirrors for container disks (`registry_mirrors`).
     pub registry_mirrors: crate::registry::Mirrors,
     /// How long an unused container disk stays cached (`image_gc_grace`).
@@ -188,6 +190,7 @@ fn agent_config(
         nat_network: s.nat_network.clone(),
         nat_prefix: s.nat_prefix.clone(),
         shared_pool: s.shared_pool.clone(),
+        host_disk_dir: s.host_disk_dir.clone(),
         registry_mirrors: s.registry_mirrors.clone(),
         image_gc_grace: s.image_gc_grace,
     })

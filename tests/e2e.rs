@@ -1578,3 +1578,77 @@ async fn ephemeral_claims_read_the_pool_and_forget_their_writes() {
     .await;
     assert_eq!(got, marker, "the write was gone with the instance");
 }
+
+/// hostDisk volumes live only in the node's host disk folder: DiskOrCreate makes a sparse
+/// raw file there which the guest writes; a path outside it never reaches QEMU, and the
+/// instance says why.
+#[tokio::test]
+#[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
+async fn host_disks_stay_inside_the_nodes_folder() {
+    let root = tempfile::Builder::new()
+        .prefix("evtest-hostdisks-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let dir = root.path().display().to_string();
+    let a = Appliance::start(&["--host-disk-dir", &dir]).await;
+    a.import_guest().await;
+    let file = root.path().join("vms/hd.img");
+    let yaml = Vm::guest("hd")
+        .disk(
+            "data",
+            json!({"hostDisk": {"path": file.display().to_string(),
+                "type": "DiskOrCreate", "capacity": "16Mi"}}),
+        )
+        .yaml();
+    let (code, v) = a.post_yaml(VMS, &yaml).await;
+    assert_eq!(code, 201, "{v}");
+    let vmi = a.wait_running("hd", None, BOOT).await;
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 16 << 20);
+    let marker = "host-disk-marker";
+    let write = format!("printf {marker} > /dev/vda && sync && echo written");
+    wait_for("the guest's write", BOOT, || async {
+        guest_exec(&dom, "/bin/sh", &["-c", &write]).filter(|o| o.contains("written"))
+    })
+    .await;
+    assert_eq!(
+        &std::fs::read(&file).unwrap()[..marker.len()],
+        marker.as_bytes(),
+        "the guest wrote the host's file"
+    );
+    // Outside the folder (and through a link out of it): refused on the node, with the reason.
+    std::os::unix::fs::symlink("/etc", root.path().join("etc-link")).unwrap();
+    for (name, path) in [
+        ("hd-etc", "/etc/hostname".to_string()),
+        (
+            "hd-link",
+            root.path().join("etc-link/hostname").display().to_string(),
+        ),
+    ] {
+        let yaml = Vm::guest(name)
+            .disk("data", json!({"hostDisk": {"path": path, "type": "Disk"}}))
+            .yaml();
+        let (code, v) = a.post_yaml(VMS, &yaml).await;
+        assert_eq!(code, 201, "{v}");
+        let why = wait_for(&format!("{name}: refused on the node"), BOOT, || async {
+            a.vmi(name)
+                .await
+                .and_then(|v| cond_status(&v, "Synchronized").map(|c| (c, v)))
+                .filter(|((s, _), _)| s == "False")
+                .map(|(_, v)| v)
+        })
+        .await;
+        assert!(why.to_string().contains("outside node"), "{name}: {why}");
+        assert_ne!(why["status"]["phase"], "Running", "{why}");
+    }
+    // A path with .. is refused at once.
+    let yaml = Vm::guest("hd-dots")
+        .disk(
+            "data",
+            json!({"hostDisk": {"path": format!("{dir}/../../etc/shadow"), "type": "Disk"}}),
+        )
+        .yaml();
+    let (code, v) = a.post_yaml(VMS, &yaml).await;
+    assert_eq!(code, 422, "{v}");
+    assert!(v.to_string().contains("without . or .. parts"), "{v}");
+}

@@ -25,6 +25,8 @@ const BOOT: Duration = Duration::from_secs(240);
 enum Outcome {
     /// Running, guest agent connected.
     Runs,
+    /// Running with its disks, though it has no OS to boot (its only disk is blank).
+    Starts,
     /// kubectl apply refused it; the message names this.
     Refused(&'static str),
 }
@@ -101,7 +103,7 @@ const EXPECT: &[(&str, Outcome)] = &[
     ("vmi-fedora-isolated.yaml", Runs),
     ("vmi-fedora.yaml", Runs),
     ("vmi-gpu.yaml", Refused("gpus")),
-    ("vmi-host-disk.yaml", Refused("hostDisk")),
+    ("vmi-host-disk.yaml", Starts),
     ("vmi-kernel-boot.yaml", Runs),
     ("vmi-masquerade.yaml", Runs),
     ("vmi-migratable.yaml", Runs),
@@ -199,11 +201,17 @@ async fn kubevirts_examples_apply_unchanged() {
     blank.set_len(16 << 20).unwrap();
     let mirror = format!("registry:5000=http://{}", registry.host);
     let shared = format!("site={}", pool.path().display());
+    // vmi-host-disk makes /var/data/disk.img: the node's host disk folder is /var/data.
+    let host_disks = Path::new("/var/data");
+    let made_host_disks = !host_disks.exists();
+    std::fs::create_dir_all(host_disks).unwrap();
     let a = Appliance::start(&[
         "--registry-mirror",
         &mirror,
         "--shared-pool",
         &shared,
+        "--host-disk-dir",
+        "/var/data",
         "--tls",
     ])
     .await;
@@ -250,6 +258,38 @@ async fn kubevirts_examples_apply_unchanged() {
             if kind == "VirtualMachine" {
                 // KubeVirt's example VMs are Halted: start them as `virtctl start` does.
                 assert_eq!(a.action(&name, "start").await, 202, "{fname}");
+            }
+            let expected = EXPECT.iter().find(|(f, _)| *f == fname).map(|(_, o)| *o);
+            if expected == Some(Starts) {
+                let vmi = wait_for(&format!("{fname}: running"), BOOT, || async {
+                    a.vmi(&name)
+                        .await
+                        .filter(|v| v["status"]["phase"] == "Running")
+                })
+                .await;
+                let dom = vmi["status"]["domainName"].as_str().unwrap_or_default();
+                let (_, xml) = virsh(&["dumpxml", dom]);
+                let disk = Path::new("/var/data/disk.img");
+                assert!(
+                    xml.contains("/var/data/disk.img")
+                        && std::fs::metadata(disk).is_ok_and(|m| m.len() == 1 << 30),
+                    "{fname}: its 1Gi hostDisk: {xml}"
+                );
+                report.push(format!(
+                    "{fname}: starts ({kind} {name} Running after {:.0}s with its hostDisk made \
+                     at /var/data/disk.img; it has nothing to boot)",
+                    started.elapsed().as_secs_f64()
+                ));
+                let _ = k.run(&["delete", "-f", &file.to_string_lossy()]);
+                wait_for(&format!("{fname}: gone"), BOOT, || async {
+                    a.vmi(&name).await.is_none().then_some(())
+                })
+                .await;
+                let _ = std::fs::remove_file(disk);
+                if made_host_disks {
+                    let _ = std::fs::remove_dir(host_disks);
+                }
+                continue;
             }
             let vmi = wait_for(
                 &format!("{fname}: running, guest agent up"),
@@ -314,8 +354,10 @@ async fn kubevirts_examples_apply_unchanged() {
     }
     let runs = report.iter().filter(|l| l.contains(": runs")).count();
     let refused = report.iter().filter(|l| l.contains(": refused")).count();
+    let starts = report.iter().filter(|l| l.contains(": starts")).count();
     println!(
-        "KubeVirt's examples here: {runs} run, {refused} refused by name, of {} files",
+        "KubeVirt's examples here: {runs} run, {starts} start with nothing to boot, {refused} \
+         refused by name, of {} files",
         files.len()
     );
     for l in &report {

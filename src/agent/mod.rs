@@ -56,6 +56,8 @@ pub struct Config {
     pub nat_prefix: String,
     /// The shared storage pool this host mounts: name and path.
     pub shared_pool: Option<(String, PathBuf)>,
+    /// The one folder hostDisk volumes may live in; none: hostDisk is refused here.
+    pub host_disk_dir: Option<PathBuf>,
     /// Registry mirrors for container disks (`HOST=URL`, containerd's mirror idea).
     pub registry_mirrors: crate::registry::Mirrors,
     /// How long a container disk no VM uses stays in the node's cache.

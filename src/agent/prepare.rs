@@ -83,6 +83,74 @@ pub async fn claim_disk(agent: &Agent, ns: &str, claim: &str) -> anyhow::Result<
     Ok((path, format.to_string()))
 }
 
+/// A hostDisk's file, inside this node's host disk folder (`serve --host-disk-dir`):
+/// `DiskOrCreate` makes a sparse raw file of its capacity when none is there. The file and
+/// its folder are resolved (symbolic links followed) and must still be inside the folder.
+/// It is always given to QEMU as raw: its contents are never probed for a format.
+async fn host_disk(
+    agent: &Agent,
+    vol: &str,
+    h: &crate::types::kubevirt::HostDisk,
+) -> anyhow::Result<PathBuf> {
+    let path = PathBuf::from(&h.path);
+    let Some(root) = &agent.cfg.host_disk_dir else {
+        bail!(
+            "hostDisk {}: node {} allows no host disks (serve --host-disk-dir FOLDER)",
+            path.display(),
+            agent.cfg.node_name
+        );
+    };
+    let outside = || {
+        anyhow::anyhow!(
+            "hostDisk {}: outside node {}'s host disk folder {}",
+            path.display(),
+            agent.cfg.node_name,
+            root.display()
+        )
+    };
+    if !path.starts_with(root) || path == *root {
+        return Err(outside());
+    }
+    let real_root = tokio::fs::canonicalize(root)
+        .await
+        .with_context(|| format!("host disk folder {}", root.display()))?;
+    let parent = path.parent().ok_or_else(outside)?;
+    if h.type_ == "DiskOrCreate" && !path.exists() {
+        tokio::fs::create_dir_all(parent).await?;
+        if !tokio::fs::canonicalize(parent)
+            .await?
+            .starts_with(&real_root)
+        {
+            return Err(outside());
+        }
+        let bytes = convert::empty_disk_bytes(h.capacity.as_deref().unwrap_or_default())?;
+        let tmp = parent.join(format!(
+            ".{}.creating",
+            path.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        let f = tokio::fs::File::create(&tmp).await?;
+        f.set_len(bytes).await?;
+        drop(f);
+        // Never over a file that appeared meanwhile.
+        if tokio::fs::hard_link(&tmp, &path).await.is_ok() {
+            tracing::info!(volume = %vol, path = %path.display(), bytes, "created the hostDisk");
+        }
+        let _ = tokio::fs::remove_file(&tmp).await;
+    }
+    let real = tokio::fs::canonicalize(&path)
+        .await
+        .with_context(|| format!("hostDisk {} (type {})", path.display(), h.type_))?;
+    if !real.starts_with(&real_root) {
+        return Err(outside());
+    }
+    anyhow::ensure!(
+        tokio::fs::metadata(&real).await?.is_file(),
+        "hostDisk {}: not a regular file",
+        path.display()
+    );
+    Ok(real)
+}
+
 /// The file in a VMI's run dir naming the cached container disks (digests) it uses.
 pub const CONTAINER_DISKS_FILE: &str = "container-disks";
 
@@ -236,6 +304,17 @@ pub async fn prepare(
                     path: iso.to_string_lossy().into_owned(),
                     format: "raw".into(),
                     shared: false,
+                    readonly: false,
+                },
+            );
+        } else if let Some(h) = &v.host_disk {
+            let path = host_disk(agent, &v.name, h).await?;
+            disks.insert(
+                v.name.clone(),
+                ResolvedDisk {
+                    path: path.to_string_lossy().into_owned(),
+                    format: "raw".into(),
+                    shared: h.shared == Some(true),
                     readonly: false,
                 },
             );

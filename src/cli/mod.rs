@@ -125,6 +125,11 @@ struct ServeArgs {
     /// mount the same filesystem use the same NAME.
     #[arg(long, env = "EDGEVIRT_SHARED_POOL")]
     shared_pool: Option<String>,
+    /// The one folder where KubeVirt `hostDisk` volumes may live on this host (an absolute
+    /// path). Unset: hostDisk volumes are refused here. A hostDisk path must be inside it;
+    /// `DiskOrCreate` makes a sparse raw file of the asked capacity there.
+    #[arg(long, env = "EDGEVIRT_HOST_DISK_DIR")]
+    host_disk_dir: Option<PathBuf>,
     /// A registry mirror for container disks, as HOST=URL (repeat it, or separate with
     /// commas): images named `HOST/...` are pulled from URL first, then from HOST itself, as
     /// containerd's mirror setting does. `quay.io=http://10.0.0.5:5000` serves a site without
@@ -172,6 +177,7 @@ struct FileSettings {
     nat_prefix: Option<String>,
     cpu_model: Option<String>,
     shared_pool: Option<String>,
+    host_disk_dir: Option<PathBuf>,
     registry_mirrors: Option<Vec<String>>,
     image_gc_grace: Option<u64>,
 }
@@ -296,6 +302,14 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
         .or(f.shared_pool)
         .map(|p| parse_shared_pool(&p))
         .transpose()?;
+    let host_disk_dir = a.host_disk_dir.or(f.host_disk_dir);
+    if let Some(d) = &host_disk_dir {
+        anyhow::ensure!(
+            d.is_absolute(),
+            "host disk folder {}: must be an absolute path",
+            d.display()
+        );
+    }
     let mirrors = if a.registry_mirrors.is_empty() {
         f.registry_mirrors.unwrap_or_default()
     } else {
@@ -336,6 +350,7 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
         console_ticket_ttl: std::time::Duration::from_secs(a.console_ticket_ttl.max(1)),
         cpu_model,
         shared_pool,
+        host_disk_dir,
         registry_mirrors,
         image_gc_grace: std::time::Duration::from_secs(
             a.image_gc_grace.or(f.image_gc_grace).unwrap_or(3600),

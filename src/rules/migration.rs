@@ -141,7 +141,10 @@ fn read_write_many(vmi: &VirtualMachineInstance, name: &str) -> bool {
 /// Volumes copied onto the node's local disk from images, and DataVolumes on local storage.
 fn local_disks(vmi: &VirtualMachineInstance) -> Vec<String> {
     let mut out = volumes_with(vmi, |v| {
-        v.container_disk.is_some() || v.empty_disk.is_some() || v.ephemeral.is_some()
+        v.container_disk.is_some()
+            || v.empty_disk.is_some()
+            || v.ephemeral.is_some()
+            || v.host_disk.as_ref().is_some_and(|h| h.shared != Some(true))
     });
     out.extend(
         volumes_with(vmi, |v| v.data_volume.is_some())
@@ -161,7 +164,10 @@ pub fn pool_volumes(vmi: &VirtualMachineInstance) -> Vec<String> {
 
 /// Volumes on the shared storage pool.
 pub fn shared_disks(vmi: &VirtualMachineInstance) -> Vec<String> {
-    let mut out = volumes_with(vmi, |v| v.persistent_volume_claim.is_some());
+    let mut out = volumes_with(vmi, |v| {
+        v.persistent_volume_claim.is_some()
+            || v.host_disk.as_ref().is_some_and(|h| h.shared == Some(true))
+    });
     out.extend(
         volumes_with(vmi, |v| v.data_volume.is_some())
             .into_iter()

@@ -1436,6 +1436,10 @@ pub struct Volume {
     /// A blank disk of `capacity`, ephemeral like a containerDisk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub empty_disk: Option<EmptyDiskSource>,
+    /// A raw disk file on the node, inside the one folder the node allows for them
+    /// (`serve --host-disk-dir`); anywhere else it is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_disk: Option<HostDisk>,
     /// A claim on the shared pool under an overlay of this instance's own: the guest reads
     /// the claim's disk, its writes go to the overlay and are gone when the instance ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1448,6 +1452,24 @@ pub struct Volume {
 pub struct EmptyDiskSource {
     /// A quantity (`2Gi`).
     pub capacity: String,
+}
+
+/// KubeVirt's `hostDisk`: a raw disk file at a path on the node.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct HostDisk {
+    /// The file's absolute path, inside the node's host disk folder.
+    pub path: String,
+    /// `Disk` (it must exist) or `DiskOrCreate` (a sparse file of `capacity` is made).
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The size of a disk `DiskOrCreate` makes (a quantity, `1Gi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<String>,
+    /// The same file is on every node (shared storage): the VM then migrates without a copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<bool>,
 }
 
 /// KubeVirt's `ephemeral` volume: a claim read under a throwaway overlay.

@@ -280,6 +280,40 @@ pub fn mac_for(seed: &str, index: usize) -> String {
 }
 
 /// Check the parts of a spec the converter relies on, before anything is stored.
+/// A hostDisk's path (absolute, plain: no `.` or `..` parts), type and capacity. Where it
+/// may be is the node's to say (its host disk folder), when the instance starts there.
+fn check_host_disk(vol: &str, h: &crate::types::kubevirt::HostDisk) -> Result<(), Invalid> {
+    let at = format!("volume {vol:?}: hostDisk");
+    let p = std::path::Path::new(&h.path);
+    if !p.is_absolute()
+        || h.path.ends_with('/')
+        || !p
+            .components()
+            .skip(1)
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+    {
+        return Err(Invalid(format!(
+            "{at}.path {:?}: an absolute path to a file, without . or .. parts",
+            h.path
+        )));
+    }
+    match h.type_.as_str() {
+        "Disk" => {}
+        "DiskOrCreate" => {
+            let c = h.capacity.as_deref().ok_or_else(|| {
+                Invalid(format!("{at}.capacity: required with type DiskOrCreate"))
+            })?;
+            empty_disk_bytes(c).map_err(|e| Invalid(format!("{at}.capacity: {}", e.0)))?;
+        }
+        other => {
+            return Err(Invalid(format!(
+                "{at}.type {other:?}: must be Disk or DiskOrCreate"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A disk's cache, I/O mode, error policy, sharing and block sizes: only the values libvirt
 /// takes, and combinations QEMU can open.
 fn check_disk_io(d: &crate::types::kubevirt::Disk) -> Result<(), Invalid> {
@@ -385,13 +419,18 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
             v.persistent_volume_claim.is_some(),
             v.empty_disk.is_some(),
             v.ephemeral.is_some(),
+            v.host_disk.is_some(),
         ];
         if sources.iter().filter(|s| **s).count() != 1 {
             return Err(Invalid(format!(
                 "volume {:?} must have exactly one source (containerDisk, dataVolume, emptyDisk, \
-                 ephemeral, persistentVolumeClaim, cloudInitNoCloud or cloudInitConfigDrive)",
+                 ephemeral, hostDisk, persistentVolumeClaim, cloudInitNoCloud or \
+                 cloudInitConfigDrive)",
                 v.name
             )));
+        }
+        if let Some(h) = &v.host_disk {
+            check_host_disk(&v.name, h)?;
         }
         if let Some(e) = &v.ephemeral {
             let Some(c) = &e.persistent_volume_claim else {

@@ -756,6 +756,23 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             "effect",
         ),
         (
+            "host-disk-dotdot",
+            json!({"volumes": [{"name": "d", "hostDisk": {"path": "/var/lib/edgevirt/../../etc/shadow",
+                "type": "Disk"}}]}),
+            "hostDisk.path",
+        ),
+        (
+            "host-disk-relative",
+            json!({"volumes": [{"name": "d", "hostDisk": {"path": "etc/shadow", "type": "Disk"}}]}),
+            "hostDisk.path",
+        ),
+        (
+            "host-disk-huge",
+            json!({"volumes": [{"name": "d", "hostDisk": {"path": "/var/data/x.img",
+                "type": "DiskOrCreate", "capacity": "1Ei"}}]}),
+            "capacity",
+        ),
+        (
             "spread-skew-zero",
             json!({"topologySpreadConstraints": [{"maxSkew": 0, "topologyKey": "zone",
                 "whenUnsatisfiable": "DoNotSchedule"}]}),

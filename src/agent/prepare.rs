@@ -281,23 +281,26 @@ pub async fn prepare(
             let overlay = vol_dir.join(format!("{}.qcow2", v.name));
             made_volume |= make_overlay(&base, &format, &overlay).await?;
             disks.insert(v.name.clone(), local_disk(&overlay));
-        } else if let Some(ci) = &v.cloud_init_config_drive {
-            let keys = propagated_keys(agent, &ns, spec, |m| m.config_drive.is_some()).await?;
+        } else if let Some((ci, drive)) = v
+            .cloud_init_config_drive
+            .as_ref()
+            .map(|c| (c, true))
+            .or(v.cloud_init_no_cloud.as_ref().map(|c| (c, false)))
+        {
+            // Cloud-init data as an OpenStack config drive or a NoCloud ISO, with the SSH
+            // keys accessCredentials propagates that way.
+            let by: fn(&crate::types::kubevirt::SshPropagation) -> bool = if drive {
+                |m| m.config_drive.is_some()
+            } else {
+                |m| m.no_cloud.is_some()
+            };
+            let keys = propagated_keys(agent, &ns, spec, by).await?;
             let host = spec.hostname.as_deref().unwrap_or(&name);
-            let iso = config_drive_iso(&run_dir, &uid, host, &v.name, ci, &keys).await?;
-            disks.insert(
-                v.name.clone(),
-                ResolvedDisk {
-                    path: iso.to_string_lossy().into_owned(),
-                    format: "raw".into(),
-                    shared: false,
-                    readonly: false,
-                },
-            );
-        } else if let Some(ci) = &v.cloud_init_no_cloud {
-            let keys = propagated_keys(agent, &ns, spec, |m| m.no_cloud.is_some()).await?;
-            let host = spec.hostname.as_deref().unwrap_or(&name);
-            let iso = cloud_init_iso(&run_dir, &uid, host, &v.name, ci, &keys).await?;
+            let iso = if drive {
+                config_drive_iso(&run_dir, &uid, host, &v.name, ci, &keys).await?
+            } else {
+                cloud_init_iso(&run_dir, &uid, host, &v.name, ci, &keys).await?
+            };
             disks.insert(
                 v.name.clone(),
                 ResolvedDisk {

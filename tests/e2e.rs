@@ -548,7 +548,7 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
                 )
                 .yaml(),
             422,
-            "does not support yet",
+            "no node allows these hostDisk paths",
         ),
         (
             "same name twice",
@@ -1326,6 +1326,8 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
                 .with(|v| {
                     let spec = &mut v["spec"]["template"]["spec"];
                     spec["startStrategy"] = json!("Paused");
+                    // KubeVirt's link state: the NIC is there, without a carrier.
+                    spec["domain"]["devices"]["interfaces"][0]["state"] = json!("down");
                     spec["domain"]["rebootPolicy"] = json!("Terminate");
                     // An OpenStack config drive carrying the key (configDrive propagation).
                     spec["volumes"] = json!([{"name": "cd",
@@ -1356,6 +1358,7 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     assert!(iso_file("/openstack/latest/user_data").contains("hostname: held-cd"));
+    assert!(hxml.contains("<link state='down'/>"), "{hxml}");
     let meta: serde_json::Value =
         serde_json::from_str(&iso_file("/openstack/latest/meta_data.json")).unwrap();
     assert_eq!(meta["public_keys"]["0"], key, "{meta}");
@@ -1378,6 +1381,18 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
     })
     .await;
     assert_eq!(domstate(&hdom).as_deref(), Some("running"));
+    // The link is down: the guest sees its NIC without a carrier.
+    let carrier = guest_exec(
+        &hdom,
+        "/bin/sh",
+        &["-c", "cat /sys/class/net/e*/carrier 2>&1"],
+    )
+    .unwrap_or_default();
+    assert!(
+        carrier.split_whitespace().any(|c| c == "0")
+            && carrier.split_whitespace().all(|c| c != "1"),
+        "carrier of the guest's NIC: {carrier:?}"
+    );
     // rebootPolicy Terminate: a reboot inside the guest ends the instance, and the VM
     // (runStrategy Always) starts a new one.
     let (_, hxml) = virsh(&["dumpxml", &hdom]);
@@ -1616,15 +1631,25 @@ async fn host_disks_stay_inside_the_nodes_folder() {
         marker.as_bytes(),
         "the guest wrote the host's file"
     );
-    // Outside the folder (and through a link out of it): refused on the node, with the reason.
+    // Outside every node's folder: refused at once, naming the folders there are.
+    let yaml = Vm::guest("hd-etc")
+        .disk(
+            "data",
+            json!({"hostDisk": {"path": "/etc/hostname", "type": "Disk"}}),
+        )
+        .yaml();
+    let (code, v) = a.post_yaml(VMS, &yaml).await;
+    assert_eq!(code, 422, "{v}");
+    assert!(
+        v.to_string().contains(&format!("testnode allows {dir}")),
+        "{v}"
+    );
+    // Through a link out of the folder: taken, then refused on the node, with the reason.
     std::os::unix::fs::symlink("/etc", root.path().join("etc-link")).unwrap();
-    for (name, path) in [
-        ("hd-etc", "/etc/hostname".to_string()),
-        (
-            "hd-link",
-            root.path().join("etc-link/hostname").display().to_string(),
-        ),
-    ] {
+    for (name, path) in [(
+        "hd-link",
+        root.path().join("etc-link/hostname").display().to_string(),
+    )] {
         let yaml = Vm::guest(name)
             .disk("data", json!({"hostDisk": {"path": path, "type": "Disk"}}))
             .yaml();

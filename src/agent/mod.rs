@@ -439,6 +439,10 @@ async fn register(agent: &Agent, facts: &crate::hypervisor::HostFacts) -> anyhow
             name: name.clone(),
             path: path.to_string_lossy().into_owned(),
         }),
+        host_disk_dir: cfg
+            .host_disk_dir
+            .as_ref()
+            .map(|d| d.to_string_lossy().into_owned()),
         last_heartbeat_time: Some(now()),
         conditions: vec![agent_ready()],
     });

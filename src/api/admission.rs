@@ -706,6 +706,43 @@ async fn check_vmi_spec(
     templates: &[String],
 ) -> ApiResult<()> {
     convert::validate(spec).map_err(|e| ApiError::invalid(format!("{at}: {}", e.0)))?;
+    // A hostDisk path must be inside the host disk folder of some node (each node checks
+    // its own again, links resolved, when the instance starts there).
+    if spec.volumes.iter().any(|v| v.host_disk.is_some()) {
+        let nodes: Vec<crate::types::Node> = store.all().await.map_err(ApiError::internal)?;
+        let dirs: Vec<String> = nodes
+            .iter()
+            .filter_map(|n| {
+                let d = n.status.as_ref()?.host_disk_dir.as_deref()?;
+                Some(format!(
+                    "{} allows {d}",
+                    n.metadata.name.as_deref().unwrap_or("?")
+                ))
+            })
+            .collect();
+        let probe = crate::types::VirtualMachineInstance {
+            metadata: Default::default(),
+            spec: spec.clone(),
+            status: None,
+        };
+        let fits = nodes.iter().any(|n| {
+            crate::rules::migration::host_disks_allowed(
+                &probe,
+                n.status.as_ref().and_then(|s| s.host_disk_dir.as_deref()),
+            )
+        });
+        if !fits {
+            return Err(ApiError::invalid(format!(
+                "{at}.volumes: no node allows these hostDisk paths ({}); a node allows host \
+                 disks only inside its folder (serve --host-disk-dir)",
+                if dirs.is_empty() {
+                    "no node has a host disk folder".to_string()
+                } else {
+                    dirs.join(", ")
+                }
+            )));
+        }
+    }
     // A registry reference is pulled by the node at start: here only its syntax and pull
     // policy can be checked.
     for (i, v) in spec.volumes.iter().enumerate() {

@@ -228,6 +228,14 @@ pub async fn pick_node(
             ));
             continue;
         }
+        let host_disk_dir = n.status.as_ref().and_then(|s| s.host_disk_dir.as_deref());
+        if !crate::rules::migration::host_disks_allowed(vmi, host_disk_dir) {
+            reasons.push(format!(
+                "{name}: its host disk folder ({}) does not hold the instance's hostDisk paths",
+                host_disk_dir.unwrap_or("none: serve --host-disk-dir")
+            ));
+            continue;
+        }
         let mounted = pool_of(n);
         if let Some((dv, pool)) = in_pools
             .iter()

@@ -154,6 +154,16 @@ fn local_disks(vmi: &VirtualMachineInstance) -> Vec<String> {
     out
 }
 
+/// Whether a node whose host disk folder is `dir` (none: it allows no host disks) may open
+/// every `hostDisk` of an instance.
+pub fn host_disks_allowed(vmi: &VirtualMachineInstance, dir: Option<&str>) -> bool {
+    vmi.spec
+        .volumes
+        .iter()
+        .filter_map(|v| v.host_disk.as_ref())
+        .all(|h| dir.is_some_and(|d| std::path::Path::new(&h.path).starts_with(d)))
+}
+
 /// Volumes that need the shared pool on the node: claims, and the claims under `ephemeral`
 /// overlays.
 pub fn pool_volumes(vmi: &VirtualMachineInstance) -> Vec<String> {

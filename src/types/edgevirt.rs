@@ -74,6 +74,10 @@ pub struct NodeStatus {
     /// The shared storage pool this node mounts, if any (`serve --shared-pool NAME=PATH`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_pool: Option<SharedPool>,
+    /// The one folder KubeVirt `hostDisk` volumes may live in on this node, if any
+    /// (`serve --host-disk-dir`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_disk_dir: Option<String>,
 }
 
 /// A storage pool on a filesystem every node that names it mounts (NFS, CephFS, ...):

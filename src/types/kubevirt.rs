@@ -1290,6 +1290,10 @@ pub struct Interface {
     /// (`eno<N>` under systemd's naming).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acpi_index: Option<u32>,
+    /// The link: `up` (or empty, the default) or `down` (the NIC is there with no carrier).
+    /// `absent` (hot-unplug) is not supported yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

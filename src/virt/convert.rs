@@ -115,6 +115,8 @@ struct NicXml {
     /// `<driver queues='N'/>` (virtio, networkInterfaceMultiqueue).
     queues: Option<u32>,
     boot_order: Option<u32>,
+    /// `<link state='down'/>`.
+    link_down: bool,
     /// Domain, bus, slot and function of `<address type='pci'>`.
     pci: Option<(u16, u8, u8, u8)>,
     acpi_index: Option<u32>,
@@ -526,6 +528,46 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
                 i.name
             )));
         }
+        // KubeVirt's NIC models, and a unicast MAC written as six hex pairs.
+        if let Some(m) = i.model.as_deref()
+            && !NIC_MODELS.contains(&m)
+        {
+            return Err(Invalid(format!(
+                "interface {:?}: model {m:?}: must be one of {}",
+                i.name,
+                NIC_MODELS.join(", ")
+            )));
+        }
+        if let Some(mac) = i.mac_address.as_deref() {
+            let parts: Vec<&str> = mac.split([':', '-']).collect();
+            let ok = parts.len() == 6
+                && parts
+                    .iter()
+                    .all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()))
+                && u8::from_str_radix(parts[0], 16).is_ok_and(|b| b & 1 == 0);
+            if !ok {
+                return Err(Invalid(format!(
+                    "interface {:?}: macAddress {mac:?}: six hex pairs (02:00:00:00:00:01), \
+                     not a multicast address",
+                    i.name
+                )));
+            }
+        }
+        match i.state.as_deref() {
+            None | Some("" | "up" | "down") => {}
+            Some("absent") => {
+                return Err(Invalid(format!(
+                    "interface {:?}: state absent (hot-unplug) is not supported yet",
+                    i.name
+                )));
+            }
+            Some(other) => {
+                return Err(Invalid(format!(
+                    "interface {:?}: state {other:?}: must be up or down",
+                    i.name
+                )));
+            }
+        }
         if let Some(n) = i.acpi_index
             && !(1..=16383).contains(&n)
         {
@@ -692,6 +734,11 @@ fn validate_devices(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
 }
 
 const VIDEO_TYPES: [&str; 4] = ["vga", "virtio", "bochs", "cirrus"];
+
+/// The NIC models KubeVirt accepts, each one QEMU emulates.
+const NIC_MODELS: [&str; 7] = [
+    "virtio", "e1000", "e1000e", "igb", "ne2k_pci", "pcnet", "rtl8139",
+];
 
 /// Which I/O thread each disk uses (by index into `disks`, virtio disks only), and how many
 /// threads the domain has: `shared` puts every disk on thread 1, `auto` spreads them over a
@@ -1218,6 +1265,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             alias,
             queues: None,
             boot_order: None,
+            link_down: false,
             pci: None,
             acpi_index: None,
         });
@@ -1233,6 +1281,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             alias: iface.name.clone(),
             queues: None,
             boot_order: iface.boot_order,
+            link_down: iface.state.as_deref() == Some("down"),
             pci: iface.pci_address.as_deref().and_then(pci_address),
             acpi_index: iface.acpi_index,
         });

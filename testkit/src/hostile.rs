@@ -756,6 +756,27 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             "effect",
         ),
         (
+            "nic-model-xml-injection",
+            json!({"networks": [{"name": "default", "pod": {}}],
+                "domain": {"devices": {"interfaces": [{"name": "default", "masquerade": {},
+                    "model": "virtio'/><interface type='direct'"}]}}}),
+            "model",
+        ),
+        (
+            "nic-mac-garbage",
+            json!({"networks": [{"name": "default", "pod": {}}],
+                "domain": {"devices": {"interfaces": [{"name": "default", "masquerade": {},
+                    "macAddress": "zz:zz"}]}}}),
+            "macAddress",
+        ),
+        (
+            "nic-state-absent",
+            json!({"networks": [{"name": "default", "pod": {}}],
+                "domain": {"devices": {"interfaces": [{"name": "default", "masquerade": {},
+                    "state": "absent"}]}}}),
+            "state",
+        ),
+        (
             "host-disk-dotdot",
             json!({"volumes": [{"name": "d", "hostDisk": {"path": "/var/lib/edgevirt/../../etc/shadow",
                 "type": "Disk"}}]}),

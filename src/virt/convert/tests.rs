@@ -494,7 +494,8 @@ fn interfaces_take_boot_order_pci_address_and_acpi_index() {
         )
     };
     let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(&yaml(
-        "{name: default, masquerade: {}, bootOrder: 2, pciAddress: '0000:00:0a.0', acpiIndex: 3}",
+        "{name: default, masquerade: {}, bootOrder: 2, pciAddress: '0000:00:0a.0', acpiIndex: 3, \
+         state: down}",
         1,
     ))
     .unwrap();
@@ -507,6 +508,7 @@ fn interfaces_take_boot_order_pci_address_and_acpi_index() {
         "<boot order='2'/>",
         "<boot order='1'/>",
         "<acpi index='3'/>",
+        "<link state='down'/>",
         "<address type='pci' domain='0x0000' bus='0x00' slot='0x0a' function='0x0'/>",
     ] {
         assert!(xml.contains(want), "{want} not in {xml}");
@@ -535,6 +537,31 @@ fn interfaces_take_boot_order_pci_address_and_acpi_index() {
             "{name: default, masquerade: {}, acpiIndex: 0}",
             1,
             "acpiIndex 0",
+        ),
+        (
+            "{name: default, masquerade: {}, state: absent}",
+            1,
+            "absent (hot-unplug)",
+        ),
+        (
+            "{name: default, masquerade: {}, state: sideways}",
+            1,
+            "must be up or down",
+        ),
+        (
+            "{name: default, masquerade: {}, model: \"virtio'/><disk\"}",
+            1,
+            "model",
+        ),
+        (
+            "{name: default, masquerade: {}, macAddress: '01:00:5e:00:00:01'}",
+            1,
+            "not a multicast",
+        ),
+        (
+            "{name: default, masquerade: {}, macAddress: 'de:ad:be:ef'}",
+            1,
+            "six hex pairs",
         ),
         (
             "{name: default, masquerade: {}, bootOrder: 0}",

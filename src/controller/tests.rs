@@ -27,6 +27,24 @@ async fn add_node(ctx: &Context, name: &str, mem: u64) {
         .unwrap();
 }
 
+/// A ready node with `mem` bytes, labelled `zone=ZONE` when a zone is given.
+async fn add_zoned_node(ctx: &Context, name: &str, mem: u64, zone: Option<&str>) {
+    add_node(ctx, name, mem).await;
+    if let Some(zone) = zone {
+        let zone = zone.to_string();
+        ctx.store
+            .update_typed("", name, move |o: &mut Node| {
+                o.metadata
+                    .labels
+                    .get_or_insert_default()
+                    .insert("zone".into(), zone);
+                Ok(())
+            })
+            .await
+            .unwrap();
+    }
+}
+
 async fn add_vm(ctx: &Context, name: &str, strategy: &str) {
     ctx.store
         .create(
@@ -610,18 +628,7 @@ async fn node_affinity_is_required_then_preferred() {
         ("shop1", 4 << 30, "shop"),
         ("shop2", 8 << 30, "shop"),
     ] {
-        add_node(&ctx, n, mem).await;
-        let zone = zone.to_string();
-        ctx.store
-            .update_typed("", n, move |o: &mut Node| {
-                o.metadata
-                    .labels
-                    .get_or_insert_default()
-                    .insert("zone".into(), zone);
-                Ok(())
-            })
-            .await
-            .unwrap();
+        add_zoned_node(&ctx, n, mem, Some(zone)).await;
     }
     let pick =
         |affinity: serde_json::Value| pick_for(&ctx, "affinity", json!({"nodeAffinity": affinity}));
@@ -879,18 +886,7 @@ async fn pod_affinity_reads_the_instances_placed_on_nodes() {
         ("b", 16 << 30, "shop"),
         ("c", 8 << 30, "shop"),
     ] {
-        add_node(&ctx, n, mem).await;
-        let zone = zone.to_string();
-        ctx.store
-            .update_typed("", n, move |o: &mut Node| {
-                o.metadata
-                    .labels
-                    .get_or_insert_default()
-                    .insert("zone".into(), zone);
-                Ok(())
-            })
-            .await
-            .unwrap();
+        add_zoned_node(&ctx, n, mem, Some(zone)).await;
     }
     let place = |name: &'static str, ns: &'static str, app: &'static str, node: &'static str| {
         let ctx = &ctx;
@@ -1008,20 +1004,7 @@ async fn topology_spread_keeps_groups_even() {
         ("b", 16 << 30, Some("shop")),
         ("c", 8 << 30, None),
     ] {
-        add_node(&ctx, n, mem).await;
-        if let Some(zone) = zone {
-            let zone = zone.to_string();
-            ctx.store
-                .update_typed("", n, move |o: &mut Node| {
-                    o.metadata
-                        .labels
-                        .get_or_insert_default()
-                        .insert("zone".into(), zone);
-                    Ok(())
-                })
-                .await
-                .unwrap();
-        }
+        add_zoned_node(&ctx, n, mem, zone).await;
     }
     for (name, node) in [("web-1", "a"), ("web-2", "a")] {
         ctx.store

@@ -122,6 +122,14 @@ struct NicXml {
     acpi_index: Option<u32>,
 }
 
+/// The first value that stands twice in `list`.
+fn first_duplicate<T: PartialEq>(list: &[T]) -> Option<&T> {
+    list.iter()
+        .enumerate()
+        .find(|(i, x)| list[i + 1..].contains(x))
+        .map(|(_, x)| x)
+}
+
 /// A guest PCI address, `DDDD:BB:SS.F` in hexadecimal (slot up to 0x1f, function up to 7).
 fn pci_address(s: &str) -> Option<(u16, u8, u8, u8)> {
     let (domain, rest) = s.split_once(':')?;
@@ -600,10 +608,7 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
         .filter_map(|i| i.acpi_index)
         .collect();
     for (what, list) in [("bootOrder", &orders), ("acpiIndex", &acpi)] {
-        if let Some(dup) = list
-            .iter()
-            .find(|x| list.iter().filter(|y| y == x).count() > 1)
-        {
+        if let Some(dup) = first_duplicate(list) {
             return Err(Invalid(format!(
                 "{what} {dup} is given to two devices; each must be unique"
             )));
@@ -619,10 +624,7 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
         .iter()
         .filter_map(|i| i.pci_address.as_deref())
         .collect();
-    if let Some(dup) = pcis
-        .iter()
-        .find(|x| pcis.iter().filter(|y| y == x).count() > 1)
-    {
+    if let Some(dup) = first_duplicate(&pcis) {
         return Err(Invalid(format!(
             "pciAddress {dup} is given to two interfaces"
         )));

@@ -729,7 +729,7 @@ pub struct Features {
     /// The APIC; on by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub apic: Option<FeatureApic>,
-    /// System Management Mode; secure boot turns it on and cannot run without it.
+    /// System Management Mode; Secure Boot cannot run without it, so it must be on with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub smm: Option<FeatureState>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1345,9 +1345,17 @@ pub struct Bootloader {
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub struct Efi {
-    /// `true` turns on Secure Boot, and SMM with it; off by default.
+    /// Secure Boot (the OVMF firmware with Microsoft's keys enrolled); on unless `false`, as
+    /// in KubeVirt, and then `features.smm` must be on too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secure_boot: Option<bool>,
+}
+
+impl Efi {
+    /// Whether Secure Boot is on: KubeVirt's default is on.
+    pub fn secure(&self) -> bool {
+        self.secure_boot != Some(false)
+    }
 }
 
 /// Direct kernel boot. As in KubeVirt, `container.kernelPath` and `container.initrdPath` are

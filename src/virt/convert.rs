@@ -8,7 +8,7 @@ use askama::Template;
 
 use crate::cpu::model::{GuestCpu, Mode};
 use crate::types::edgevirt::CpuFeaturePolicy;
-use crate::types::kubevirt::{VirtualMachineInstanceSpec, names_registry_image};
+use crate::types::kubevirt::{Efi, VirtualMachineInstanceSpec, names_registry_image};
 use crate::types::{Invalid, parse_quantity};
 
 /// A disk the agent prepared on its node for one volume.
@@ -844,16 +844,19 @@ fn validate_domain(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
         .as_ref()
         .and_then(|f| f.bootloader.as_ref())
         .and_then(|b| b.efi.as_ref())
-        .and_then(|e| e.secure_boot)
-        == Some(true);
+        .is_some_and(Efi::secure);
     if secure
-        && d.features
+        && !d
+            .features
             .as_ref()
             .and_then(|f| f.smm.as_ref())
-            .is_some_and(|s| !s.on())
+            .is_some_and(|s| s.on())
     {
         return Err(Invalid(
-            "spec.domain.features.smm: secure boot needs SMM; do not disable it".into(),
+            "spec.domain.firmware.bootloader.efi: Secure Boot is on (as in KubeVirt, unless \
+             secureBoot: false) and needs SMM: add spec.domain.features.smm: {} or set \
+             secureBoot: false"
+                .into(),
         ));
     }
     if let Some(f) = &d.firmware {
@@ -1340,8 +1343,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             .as_ref()
             .is_none_or(|a| a.enabled != Some(false)),
         apic_eoi: features.apic.as_ref().and_then(|a| a.end_of_interrupt),
-        smm_on: efi.as_ref().and_then(|e| e.secure_boot) == Some(true)
-            || features.smm.as_ref().is_some_and(|s| s.on()),
+        smm_on: features.smm.as_ref().is_some_and(|s| s.on()),
         smm_off: features.smm.as_ref().is_some_and(|s| !s.on()),
         hyperv,
         kvm_hidden: features.kvm.as_ref().and_then(|k| k.hidden) == Some(true),
@@ -1360,7 +1362,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             .and_then(|m| m.machine_type.clone())
             .unwrap_or_else(|| "q35".into()),
         efi: efi.is_some(),
-        efi_secure: efi.as_ref().and_then(|e| e.secure_boot).unwrap_or(false),
+        efi_secure: efi.as_ref().is_some_and(Efi::secure),
         kernel: ctx.kernel.clone(),
         initrd: ctx.initrd.clone(),
         cmdline: kernel_boot.and_then(|k| k.kernel_args),

@@ -326,14 +326,49 @@ fn smbios_strings_are_escaped() {
     );
 }
 
+/// As in KubeVirt, EFI means Secure Boot unless `secureBoot: false`; SMM must be on with it.
+#[test]
+fn efi_is_secure_boot_unless_turned_off() {
+    for (efi, smm, secure) in [
+        ("{}", ", features: {smm: {}}", true),
+        (
+            "{secureBoot: true}",
+            ", features: {smm: {enabled: true}}",
+            true,
+        ),
+        ("{secureBoot: false}", "", false),
+    ] {
+        let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(&format!(
+            "domain: {{memory: {{guest: 64Mi}}, firmware: {{bootloader: {{efi: {efi}}}}}{smm}}}"
+        ))
+        .unwrap();
+        validate(&spec).unwrap();
+        let mut c = ctx("qemu");
+        c.disks.clear();
+        let xml = domain_xml(&spec, &c).unwrap();
+        assert_eq!(
+            xml.contains("<feature enabled='yes' name='secure-boot'/>"),
+            secure,
+            "{efi}: {xml}"
+        );
+        assert_eq!(
+            xml.contains("<feature enabled='no' name='secure-boot'/>"),
+            !secure,
+            "{efi}: {xml}"
+        );
+        assert_eq!(xml.contains("<smm state='on'/>"), secure, "{efi}: {xml}");
+    }
+}
+
 #[test]
 fn refuses_contradictory_or_malformed_domain_settings() {
     for (yaml, needle) in [
         ("firmware: {uuid: not-a-uuid}", "firmware.uuid"),
         (
             "firmware: {bootloader: {efi: {secureBoot: true}}}\n  features: {smm: {enabled: false}}",
-            "secure boot needs SMM",
+            "needs SMM",
         ),
+        ("firmware: {bootloader: {efi: {}}}", "needs SMM"),
         ("clock: {utc: {}, timezone: UTC}", "exclusive"),
         ("clock: {timezone: \"Europe/Berlin'\"}", "IANA"),
         (

@@ -1530,17 +1530,21 @@ async fn domain_of(a: &Appliance, name: &str) -> String {
         .to_string()
 }
 
-/// An `ephemeral` volume: the claim's disk on the shared pool is read under an overlay of
-/// the instance's own; the guest's writes never reach the claim and are gone after a
-/// restart.
+/// Claims on the shared pool, on one guest: an `ephemeral` volume reads the claim's disk
+/// under an overlay of the instance's own, so the guest's writes never reach the claim and
+/// are gone after a restart; a `filesystems` entry shares the claim's folder over virtiofs,
+/// both ways, and pins the instance to its node.
 #[tokio::test]
 #[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
-async fn ephemeral_claims_read_the_pool_and_forget_their_writes() {
+async fn ephemeral_claims_and_virtiofs_folders_on_the_pool() {
     let pool = tempfile::Builder::new()
         .prefix("evtest-pool-")
         .tempdir_in("/var/tmp")
         .unwrap();
     std::fs::create_dir(pool.path().join("default")).unwrap();
+    let folder = pool.path().join("default/site-files");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(folder.join("from-host.txt"), "written-by-the-host").unwrap();
     let base = pool.path().join("default/golden.raw");
     let marker = "golden-image";
     let mut bytes = vec![0u8; 16 << 20];
@@ -1554,6 +1558,13 @@ async fn ephemeral_claims_read_the_pool_and_forget_their_writes() {
             "data",
             json!({"ephemeral": {"persistentVolumeClaim": {"claimName": "golden"}}}),
         )
+        .volume(
+            "files",
+            json!({"persistentVolumeClaim": {"claimName": "site-files"}}),
+        )
+        .with(|v| {
+            Vm::domain_of(v)["devices"]["filesystems"] = json!([{"name": "files", "virtiofs": {}}])
+        })
         .yaml();
     let (code, v) = a.post_yaml(VMS, &yaml).await;
     assert_eq!(code, 201, "{v}");
@@ -1566,6 +1577,30 @@ async fn ephemeral_claims_read_the_pool_and_forget_their_writes() {
             && xml.contains(&base.display().to_string()),
         "an overlay of the instance's own on the claim: {xml}"
     );
+    assert!(
+        xml.contains(&format!("<source dir='{}'/>", folder.display()))
+            && xml.contains("<target dir='files'/>"),
+        "the claim's folder shared over virtiofs: {xml}"
+    );
+    // The guest mounts the folder by its name, reads the host's file and writes its own.
+    let mount = "mkdir -p /mnt/files && (grep -q ' /mnt/files ' /proc/mounts || \
+                 mount -t virtiofs files /mnt/files) && cat /mnt/files/from-host.txt && \
+                 printf written-by-the-guest > /mnt/files/from-guest.txt && sync";
+    let got = wait_for("the shared folder read in the guest", BOOT, || async {
+        guest_exec(&dom, "/bin/sh", &["-c", mount]).filter(|o| !o.is_empty())
+    })
+    .await;
+    assert_eq!(got, "written-by-the-host");
+    assert_eq!(
+        std::fs::read_to_string(folder.join("from-guest.txt")).unwrap(),
+        "written-by-the-guest"
+    );
+    let vmi = wait_for("LiveMigratable false for virtiofs", BOOT, || async {
+        let vmi = a.vmi("eph").await?;
+        (cond_status(&vmi, "LiveMigratable")?.1 == "VirtIOFSNotLiveMigratable").then_some(vmi)
+    })
+    .await;
+    assert_eq!(cond_status(&vmi, "LiveMigratable").unwrap().0, "False");
     let got = wait_for("the claim read through the overlay", BOOT, || async {
         read_vda(&dom, marker.len())
     })

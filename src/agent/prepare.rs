@@ -58,14 +58,7 @@ pub fn owner_uid(vmi: &VirtualMachineInstance) -> String {
 /// it could make QEMU open a file outside the pool. The extension sets the format; the
 /// file's contents are never probed for one.
 pub async fn claim_disk(agent: &Agent, ns: &str, claim: &str) -> anyhow::Result<(PathBuf, String)> {
-    crate::types::check_name("namespace", ns)?;
-    crate::types::check_name("claimName", claim)?;
-    let Some((pool, root)) = &agent.cfg.shared_pool else {
-        bail!(
-            "claim {ns}/{claim}: node {} mounts no shared storage pool (serve --shared-pool)",
-            agent.cfg.node_name
-        );
-    };
+    let (pool, root) = claims_pool(agent, ns, claim)?;
     let dir = root.join(ns);
     let Some((path, format)) = [("qcow2", "qcow2"), ("raw", "raw")]
         .into_iter()
@@ -81,6 +74,43 @@ pub async fn claim_disk(agent: &Agent, ns: &str, claim: &str) -> anyhow::Result<
         .await
         .map_err(|e| anyhow::anyhow!("claim {ns}/{claim}: {}: {e}", path.display()))?;
     Ok((path, format.to_string()))
+}
+
+/// The shared pool (name and folder) a claim of `ns` lives on, once both names are checked.
+fn claims_pool<'a>(
+    agent: &'a Agent,
+    ns: &str,
+    claim: &str,
+) -> anyhow::Result<&'a (String, PathBuf)> {
+    crate::types::check_name("namespace", ns)?;
+    crate::types::check_name("claimName", claim)?;
+    agent.cfg.shared_pool.as_ref().ok_or_else(|| {
+        anyhow::anyhow!(
+            "claim {ns}/{claim}: node {} mounts no shared storage pool (serve --shared-pool)",
+            agent.cfg.node_name
+        )
+    })
+}
+
+/// The folder a virtiofs filesystem shares for a `persistentVolumeClaim`:
+/// `POOL/NS/CLAIM/`, which the operator makes, as for claim disks. It must be a folder
+/// itself, not a symbolic link, so it stays inside the pool; virtiofsd keeps the guest
+/// inside it.
+async fn claim_folder(agent: &Agent, ns: &str, claim: &str) -> anyhow::Result<PathBuf> {
+    let (pool, root) = claims_pool(agent, ns, claim)?;
+    let dir = root.join(ns).join(claim);
+    match tokio::fs::symlink_metadata(&dir).await {
+        Ok(m) if m.is_dir() => Ok(dir),
+        Ok(_) => bail!(
+            "claim {ns}/{claim}: {} is not a folder (a filesystem shares a folder; symbolic \
+             links are refused)",
+            dir.display()
+        ),
+        Err(e) => bail!(
+            "claim {ns}/{claim}: no folder {} on shared pool {pool} to share: {e}",
+            dir.display()
+        ),
+    }
 }
 
 /// A hostDisk's file, inside this node's host disk folder (`serve --host-disk-dir`):
@@ -227,6 +257,7 @@ pub async fn prepare(
     let vol_dir = agent.volumes_dir(&owner);
 
     let mut disks = BTreeMap::new();
+    let mut shares = BTreeMap::new();
     let mut made_volume = false;
     let mut pulled = Vec::new();
     for v in &spec.volumes {
@@ -332,6 +363,15 @@ pub async fn prepare(
             let overlay = run_dir.join(format!("ephemeral-{}.qcow2", v.name));
             make_overlay(&base, &format, &overlay).await?;
             disks.insert(v.name.clone(), local_disk(&overlay));
+        } else if let Some(claim) = v.persistent_volume_claim.as_ref().filter(|_| {
+            spec.domain
+                .devices
+                .filesystems
+                .iter()
+                .any(|f| f.name == v.name)
+        }) {
+            let dir = claim_folder(agent, &ns, &claim.claim_name).await?;
+            shares.insert(v.name.clone(), dir.to_string_lossy().into_owned());
         } else if let Some(claim) = &v.persistent_volume_claim {
             let (path, format) = claim_disk(agent, &ns, &claim.claim_name).await?;
             disks.insert(
@@ -446,6 +486,7 @@ pub async fn prepare(
         vnc_socket: Some(run_dir.join("vnc.sock").to_string_lossy().into_owned()),
         serial_socket: Some(run_dir.join("serial.sock").to_string_lossy().into_owned()),
         disks,
+        shares,
         kernel,
         initrd,
         cpu,

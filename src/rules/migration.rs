@@ -66,6 +66,18 @@ pub fn live_migratable(vmi: &VirtualMachineInstance) -> Migratability {
             method: MigrationMethod::LiveMigration,
         };
     }
+    if let Some(f) = vmi.spec.domain.devices.filesystems.first() {
+        return Migratability {
+            ok: false,
+            reason: "VirtIOFSNotLiveMigratable".into(),
+            message: format!(
+                "cannot migrate VMI: filesystem {} is shared over virtiofs, whose state \
+                 libvirt cannot move (not supported yet)",
+                f.name
+            ),
+            method: MigrationMethod::LiveMigration,
+        };
+    }
     let (local, shared) = (local_disks(vmi), shared_disks(vmi));
     if local.is_empty() {
         return Migratability {
@@ -318,6 +330,23 @@ mod tests {
             migration_method(&mixed, &asked).unwrap_err().reason,
             "DisksNotLiveMigratable"
         );
+    }
+
+    /// A claim shared over virtiofs pins the instance: virtiofsd's state does not move.
+    #[test]
+    fn virtiofs_filesystems_do_not_migrate() {
+        let claim = json!({"name": "data", "persistentVolumeClaim": {"claimName": "data"}});
+        let shared = vmi_of(&json!({"metadata": {}, "spec": {
+            "domain": {"devices": {"filesystems": [{"name": "data", "virtiofs": {}}]}},
+            "volumes": [claim.clone()]}}));
+        let m = live_migratable(&shared);
+        assert_eq!(
+            (m.ok, m.reason.as_str()),
+            (false, "VirtIOFSNotLiveMigratable")
+        );
+        assert!(m.message.contains("data"), "{m:?}");
+        let disk = vmi_of(&json!({"metadata": {}, "spec": {"domain": {}, "volumes": [claim]}}));
+        assert!(live_migratable(&disk).ok);
     }
 
     #[test]

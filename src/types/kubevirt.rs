@@ -1073,6 +1073,22 @@ pub struct Devices {
     /// to disable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disable_hotplug: Option<bool>,
+    /// Folders shared with the guest over virtiofs, each presenting the volume of the same
+    /// name: a `persistentVolumeClaim`, whose folder `POOL/NAMESPACE/CLAIM/` on the shared
+    /// pool is shared. The guest mounts it by its name: `mount -t virtiofs NAME /mnt`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filesystems: Vec<Filesystem>,
+}
+
+/// KubeVirt's `Filesystem`: a volume shared as a folder rather than presented as a disk.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct Filesystem {
+    /// The name of the volume it shares, and the tag the guest mounts it by.
+    pub name: String,
+    /// Share it over virtiofs (QEMU's virtiofsd), the one way KubeVirt has.
+    pub virtiofs: Empty,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

@@ -45,6 +45,8 @@ pub struct Context {
     pub serial_socket: Option<String>,
     /// Volume name → the disk prepared for it.
     pub disks: BTreeMap<String, ResolvedDisk>,
+    /// Volume name → the host folder a virtiofs filesystem shares.
+    pub shares: BTreeMap<String, String>,
     pub kernel: Option<String>,
     pub initrd: Option<String>,
     /// The guest CPU chosen for this node (see [`crate::cpu::policy`]).
@@ -105,6 +107,12 @@ struct SysinfoXml {
     uuid: Option<String>,
     serial: Option<String>,
     chassis: Vec<(&'static str, String)>,
+}
+
+/// A folder shared over virtiofs: libvirt starts virtiofsd for it.
+struct FilesystemXml {
+    dir: String,
+    tag: String,
 }
 
 struct NicXml {
@@ -191,6 +199,7 @@ struct DomainXml<'a> {
     cmdline: Option<String>,
     has_boot_order: bool,
     disks: Vec<DiskXml>,
+    filesystems: Vec<FilesystemXml>,
     nics: Vec<NicXml>,
     serial: bool,
     serial_socket: Option<String>,
@@ -383,6 +392,46 @@ fn check_disk_io(d: &crate::types::kubevirt::Disk) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// virtiofs shares: each names a `persistentVolumeClaim` volume that no disk presents.
+fn check_filesystems(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
+    let fs = &spec.domain.devices.filesystems;
+    let names: Vec<&str> = fs.iter().map(|f| f.name.as_str()).collect();
+    if let Some(dup) = first_duplicate(&names) {
+        return Err(Invalid(format!(
+            "spec.domain.devices.filesystems: {dup:?} is listed twice"
+        )));
+    }
+    for f in fs {
+        let at = format!("spec.domain.devices.filesystems[{}]", f.name);
+        let Some(v) = spec.volumes.iter().find(|v| v.name == f.name) else {
+            return Err(Invalid(format!("{at}: no volume named {:?}", f.name)));
+        };
+        if spec.domain.devices.disks.iter().any(|d| d.name == f.name) {
+            return Err(Invalid(format!(
+                "{at}: volume {:?} is presented as a disk too; a volume is a disk or a \
+                 filesystem, not both",
+                f.name
+            )));
+        }
+        match &v.persistent_volume_claim {
+            None => {
+                return Err(Invalid(format!(
+                    "{at}: only a persistentVolumeClaim volume (a folder on the shared pool) \
+                     can be shared over virtiofs here; configMap, secret and the other \
+                     volume kinds are not supported yet"
+                )));
+            }
+            Some(c) if c.read_only == Some(true) => {
+                return Err(Invalid(format!(
+                    "{at}: a readOnly claim shared over virtiofs is not supported yet"
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
 pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     validate_domain(spec)?;
     crate::rules::guest::validate(spec)?;
@@ -420,6 +469,7 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
             }
         }
     }
+    check_filesystems(spec)?;
     for v in &spec.volumes {
         let sources = [
             v.container_disk.is_some(),
@@ -1195,9 +1245,13 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
         });
         dedicated.push(d.dedicated_io_thread == Some(true));
     }
-    // Volumes without a disk entry (KubeVirt adds one for each volume): virtio disks.
+    // Volumes without a disk or filesystem entry (KubeVirt adds a disk for each): virtio
+    // disks.
+    let devs = &spec.domain.devices;
     for v in &spec.volumes {
-        if spec.domain.devices.disks.iter().any(|d| d.name == v.name) {
+        if devs.disks.iter().any(|d| d.name == v.name)
+            || devs.filesystems.iter().any(|f| f.name == v.name)
+        {
             continue;
         }
         let resolved = ctx
@@ -1228,7 +1282,19 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
         });
         dedicated.push(false);
     }
-    let devs = &spec.domain.devices;
+    let filesystems = devs
+        .filesystems
+        .iter()
+        .map(|f| {
+            ctx.shares
+                .get(&f.name)
+                .map(|dir| FilesystemXml {
+                    dir: dir.clone(),
+                    tag: f.name.clone(),
+                })
+                .ok_or_else(|| Invalid(format!("filesystem {:?} was not prepared", f.name)))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let transitional = devs.use_virtio_transitional == Some(true);
     let vcpus = sockets * cores * threads;
     let virtio: Vec<bool> = disks
@@ -1374,6 +1440,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             .any(|d| d.boot_order.is_some())
             || ifaces.iter().any(|i| i.boot_order.is_some()),
         disks,
+        filesystems,
         nics,
         serial: spec.domain.devices.autoattach_serial_console != Some(false),
         serial_socket: ctx.serial_socket.clone(),

@@ -794,6 +794,18 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             "capacity",
         ),
         (
+            "virtiofs-host-folder",
+            json!({"volumes": [{"name": "d", "hostDisk": {"path": "/etc", "type": "Disk"}}],
+                "domain": {"devices": {"filesystems": [{"name": "d", "virtiofs": {}}]}}}),
+            "persistentVolumeClaim",
+        ),
+        (
+            "virtiofs-claim-dotdot",
+            json!({"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "../../etc"}}],
+                "domain": {"devices": {"filesystems": [{"name": "d", "virtiofs": {}}]}}}),
+            "claimName",
+        ),
+        (
             "spread-skew-zero",
             json!({"topologySpreadConstraints": [{"maxSkew": 0, "topologyKey": "zone",
                 "whenUnsatisfiable": "DoNotSchedule"}]}),

@@ -116,7 +116,8 @@ done < <(ldd "$QEMU_GA" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {p
 # modules, in load order; built-in ones are skipped. Debian's 6.1 cloud
 # kernel ships them uncompressed, but .ko.xz/.ko.zst/.ko.gz are handled too.
 MODULES="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci
-virtio_console virtio_blk failover net_failover virtio_net virtio_balloon button evdev"
+virtio_console virtio_blk failover net_failover virtio_net virtio_balloon button evdev
+fuse virtiofs"
 : >"$R/etc/modules-load"
 loaded=() builtin=() absent=()
 for m in $MODULES; do

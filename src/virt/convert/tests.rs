@@ -47,6 +47,7 @@ fn ctx(accel: &str) -> Context {
         },
     );
     Context {
+        shares: BTreeMap::new(),
         domain_name: "ev-default-demo-0123abcd".into(),
         domain_uuid: "0123abcd-0000-4000-8000-000000000001".into(),
         install_id: "install-1".into(),
@@ -324,6 +325,74 @@ fn smbios_strings_are_escaped() {
         xml.contains("<entry name='serial'>&#60;/entry&#62;&#60;x a=&#39;1&#39;&#62;</entry>"),
         "{xml}"
     );
+}
+
+/// A claim shared over virtiofs: a filesystem device on shared memory, and no disk for it.
+#[test]
+fn virtiofs_filesystem_kvm() {
+    let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(
+        "domain: {memory: {guest: 64Mi}, devices: {filesystems: [{name: data, virtiofs: {}}]}}\n\
+         volumes: [{name: data, persistentVolumeClaim: {claimName: site-data}}]",
+    )
+    .unwrap();
+    validate(&spec).unwrap();
+    let mut c = ctx("kvm");
+    c.disks.clear();
+    c.shares
+        .insert("data".into(), "/srv/pool/default/site-data".into());
+    let xml = domain_xml(&spec, &c).unwrap();
+    for needle in [
+        "<source type='memfd'/>",
+        "<access mode='shared'/>",
+        "<driver type='virtiofs'/>",
+        "<source dir='/srv/pool/default/site-data'/>",
+        "<target dir='data'/>",
+    ] {
+        assert!(xml.contains(needle), "{needle}: {xml}");
+    }
+    assert!(!xml.contains("<disk"), "{xml}");
+    c.shares.clear();
+    assert!(
+        domain_xml(&spec, &c)
+            .unwrap_err()
+            .0
+            .contains("not prepared")
+    );
+}
+
+#[test]
+fn virtiofs_filesystems_are_checked() {
+    for (fs, vols, needle) in [
+        ("[{name: x, virtiofs: {}}]", "[]", "no volume named"),
+        (
+            "[{name: d, virtiofs: {}}, {name: d, virtiofs: {}}]",
+            "[{name: d, persistentVolumeClaim: {claimName: d}}]",
+            "twice",
+        ),
+        (
+            "[{name: d, virtiofs: {}}]",
+            "[{name: d, containerDisk: {image: img}}]",
+            "only a persistentVolumeClaim",
+        ),
+        (
+            "[{name: d, virtiofs: {}}]",
+            "[{name: d, persistentVolumeClaim: {claimName: d, readOnly: true}}]",
+            "readOnly",
+        ),
+    ] {
+        let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(&format!(
+            "domain: {{memory: {{guest: 64Mi}}, devices: {{filesystems: {fs}}}}}\nvolumes: {vols}"
+        ))
+        .unwrap();
+        let e = validate(&spec).unwrap_err().0;
+        assert!(e.contains(needle), "{fs} {vols}: {e}");
+    }
+    let both: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(
+        "domain: {memory: {guest: 64Mi}, devices: {filesystems: [{name: d, virtiofs: {}}], \
+         disks: [{name: d, disk: {}}]}}\nvolumes: [{name: d, persistentVolumeClaim: {claimName: d}}]",
+    )
+    .unwrap();
+    assert!(validate(&both).unwrap_err().0.contains("not both"));
 }
 
 /// As in KubeVirt, EFI means Secure Boot unless `secureBoot: false`; SMM must be on with it.

@@ -1086,22 +1086,32 @@ fn datavolume_disks(data_dir: &std::path::Path) -> Vec<String> {
     out
 }
 
-/// The NoCloud disk of a domain's XML (the cloud-init ISO the agent wrote).
-fn nocloud_iso(xml: &str) -> String {
+/// The ISO the agent wrote for volume `vol`, from a domain's XML.
+fn volume_iso(xml: &str, vol: &str) -> String {
     xml.split("<source file='")
         .filter_map(|s| s.split('\'').next())
-        .find(|p| p.ends_with(".iso"))
-        .unwrap_or_else(|| panic!("no NoCloud disk in {xml}"))
+        .find(|p| p.ends_with(&format!("/{vol}.iso")))
+        .unwrap_or_else(|| panic!("no ISO for volume {vol} in {xml}"))
         .to_string()
+}
+
+/// The NoCloud disk of a domain's XML (the cloud-init ISO the agent wrote).
+fn nocloud_iso(xml: &str) -> String {
+    volume_iso(xml, "cloudinit")
+}
+
+/// A file inside an ISO (Rock Ridge names).
+fn iso_file(iso: &str, path: &str) -> String {
+    let out = std::process::Command::new("isoinfo")
+        .args(["-R", "-i", iso, "-x", path])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The user data inside a NoCloud ISO.
 fn nocloud_user_data(iso: &str) -> String {
-    let out = std::process::Command::new("isoinfo")
-        .args(["-R", "-i", iso, "-x", "/user-data"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    iso_file(iso, "/user-data")
 }
 
 /// The status of a VMI's condition of `type_` (`None` when it has none).
@@ -1137,6 +1147,12 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
     );
     let (code, v) = a
         .post_yaml("/api/v1/namespaces/default/secrets", &secret)
+        .await;
+    assert_eq!(code, 201, "{v}");
+    let config = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: site-config}\n\
+                  data: {app.conf: \"mode=edge\\n\"}\nbinaryData: {blob.bin: AAFiaW4=}\n";
+    let (code, v) = a
+        .post_yaml("/api/v1/namespaces/default/configmaps", config)
         .await;
     assert_eq!(code, 201, "{v}");
     let sized = Vm::guest("sized")
@@ -1186,10 +1202,19 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
                 "disk": {"bus": "virtio"}, "cache": "writeback", "io": "threads",
                 "errorPolicy": "report",
                 "blockSize": {"custom": {"logical": 512, "physical": 4096}}}]);
-            spec["volumes"]
-                .as_array_mut()
-                .unwrap()
-                .push(json!({"name": "scratch", "emptyDisk": {"capacity": "16Mi"}}));
+            let volumes = spec["volumes"].as_array_mut().unwrap();
+            volumes.push(json!({"name": "scratch", "emptyDisk": {"capacity": "16Mi"}}));
+            // A ConfigMap, a Secret and the instance's own metadata as files on ISO disks;
+            // an optional ConfigMap that does not exist gives an empty one.
+            volumes.extend([
+                json!({"name": "cfg", "configMap": {"name": "site-config",
+                    "volumeLabel": "OEMDRV"}}),
+                json!({"name": "keys", "secret": {"secretName": "my-keys"}}),
+                json!({"name": "meta", "downwardAPI": {"fields": [
+                    {"path": "ids/name", "fieldRef": {"fieldPath": "metadata.name"}},
+                    {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}),
+                json!({"name": "nothing", "configMap": {"name": "absent", "optional": true}}),
+            ]);
         })
         .yaml();
     let (code, v) = a.post_yaml(VMS, &sized).await;
@@ -1239,6 +1264,47 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
         assert!(xml.contains(want), "{want} not in {xml}");
     }
     assert!(xml.contains("<acpi index='7'/>"), "{xml}");
+    // The ConfigMap, Secret and downward API files, each on its ISO, as KubeVirt lays them
+    // out; the staging folders are gone.
+    let cfg = volume_iso(&xml, "cfg");
+    assert_eq!(iso_file(&cfg, "/app.conf"), "mode=edge\n");
+    assert_eq!(iso_file(&cfg, "/blob.bin").as_bytes(), b"\x00\x01bin");
+    let label = std::process::Command::new("isoinfo")
+        .args(["-d", "-i", &cfg])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&label.stdout).contains("Volume id: OEMDRV"),
+        "{label:?}"
+    );
+    assert_eq!(iso_file(&volume_iso(&xml, "keys"), "/key1"), key);
+    let meta = volume_iso(&xml, "meta");
+    assert_eq!(iso_file(&meta, "/ids/name"), "sized");
+    assert!(
+        iso_file(&meta, "/labels").contains("=\""),
+        "the labels as key=\"value\" lines"
+    );
+    let run_dir = std::path::Path::new(&cfg).parent().unwrap();
+    assert!(
+        !run_dir.join("config-keys").exists(),
+        "a Secret's files stay only in the ISO"
+    );
+    assert!(std::path::Path::new(&volume_iso(&xml, "nothing")).is_file());
+    // The guest reads the ConfigMap's disk.
+    let seen = guest_exec(
+        &dom,
+        "/bin/sh",
+        &[
+            "-c",
+            "for d in /dev/vd?; do grep -q mode=edge $d && echo found; done",
+        ],
+    )
+    .unwrap_or_default();
+    assert_eq!(
+        seen.trim(),
+        "found",
+        "the ConfigMap's file on one guest disk"
+    );
     let indexes = guest_exec(
         &dom,
         "/bin/sh",

@@ -50,6 +50,34 @@ async fn suite(which: &str, bin: PathBuf) {
         assert!(res.contains(&want), "api-resources lacks {want:?}: {res:?}");
     }
 
+    // A ConfigMap as kubectl makes one, listed by the server's table.
+    assert_eq!(
+        k.ok(&["create", "configmap", "site", "--from-literal=mode=edge"])
+            .trim(),
+        "configmap/site created"
+    );
+    let cms = k.ok(&["get", "configmaps"]);
+    assert!(cms.lines().any(|l| l.starts_with("site ")), "{cms}");
+    assert_eq!(
+        k.ok(&["get", "configmap", "site", "-o", "jsonpath={.data.mode}"]),
+        "edge"
+    );
+    assert_eq!(
+        k.ok(&[
+            "create",
+            "secret",
+            "generic",
+            "creds",
+            "--from-literal=user=admin"
+        ])
+        .trim(),
+        "secret/creds created"
+    );
+    assert_eq!(
+        k.ok(&["get", "secret", "creds", "-o", "jsonpath={.data.user}"]),
+        "YWRtaW4="
+    );
+
     // apply twice: created, then unchanged.
     let file = home.join("kv.yaml");
     std::fs::write(&file, Vm::guest("kv").yaml()).unwrap();

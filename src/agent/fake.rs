@@ -258,12 +258,13 @@ impl ControlPlane for FakeControlPlane {
     ) -> R<'a, crate::registry::DockerConfig> {
         Box::pin(async move { anyhow::bail!("no secret {ns}/{name} in the fake") })
     }
-    fn secret_data<'a>(
+    fn data_of<'a>(
         &'a self,
-        ns: &'a str,
-        name: &'a str,
-    ) -> R<'a, std::collections::BTreeMap<String, Vec<u8>>> {
-        Box::pin(async move { anyhow::bail!("no secret {ns}/{name} in the fake") })
+        _kind: crate::types::Kind,
+        _ns: &'a str,
+        _name: &'a str,
+    ) -> R<'a, Option<std::collections::BTreeMap<String, Vec<u8>>>> {
+        Box::pin(async move { Ok(None) })
     }
     fn get_data_volume<'a>(
         &'a self,

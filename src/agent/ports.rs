@@ -23,8 +23,9 @@ use crate::launcher::client::LauncherError;
 use crate::launcher::protocol::{Request, Status};
 use crate::registry::DockerConfig;
 use crate::types::cdi::DataVolume;
+use crate::types::object::data_files;
 use crate::types::object::{apply_change, empty};
-use crate::types::{Invalid, Typed, VirtualMachine, VirtualMachineInstance};
+use crate::types::{Invalid, Kind, Typed, VirtualMachine, VirtualMachineInstance};
 use crate::types::{VirtualMachineInstanceMigration, edgevirt::Image};
 
 /// A typed object with the JSON it was read from.
@@ -100,12 +101,26 @@ pub trait ControlPlane: Send + Sync {
     fn get_image<'a>(&'a self, name: &'a str) -> R<'a, Image>;
     /// The registry credentials of a `kubernetes.io/dockerconfigjson` Secret.
     fn pull_secret<'a>(&'a self, ns: &'a str, name: &'a str) -> R<'a, DockerConfig>;
+    /// A Secret's or ConfigMap's data (decoded): the files of a `secret` or `configMap`
+    /// volume; `None` when it does not exist.
+    fn data_of<'a>(
+        &'a self,
+        kind: Kind,
+        ns: &'a str,
+        name: &'a str,
+    ) -> R<'a, Option<std::collections::BTreeMap<String, Vec<u8>>>>;
     /// A Secret's data (decoded), for access credentials; an error names what is missing.
     fn secret_data<'a>(
         &'a self,
         ns: &'a str,
         name: &'a str,
-    ) -> R<'a, std::collections::BTreeMap<String, Vec<u8>>>;
+    ) -> R<'a, std::collections::BTreeMap<String, Vec<u8>>> {
+        Box::pin(async move {
+            self.data_of(Kind::Secret, ns, name)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("Secret {ns}/{name} does not exist"))
+        })
+    }
     /// A DataVolume, if it exists.
     fn get_data_volume<'a>(
         &'a self,
@@ -374,28 +389,20 @@ impl ControlPlane for Http {
                 .map_err(|e| anyhow::anyhow!("imagePullSecret {ns}/{name}: {e}"))
         })
     }
-    fn secret_data<'a>(
+    fn data_of<'a>(
         &'a self,
+        kind: Kind,
         ns: &'a str,
         name: &'a str,
-    ) -> R<'a, std::collections::BTreeMap<String, Vec<u8>>> {
+    ) -> R<'a, Option<std::collections::BTreeMap<String, Vec<u8>>>> {
         Box::pin(async move {
-            use base64::Engine as _;
-            let path = format!("/api/v1/namespaces/{ns}/secrets/{name}");
-            let Some(s) = self.0.get_opt(&path).await? else {
-                anyhow::bail!("Secret {ns}/{name} does not exist");
+            let path = format!("/api/v1/namespaces/{ns}/{}/{name}", kind.plural());
+            let Some(o) = self.0.get_opt(&path).await? else {
+                return Ok(None);
             };
-            let mut out = std::collections::BTreeMap::new();
-            for (k, v) in s["data"].as_object().into_iter().flatten() {
-                let bytes = v
-                    .as_str()
-                    .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
-                    .ok_or_else(|| {
-                        anyhow::anyhow!("Secret {ns}/{name}: data[{k:?}] is not base64")
-                    })?;
-                out.insert(k.clone(), bytes);
-            }
-            Ok(out)
+            data_files(kind, &o)
+                .map(Some)
+                .map_err(|e| anyhow::anyhow!("{} {ns}/{name}: {}", kind.name(), e.0))
         })
     }
     fn tunnel<'a>(&'a self, path: &'a str) -> R<'a, Ws> {

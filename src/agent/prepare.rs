@@ -341,6 +341,17 @@ pub async fn prepare(
                     readonly: false,
                 },
             );
+        } else if let Some((label, files)) = config_files(agent, vmi, &ns, v).await? {
+            let iso = config_iso(&run_dir, &v.name, &label, &files).await?;
+            disks.insert(
+                v.name.clone(),
+                ResolvedDisk {
+                    path: iso.to_string_lossy().into_owned(),
+                    format: "raw".into(),
+                    shared: false,
+                    readonly: false,
+                },
+            );
         } else if let Some(h) = &v.host_disk {
             let path = host_disk(agent, &v.name, h).await?;
             disks.insert(
@@ -528,7 +539,7 @@ fn cloud_init_data(
 }
 
 /// Write an ISO labelled `volid` at `iso` holding the files under `dir` (paths relative to
-/// it), with Rock Ridge and Joliet names.
+/// it; none: an empty ISO), with Rock Ridge and Joliet names.
 async fn write_iso(iso: &Path, volid: &str, dir: &Path, files: &[&str]) -> anyhow::Result<()> {
     let iso_s = iso.to_string_lossy().into_owned();
     // Graft points (`inside=outside`) keep each file's folder inside the ISO.
@@ -550,7 +561,112 @@ async fn write_iso(iso: &Path, volid: &str, dir: &Path, files: &[&str]) -> anyho
             .iter()
             .map(|f| format!("{f}={}", dir.join(f).to_string_lossy())),
     );
+    if files.is_empty() {
+        args.push(dir.to_string_lossy().into_owned());
+    }
     super::run_tool("genisoimage", &args).await
+}
+
+/// The files of a `configMap`, `secret` or `downwardAPI` volume, with its ISO label
+/// (`cfgdata` unless `volumeLabel` says); `None` for other volumes. A missing ConfigMap or
+/// Secret stops the start, unless the volume is `optional` (then the disk is empty).
+async fn config_files(
+    agent: &Agent,
+    vmi: &VirtualMachineInstance,
+    ns: &str,
+    v: &crate::types::kubevirt::Volume,
+) -> anyhow::Result<Option<(String, BTreeMap<String, Vec<u8>>)>> {
+    use crate::types::Kind;
+    let (kind, name, optional, label) = if let Some(c) = &v.config_map {
+        (
+            Kind::ConfigMap,
+            c.name.as_str(),
+            c.optional,
+            &c.volume_label,
+        )
+    } else if let Some(s) = &v.secret {
+        let name = s.secret_name.as_deref().unwrap_or_default();
+        (Kind::Secret, name, s.optional, &s.volume_label)
+    } else if let Some(d) = &v.downward_api {
+        let empty = BTreeMap::new();
+        let meta = crate::types::kubevirt::DownwardMeta {
+            name: vmi.name(),
+            namespace: ns,
+            uid: vmi.uid(),
+            labels: vmi.metadata.labels.as_ref().unwrap_or(&empty),
+            annotations: vmi.metadata.annotations.as_ref().unwrap_or(&empty),
+        };
+        let mut files = BTreeMap::new();
+        for f in &d.fields {
+            f.check_path()?;
+            let value = match &f.field_ref {
+                Some(r) => r.value(&meta)?,
+                None => String::new(),
+            };
+            files.insert(f.path.clone(), value.into_bytes());
+        }
+        return Ok(Some((label_or_default(&d.volume_label), files)));
+    } else {
+        return Ok(None);
+    };
+    let files = match agent.cp.data_of(kind, ns, name).await? {
+        Some(files) => files,
+        None if optional == Some(true) => BTreeMap::new(),
+        None => bail!(
+            "volume {}: {} {ns}/{name} does not exist (mark the volume optional to start \
+             without it)",
+            v.name,
+            kind.name()
+        ),
+    };
+    // Admission checks keys; an object stored by an older release is checked here too, as
+    // each key becomes a file name.
+    if let Some(k) = files
+        .keys()
+        .find(|k| k.is_empty() || k.contains('/') || *k == "." || *k == "..")
+    {
+        bail!(
+            "volume {}: {} {ns}/{name}: key {k:?} is no file name",
+            v.name,
+            kind.name()
+        );
+    }
+    Ok(Some((label_or_default(label), files)))
+}
+
+fn label_or_default(label: &Option<String>) -> String {
+    label.clone().unwrap_or_else(|| "cfgdata".into())
+}
+
+/// An ISO labelled `label` holding `files` (paths relative to its root), as KubeVirt
+/// presents ConfigMaps, Secrets and downward API files. The files are written to a folder
+/// of the run dir only while the ISO is made.
+async fn config_iso(
+    run_dir: &Path,
+    vol: &str,
+    label: &str,
+    files: &BTreeMap<String, Vec<u8>>,
+) -> anyhow::Result<PathBuf> {
+    let dir = run_dir.join(format!("config-{vol}"));
+    if tokio::fs::try_exists(&dir).await? {
+        tokio::fs::remove_dir_all(&dir).await?;
+    }
+    tokio::fs::create_dir_all(&dir).await?;
+    for (path, bytes) in files {
+        // Keys and downward paths were checked: relative, with no `..`.
+        let file = dir.join(path);
+        if let Some(parent) = file.parent() {
+            tokio::fs::create_dir_all(parent).await?;
+        }
+        tokio::fs::write(&file, bytes).await?;
+    }
+    let iso = run_dir.join(format!("{vol}.iso"));
+    let names: Vec<&str> = files.keys().map(String::as_str).collect();
+    let made = write_iso(&iso, label, &dir, &names).await;
+    // A Secret's files stay only in the ISO.
+    tokio::fs::remove_dir_all(&dir).await?;
+    made?;
+    Ok(iso)
 }
 
 /// The NoCloud ISO (label `cidata`) of a `cloudInitNoCloud` volume.
@@ -741,6 +857,26 @@ mod tests {
             .lines()
             .find_map(|l| l.strip_prefix("Volume id: ").map(str::to_string))
             .unwrap_or_default()
+    }
+
+    /// A config ISO: every file at its path (folders made for downward API paths), the
+    /// label asked for, and no staging folder left; no files make an empty ISO.
+    #[tokio::test]
+    async fn config_isos_hold_their_files_under_their_label() {
+        let d = tempfile::tempdir().unwrap();
+        let files = BTreeMap::from([
+            ("app.conf".to_string(), b"mode=edge\n".to_vec()),
+            ("ids/name".to_string(), b"vm1".to_vec()),
+        ]);
+        let iso = config_iso(d.path(), "cfg", "OEMDRV", &files).await.unwrap();
+        assert_eq!(iso_file(&iso, "/app.conf"), "mode=edge\n");
+        assert_eq!(iso_file(&iso, "/ids/name"), "vm1");
+        assert_eq!(iso_label(&iso), "OEMDRV");
+        assert!(!d.path().join("config-cfg").exists());
+        let empty = config_iso(d.path(), "none", "cfgdata", &BTreeMap::new())
+            .await
+            .unwrap();
+        assert_eq!(iso_label(&empty), "cfgdata");
     }
 
     /// The two cloud-init ISOs, as cloud-init's NoCloud and ConfigDrive sources read them.

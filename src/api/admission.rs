@@ -259,6 +259,7 @@ pub async fn admit(
             obj["spec"] = serde_json::to_value(&p).map_err(ApiError::internal)?;
         }
         Kind::Secret => check_secret(&mut obj)?,
+        Kind::ConfigMap => check_config_map(&mut obj)?,
         Kind::Namespace => {
             if let Some(o) = obj.as_object_mut() {
                 o.remove("spec");
@@ -276,7 +277,12 @@ pub async fn admit(
     }
     match existing {
         // Status is written through the status subresource only.
-        Some(old) if !matches!(kind, Kind::Node | Kind::Namespace | Kind::Secret) => {
+        Some(old)
+            if !matches!(
+                kind,
+                Kind::Node | Kind::Namespace | Kind::Secret | Kind::ConfigMap
+            ) =>
+        {
             if let Some(s) = old.get("status") {
                 obj["status"] = s.clone();
             }
@@ -614,20 +620,67 @@ fn check_secret(obj: &mut Value) -> ApiResult<()> {
         }
     }
     for k in data.keys() {
-        let ok = !k.is_empty()
-            && k.len() <= 253
-            && k.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
-        if !ok {
-            return Err(ApiError::invalid(format!(
-                "data[{k:?}]: a key is letters, digits, '-', '_' and '.'"
-            )));
-        }
+        check_data_key("data", k)?;
     }
     if ty == registry::DOCKER_CONFIG_SECRET {
         registry::DockerConfig::from_secret_data(&data).map_err(ApiError::invalid)?;
     }
     o.insert("data".into(), Value::Object(data));
+    Ok(())
+}
+
+/// A key of a Secret's or ConfigMap's data, as Kubernetes allows it; it becomes a file name
+/// in the guest, so never a path.
+fn check_data_key(field: &str, k: &str) -> ApiResult<()> {
+    let ok = !k.is_empty()
+        && k.len() <= 253
+        && k != "."
+        && k != ".."
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "{field}[{k:?}]: a key is letters, digits, '-', '_' and '.'"
+        )))
+    }
+}
+
+/// A ConfigMap as Kubernetes keeps it: `data` maps keys to text, `binaryData` to base64,
+/// and no key is in both.
+fn check_config_map(obj: &mut Value) -> ApiResult<()> {
+    use base64::Engine as _;
+    let o = obj
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("a ConfigMap is a JSON object"))?;
+    o.remove("spec");
+    o.remove("status");
+    let mut keys = Vec::new();
+    for (field, binary) in [("data", false), ("binaryData", true)] {
+        let Some(v) = o.get(field).filter(|v| !v.is_null()) else {
+            continue;
+        };
+        let m = v
+            .as_object()
+            .ok_or_else(|| ApiError::invalid(format!("{field}: must be a map of key to string")))?;
+        for (k, v) in m {
+            check_data_key(field, k)?;
+            let ok = v.as_str().is_some_and(|s| {
+                !binary || base64::engine::general_purpose::STANDARD.decode(s).is_ok()
+            });
+            if !ok {
+                let what = if binary { "base64" } else { "a string" };
+                return Err(ApiError::invalid(format!("{field}[{k:?}]: must be {what}")));
+            }
+            if keys.contains(k) {
+                return Err(ApiError::invalid(format!(
+                    "{field}[{k:?}]: the key is in data and binaryData both"
+                )));
+            }
+            keys.push(k.clone());
+        }
+    }
     Ok(())
 }
 

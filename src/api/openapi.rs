@@ -84,6 +84,11 @@ fn description(kind: Kind) -> &'static str {
             "Secret holds credentials, as in Kubernetes: a `kubernetes.io/dockerconfigjson` \
              secret gives a containerDisk's imagePullSecret its registry login."
         }
+        Kind::ConfigMap => {
+            "ConfigMap holds files, as in Kubernetes: a VM's `configMap` volume presents its \
+             keys to the guest as files on a disk (ISO 9660, labelled `cfgdata` or the \
+             disk's `volumeLabel`)."
+        }
         Kind::VirtualMachineInstancetype => {
             "VirtualMachineInstancetype is a VM size in a namespace: vCPUs and memory a VM's \
              spec.instancetype takes, which the VM may not override."

@@ -134,6 +134,7 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                         Kind::Image
                         | Kind::Namespace
                         | Kind::Secret
+                        | Kind::ConfigMap
                         | Kind::VirtualMachineInstancetype
                         | Kind::VirtualMachineClusterInstancetype
                         | Kind::VirtualMachinePreference

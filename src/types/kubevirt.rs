@@ -1472,6 +1472,191 @@ pub struct Volume {
     /// the claim's disk, its writes go to the overlay and are gone when the instance ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ephemeral: Option<EphemeralVolumeSource>,
+    /// A ConfigMap of the namespace: each key a file on an ISO disk, made anew at each start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ConfigMapVolumeSource>,
+    /// A Secret of the namespace: each key a file on an ISO disk, made anew at each start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<SecretVolumeSource>,
+    /// The instance's own name, namespace, uid, labels or annotations as files on an ISO
+    /// disk.
+    #[serde(
+        default,
+        rename = "downwardAPI",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub downward_api: Option<DownwardApiVolumeSource>,
+}
+
+/// KubeVirt's `ConfigMapVolumeSource`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct ConfigMapVolumeSource {
+    /// The ConfigMap's name, in the instance's namespace.
+    #[serde(default)]
+    pub name: String,
+    /// `true`: a missing ConfigMap gives an empty disk instead of stopping the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optional: Option<bool>,
+    /// The ISO's volume label (`cfgdata` by default; `cidata`, `config-2` or `OEMDRV` let
+    /// cloud-init or kickstart find it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_label: Option<String>,
+}
+
+/// KubeVirt's `SecretVolumeSource`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct SecretVolumeSource {
+    /// The Secret's name, in the instance's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_name: Option<String>,
+    /// `true`: a missing Secret gives an empty disk instead of stopping the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optional: Option<bool>,
+    /// The ISO's volume label (`cfgdata` by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_label: Option<String>,
+}
+
+/// KubeVirt's `DownwardAPIVolumeSource`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct DownwardApiVolumeSource {
+    /// The files: each a path on the disk and the field it holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<DownwardApiVolumeFile>,
+    /// The ISO's volume label (`cfgdata` by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_label: Option<String>,
+}
+
+/// Kubernetes' `DownwardAPIVolumeFile`, with field references only.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct DownwardApiVolumeFile {
+    /// The file's path on the disk, relative, without `..`.
+    pub path: String,
+    /// The field it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field_ref: Option<ObjectFieldSelector>,
+    /// Accepted: files on an ISO are read-only, whatever their mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<i32>,
+}
+
+impl DownwardApiVolumeFile {
+    /// The path, checked: relative, of plain names (letters, digits, `-`, `_`, `.`), no `..`.
+    pub fn check_path(&self) -> Result<(), crate::types::Invalid> {
+        let ok = !self.path.is_empty()
+            && self.path.len() <= 253
+            && self.path.split('/').all(|c| {
+                !c.is_empty()
+                    && c != "."
+                    && c != ".."
+                    && c.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+            });
+        if ok {
+            Ok(())
+        } else {
+            Err(crate::types::Invalid(format!(
+                "path {:?}: a relative path of names (letters, digits, '-', '_', '.'), \
+                 without '..'",
+                self.path
+            )))
+        }
+    }
+}
+
+/// The metadata a downwardAPI file can hold.
+pub struct DownwardMeta<'a> {
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub uid: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    pub annotations: &'a BTreeMap<String, String>,
+}
+
+/// Kubernetes' `ObjectFieldSelector`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct ObjectFieldSelector {
+    /// `v1` (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// `metadata.name`, `metadata.namespace`, `metadata.uid`, `metadata.labels`,
+    /// `metadata.annotations`, or one of them: `metadata.labels['KEY']`.
+    pub field_path: String,
+}
+
+impl ObjectFieldSelector {
+    /// The field it names, checked: (`metadata.name` and the like, a label or annotation
+    /// key).
+    fn parse(&self) -> Result<(&str, Option<&str>), crate::types::Invalid> {
+        let p = self.field_path.as_str();
+        if self.api_version.as_deref().is_some_and(|v| v != "v1") {
+            return Err(crate::types::Invalid(format!(
+                "fieldRef.apiVersion {:?}: only v1",
+                self.api_version.as_deref().unwrap_or_default()
+            )));
+        }
+        const WHOLE: [&str; 5] = [
+            "metadata.name",
+            "metadata.namespace",
+            "metadata.uid",
+            "metadata.labels",
+            "metadata.annotations",
+        ];
+        if WHOLE.contains(&p) {
+            return Ok((p, None));
+        }
+        for map in ["metadata.labels", "metadata.annotations"] {
+            if let Some(key) = p
+                .strip_prefix(map)
+                .and_then(|r| r.strip_prefix("['"))
+                .and_then(|r| r.strip_suffix("']"))
+                .filter(|k| !k.is_empty() && !k.contains('\''))
+            {
+                return Ok((map, Some(key)));
+            }
+        }
+        Err(crate::types::Invalid(format!(
+            "fieldRef.fieldPath {p:?}: one of {}, or metadata.labels['KEY'] or \
+             metadata.annotations['KEY'] (other fields are not supported yet)",
+            WHOLE.join(", ")
+        )))
+    }
+
+    pub fn check(&self) -> Result<(), crate::types::Invalid> {
+        self.parse().map(drop)
+    }
+
+    /// Its value for an instance with this metadata, as the kubelet writes it: a map as
+    /// sorted `key="value"` lines, a missing key as an empty file.
+    pub fn value(&self, m: &DownwardMeta) -> Result<String, crate::types::Invalid> {
+        let (field, key) = self.parse()?;
+        let map = match field {
+            "metadata.name" => return Ok(m.name.to_string()),
+            "metadata.namespace" => return Ok(m.namespace.to_string()),
+            "metadata.uid" => return Ok(m.uid.to_string()),
+            "metadata.labels" => m.labels,
+            _ => m.annotations,
+        };
+        Ok(match key {
+            Some(k) => map.get(k).cloned().unwrap_or_default(),
+            None => map
+                .iter()
+                .map(|(k, v)| format!("{k}={}", serde_json::Value::from(v.as_str())))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        })
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

@@ -104,6 +104,8 @@ pub enum Kind {
     /// Core `v1` secrets: registry credentials a containerDisk's `imagePullSecret` names.
     /// Only operators, administrators and agents read them.
     Secret,
+    /// Core `v1` config maps: files a VM's `configMap` volume presents to the guest.
+    ConfigMap,
     /// `instancetype.kubevirt.io/v1beta1`: a VM size in a namespace.
     VirtualMachineInstancetype,
     /// A VM size for every namespace; edgevirt ships KubeVirt's common set.
@@ -121,7 +123,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 14] = [
+    pub const ALL: [Kind; 15] = [
         Kind::VirtualMachine,
         Kind::VirtualMachineInstance,
         Kind::VirtualMachineInstanceMigration,
@@ -129,6 +131,7 @@ impl Kind {
         Kind::Image,
         Kind::Namespace,
         Kind::Secret,
+        Kind::ConfigMap,
         Kind::VirtualMachineInstancetype,
         Kind::VirtualMachineClusterInstancetype,
         Kind::VirtualMachinePreference,
@@ -147,6 +150,7 @@ impl Kind {
             Kind::Image => "Image",
             Kind::Namespace => "Namespace",
             Kind::Secret => "Secret",
+            Kind::ConfigMap => "ConfigMap",
             Kind::VirtualMachineInstancetype => "VirtualMachineInstancetype",
             Kind::VirtualMachineClusterInstancetype => "VirtualMachineClusterInstancetype",
             Kind::VirtualMachinePreference => "VirtualMachinePreference",
@@ -166,6 +170,7 @@ impl Kind {
             Kind::Image => "images",
             Kind::Namespace => "namespaces",
             Kind::Secret => "secrets",
+            Kind::ConfigMap => "configmaps",
             Kind::VirtualMachineInstancetype => "virtualmachineinstancetypes",
             Kind::VirtualMachineClusterInstancetype => "virtualmachineclusterinstancetypes",
             Kind::VirtualMachinePreference => "virtualmachinepreferences",
@@ -182,7 +187,7 @@ impl Kind {
             | Kind::VirtualMachineInstance
             | Kind::VirtualMachineInstanceMigration => "kubevirt.io",
             Kind::Node | Kind::Image => "edgevirt.io",
-            Kind::Namespace | Kind::Secret => "",
+            Kind::Namespace | Kind::Secret | Kind::ConfigMap => "",
             Kind::VirtualMachineInstancetype
             | Kind::VirtualMachineClusterInstancetype
             | Kind::VirtualMachinePreference
@@ -221,6 +226,7 @@ impl Kind {
                 | Kind::VirtualMachineInstance
                 | Kind::VirtualMachineInstanceMigration
                 | Kind::Secret
+                | Kind::ConfigMap
                 | Kind::VirtualMachineInstancetype
                 | Kind::VirtualMachinePreference
                 | Kind::ControllerRevision
@@ -252,7 +258,11 @@ impl Kind {
                 instancetype::VirtualMachineClusterPreference::crd()
             }
             Kind::DataVolume => cdi::DataVolume::crd(),
-            Kind::Namespace | Kind::Secret | Kind::ControllerRevision | Kind::StorageClass => {
+            Kind::Namespace
+            | Kind::Secret
+            | Kind::ConfigMap
+            | Kind::ControllerRevision
+            | Kind::StorageClass => {
                 return None;
             }
         })
@@ -616,6 +626,55 @@ fn parse_scaled(q: &str, extra: i32) -> Result<u64, Invalid> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Downward API files as the kubelet writes them: maps as sorted `key="value"` lines,
+    /// one key's value alone (empty when missing); other fields and bad paths refused.
+    #[test]
+    fn downward_api_files_hold_the_instances_metadata() {
+        use kubevirt::{DownwardApiVolumeFile, DownwardMeta, ObjectFieldSelector};
+        let labels = std::collections::BTreeMap::from([
+            ("b".to_string(), "2".to_string()),
+            ("a".to_string(), "say \"hi\"".to_string()),
+        ]);
+        let none = std::collections::BTreeMap::new();
+        let m = DownwardMeta {
+            name: "vm1",
+            namespace: "default",
+            uid: "u-1",
+            labels: &labels,
+            annotations: &none,
+        };
+        let value = |path: &str| {
+            ObjectFieldSelector {
+                api_version: None,
+                field_path: path.into(),
+            }
+            .value(&m)
+        };
+        assert_eq!(value("metadata.name").unwrap(), "vm1");
+        assert_eq!(value("metadata.uid").unwrap(), "u-1");
+        assert_eq!(
+            value("metadata.labels").unwrap(),
+            "a=\"say \\\"hi\\\"\"\nb=\"2\""
+        );
+        assert_eq!(value("metadata.labels['b']").unwrap(), "2");
+        assert_eq!(value("metadata.annotations['x']").unwrap(), "");
+        for bad in ["spec.nodeName", "metadata.labels[b]", "metadata.labels['']"] {
+            assert!(value(bad).is_err(), "{bad}");
+        }
+        for (path, ok) in [
+            ("a/b.txt", true),
+            ("../x", false),
+            ("/etc/x", false),
+            ("a//b", false),
+        ] {
+            let f = DownwardApiVolumeFile {
+                path: path.into(),
+                ..Default::default()
+            };
+            assert_eq!(f.check_path().is_ok(), ok, "{path}");
+        }
+    }
 
     #[test]
     fn names_follow_dns1123() {

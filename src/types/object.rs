@@ -106,6 +106,7 @@ pub fn check_status(kind: Kind, status: &Value) -> Result<(), Invalid> {
         Kind::DataVolume => fits::<super::cdi::DataVolumeStatus>(status),
         Kind::Namespace
         | Kind::Secret
+        | Kind::ConfigMap
         | Kind::VirtualMachineInstancetype
         | Kind::VirtualMachineClusterInstancetype
         | Kind::VirtualMachinePreference
@@ -205,6 +206,42 @@ pub fn apply_change(stored: &mut Value, before: &Value, after: &Value) {
 }
 
 /// An empty JSON object, for `apply_change` callers that start from nothing.
+/// The data of a stored Secret (`data`, base64) or ConfigMap (`data` as text, `binaryData`
+/// as base64), decoded: what a `secret` or `configMap` volume presents as files.
+pub fn data_files(
+    kind: Kind,
+    obj: &Value,
+) -> Result<std::collections::BTreeMap<String, Vec<u8>>, Invalid> {
+    use base64::Engine as _;
+    let b64 = |k: &str, v: &Value| {
+        v.as_str()
+            .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
+            .ok_or_else(|| Invalid(format!("data[{k:?}] is not base64")))
+    };
+    let entries = |field: &str| obj[field].as_object().into_iter().flatten();
+    let mut out = std::collections::BTreeMap::new();
+    match kind {
+        Kind::Secret => {
+            for (k, v) in entries("data") {
+                out.insert(k.clone(), b64(k, v)?);
+            }
+        }
+        Kind::ConfigMap => {
+            for (k, v) in entries("data") {
+                let text = v
+                    .as_str()
+                    .ok_or_else(|| Invalid(format!("data[{k:?}] is not a string")))?;
+                out.insert(k.clone(), text.as_bytes().to_vec());
+            }
+            for (k, v) in entries("binaryData") {
+                out.insert(k.clone(), b64(k, v)?);
+            }
+        }
+        _ => return Err(Invalid(format!("a {} holds no data files", kind.name()))),
+    }
+    Ok(out)
+}
+
 pub fn empty() -> Value {
     Value::Object(Map::new())
 }
@@ -283,5 +320,20 @@ mod tests {
         v["status"]["phase"] = json!(3);
         let e = VirtualMachineInstance::from_value(v).unwrap_err();
         assert!(e.0.contains("status.phase"), "{e}");
+    }
+
+    /// Secrets hold base64; ConfigMaps hold text in `data` and base64 in `binaryData`.
+    #[test]
+    fn data_files_decode_secrets_and_config_maps() {
+        let secret = json!({"data": {"k": "aGk="}});
+        assert_eq!(data_files(Kind::Secret, &secret).unwrap()["k"], b"hi");
+        let cm = json!({"data": {"t": "text"}, "binaryData": {"b": "AAE="}});
+        let files = data_files(Kind::ConfigMap, &cm).unwrap();
+        assert_eq!(
+            (files["t"].as_slice(), files["b"].as_slice()),
+            (&b"text"[..], &[0u8, 1][..])
+        );
+        assert!(data_files(Kind::Secret, &json!({"data": {"k": "!"}})).is_err());
+        assert!(data_files(Kind::Node, &json!({})).is_err());
     }
 }

@@ -392,6 +392,54 @@ fn check_disk_io(d: &crate::types::kubevirt::Disk) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// A configMap, secret or downwardAPI volume: the object's name, the ISO label, the files.
+fn check_config_volume(v: &crate::types::kubevirt::Volume) -> Result<(), Invalid> {
+    let at = |what: &str| format!("volume {:?}: {what}", v.name);
+    let label = if let Some(c) = &v.config_map {
+        crate::types::check_name(&at("configMap.name"), &c.name)?;
+        &c.volume_label
+    } else if let Some(sec) = &v.secret {
+        let name = sec.secret_name.as_deref().unwrap_or_default();
+        crate::types::check_name(&at("secret.secretName"), name)?;
+        &sec.volume_label
+    } else if let Some(d) = &v.downward_api {
+        let mut paths = Vec::new();
+        for f in &d.fields {
+            f.check_path()
+                .map_err(|e| Invalid(at(&format!("downwardAPI.fields: {}", e.0))))?;
+            let Some(r) = &f.field_ref else {
+                return Err(Invalid(at(&format!(
+                    "downwardAPI.fields[{:?}]: fieldRef is required",
+                    f.path
+                ))));
+            };
+            r.check()
+                .map_err(|e| Invalid(at(&format!("downwardAPI.fields[{:?}]: {}", f.path, e.0))))?;
+            paths.push(f.path.as_str());
+        }
+        if let Some(dup) = first_duplicate(&paths) {
+            return Err(Invalid(at(&format!(
+                "downwardAPI.fields: path {dup:?} twice"
+            ))));
+        }
+        &d.volume_label
+    } else {
+        return Ok(());
+    };
+    // genisoimage's volume ID: up to 32 characters.
+    if let Some(l) = label
+        && (!(1..=32).contains(&l.len())
+            || !l
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)))
+    {
+        return Err(Invalid(at(&format!(
+            "volumeLabel {l:?}: 1 to 32 letters, digits, '-', '_' or '.'"
+        ))));
+    }
+    Ok(())
+}
+
 /// virtiofs shares: each names a `persistentVolumeClaim` volume that no disk presents.
 fn check_filesystems(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     let fs = &spec.domain.devices.filesystems;
@@ -480,15 +528,19 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
             v.empty_disk.is_some(),
             v.ephemeral.is_some(),
             v.host_disk.is_some(),
+            v.config_map.is_some(),
+            v.secret.is_some(),
+            v.downward_api.is_some(),
         ];
         if sources.iter().filter(|s| **s).count() != 1 {
             return Err(Invalid(format!(
                 "volume {:?} must have exactly one source (containerDisk, dataVolume, emptyDisk, \
-                 ephemeral, hostDisk, persistentVolumeClaim, cloudInitNoCloud or \
-                 cloudInitConfigDrive)",
+                 ephemeral, hostDisk, persistentVolumeClaim, cloudInitNoCloud, \
+                 cloudInitConfigDrive, configMap, secret or downwardAPI)",
                 v.name
             )));
         }
+        check_config_volume(v)?;
         if let Some(h) = &v.host_disk {
             check_host_disk(&v.name, h)?;
         }

@@ -794,6 +794,40 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             "capacity",
         ),
         (
+            "configmap-volume-name-traversal",
+            json!({"volumes": [{"name": "d", "configMap": {"name": "../../etc"}}]}),
+            "configMap.name",
+        ),
+        (
+            "secret-volume-no-name",
+            json!({"volumes": [{"name": "d", "secret": {}}]}),
+            "secretName",
+        ),
+        (
+            "config-volume-label-argument",
+            json!({"volumes": [{"name": "d", "configMap": {"name": "c",
+                "volumeLabel": "x -o /etc/passwd"}}]}),
+            "volumeLabel",
+        ),
+        (
+            "downward-path-dotdot",
+            json!({"volumes": [{"name": "d", "downwardAPI": {"fields": [{"path": "../../x",
+                "fieldRef": {"fieldPath": "metadata.name"}}]}}]}),
+            "path",
+        ),
+        (
+            "downward-field-node",
+            json!({"volumes": [{"name": "d", "downwardAPI": {"fields": [{"path": "n",
+                "fieldRef": {"fieldPath": "spec.nodeName"}}]}}]}),
+            "fieldPath",
+        ),
+        (
+            "downward-resource-field",
+            json!({"volumes": [{"name": "d", "downwardAPI": {"fields": [{"path": "n",
+                "resourceFieldRef": {"resource": "limits.memory"}}]}}]}),
+            "not support",
+        ),
+        (
             "virtiofs-host-folder",
             json!({"volumes": [{"name": "d", "hostDisk": {"path": "/etc", "type": "Disk"}}],
                 "domain": {"devices": {"filesystems": [{"name": "d", "virtiofs": {}}]}}}),
@@ -872,13 +906,85 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                 .msg(needle),
         );
     }
-    let secrets = format!("{ns}/secrets");
-    let secret = |name: &str, mut body: Value| {
+    let core = |kind: &str, name: &str, mut body: Value| {
         body["apiVersion"] = json!("v1");
-        body["kind"] = json!("Secret");
+        body["kind"] = json!(kind);
         body["metadata"] = json!({"name": format!("hostile-{}", name.to_lowercase())});
-        Case::new(name, Method::POST, secrets.clone()).json(&body)
+        let path = format!("{ns}/{}s", kind.to_lowercase());
+        Case::new(name, Method::POST, path).json(&body)
     };
+    let secret = |name: &str, body: Value| core("Secret", name, body);
+    let config_map = |name: &str, body: Value| core("ConfigMap", name, body);
+    for (name, body, needle) in [
+        ("configmap-key-dotdot", json!({"data": {"..": "v"}}), "key"),
+        ("configmap-key-slash", json!({"data": {"a/b": "v"}}), "key"),
+        ("configmap-data-number", json!({"data": {"k": 1}}), "string"),
+        (
+            "configmap-binary-not-base64",
+            json!({"binaryData": {"k": "!!!"}}),
+            "base64",
+        ),
+        (
+            "configmap-key-twice",
+            json!({"data": {"k": "a"}, "binaryData": {"k": "YQ=="}}),
+            "both",
+        ),
+    ] {
+        c.push(config_map(name, body).expect(&[422]).msg(needle));
+    }
+    // kubectl's protobuf bodies are checked as JSON ones once decoded; a broken one is 415.
+    let proto = |fields: &[(u8, Vec<u8>)]| {
+        fields
+            .iter()
+            .flat_map(|(n, payload)| {
+                let mut v = vec![n << 3 | 2];
+                let mut len = payload.len();
+                while len >= 0x80 {
+                    v.push((len as u8) | 0x80);
+                    len >>= 7;
+                }
+                v.push(len as u8);
+                v.extend_from_slice(payload);
+                v
+            })
+            .collect::<Vec<u8>>()
+    };
+    let type_meta = proto(&[(1, b"v1".to_vec()), (2, b"ConfigMap".to_vec())]);
+    let meta = proto(&[(1, b"hostile-proto".to_vec())]);
+    let bad_key = proto(&[
+        (1, meta.clone()),
+        (2, proto(&[(1, b"..".to_vec()), (2, b"v".to_vec())])),
+    ]);
+    let envelope = |obj: &[u8]| {
+        [
+            b"k8s\0".to_vec(),
+            proto(&[(1, type_meta.clone()), (2, obj.to_vec())]),
+        ]
+        .concat()
+    };
+    let pb = "application/vnd.kubernetes.protobuf";
+    let cms = format!("{ns}/configmaps");
+    c.push(
+        Case::new("configmap-protobuf-key-dotdot", Method::POST, cms.clone())
+            .raw(Some(pb), envelope(&bad_key))
+            .expect(&[422])
+            .msg("key"),
+    );
+    let mut truncated = envelope(&proto(&[(1, meta)]));
+    truncated.truncate(truncated.len() - 3);
+    c.push(
+        Case::new("configmap-protobuf-truncated", Method::POST, cms)
+            .raw(Some(pb), truncated)
+            .expect(&[415])
+            .msg("truncated"),
+    );
+    c.push(
+        config_map(
+            "configmap-8MiB-value",
+            json!({"data": {"k": "x".repeat(8 * MIB)}}),
+        )
+        .expect(&[413]),
+    );
     c.push(
         secret(
             "secret-dockerconfigjson-not-json",

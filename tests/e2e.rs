@@ -1599,7 +1599,8 @@ async fn domain_of(a: &Appliance, name: &str) -> String {
 /// Claims on the shared pool, on one guest: an `ephemeral` volume reads the claim's disk
 /// under an overlay of the instance's own, so the guest's writes never reach the claim and
 /// are gone after a restart; a `filesystems` entry shares the claim's folder over virtiofs,
-/// both ways, and pins the instance to its node.
+/// both ways, and pins the instance to its node. Its disks use a supplemental pool of I/O
+/// threads.
 #[tokio::test]
 #[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
 async fn ephemeral_claims_and_virtiofs_folders_on_the_pool() {
@@ -1629,7 +1630,11 @@ async fn ephemeral_claims_and_virtiofs_folders_on_the_pool() {
             json!({"persistentVolumeClaim": {"claimName": "site-files"}}),
         )
         .with(|v| {
-            Vm::domain_of(v)["devices"]["filesystems"] = json!([{"name": "files", "virtiofs": {}}])
+            let domain = Vm::domain_of(v);
+            domain["devices"]["filesystems"] = json!([{"name": "files", "virtiofs": {}}]);
+            // The disks spread over a pool of two I/O threads.
+            domain["ioThreadsPolicy"] = json!("supplementalPool");
+            domain["ioThreads"] = json!({"supplementalPoolThreadCount": 2});
         })
         .yaml();
     let (code, v) = a.post_yaml(VMS, &yaml).await;
@@ -1642,6 +1647,10 @@ async fn ephemeral_claims_and_virtiofs_folders_on_the_pool() {
         xml.contains(&format!("run/vmi/{uid}/ephemeral-data.qcow2"))
             && xml.contains(&base.display().to_string()),
         "an overlay of the instance's own on the claim: {xml}"
+    );
+    assert!(
+        xml.contains("<iothreads>2</iothreads>") && xml.contains("iothread='1'"),
+        "a supplemental pool of two I/O threads: {xml}"
     );
     assert!(
         xml.contains(&format!("<source dir='{}'/>", folder.display()))

@@ -692,10 +692,15 @@ pub struct DomainSpec {
     /// The SMBIOS chassis the guest sees.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chassis: Option<Chassis>,
-    /// I/O threads for virtio disks: `shared` (one for all) or `auto` (a pool of up to two
-    /// per vCPU, disks spread over it); a disk with `dedicatedIOThread` gets its own.
+    /// I/O threads for virtio disks: `shared` (one for all), `auto` (a pool of up to two
+    /// per vCPU, disks spread over it) or `supplementalPool` (a pool of
+    /// `ioThreads.supplementalPoolThreadCount`, disks spread over it); a disk with
+    /// `dedicatedIOThread` gets its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io_threads_policy: Option<String>,
+    /// The size of the `supplementalPool` I/O thread pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_threads: Option<DiskIoThreads>,
     /// What a reboot inside the guest does: `Reboot` (the default: it reboots) or
     /// `Terminate` (the instance ends, and its VM's run strategy decides whether a new one
     /// starts, with the VM's current spec).
@@ -1486,6 +1491,16 @@ pub struct Volume {
         skip_serializing_if = "Option::is_none"
     )]
     pub downward_api: Option<DownwardApiVolumeSource>,
+}
+
+/// KubeVirt's `DiskIOThreads`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct DiskIoThreads {
+    /// How many I/O threads the `supplementalPool` policy makes (1 to 64 here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supplemental_pool_thread_count: Option<u32>,
 }
 
 /// KubeVirt's `ConfigMapVolumeSource`.

@@ -794,6 +794,12 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             "capacity",
         ),
         (
+            "io-threads-pool-huge",
+            json!({"domain": {"ioThreadsPolicy": "supplementalPool",
+                "ioThreads": {"supplementalPoolThreadCount": 4294967295u64}}}),
+            "ioThreads",
+        ),
+        (
             "configmap-volume-name-traversal",
             json!({"volumes": [{"name": "d", "configMap": {"name": "../../etc"}}]}),
             "configMap.name",

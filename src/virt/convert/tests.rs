@@ -220,21 +220,32 @@ fn io_threads_are_shared_pooled_or_dedicated() {
     let v = [true, true, true, false];
     let none = [false; 4];
     assert_eq!(
-        io_threads(None, 2, &v, &none),
+        io_threads(None, None, 2, &v, &none),
         (0, vec![None, None, None, None])
     );
     assert_eq!(
-        io_threads(Some("shared"), 2, &v, &none),
+        io_threads(Some("shared"), None, 2, &v, &none),
         (1, vec![Some(1), Some(1), Some(1), None])
     );
     // auto: a pool of min(disks, 2 x vCPUs); a dedicated disk gets the next thread.
     assert_eq!(
-        io_threads(Some("auto"), 1, &v, &[false, true, false, false]),
+        io_threads(Some("auto"), None, 1, &v, &[false, true, false, false]),
         (3, vec![Some(1), Some(3), Some(2), None])
     );
     assert_eq!(
-        io_threads(None, 1, &v, &[false, true, false, false]),
+        io_threads(None, None, 1, &v, &[false, true, false, false]),
         (1, vec![None, Some(1), None, None])
+    );
+    // supplementalPool: a pool of the size asked for, then the dedicated threads.
+    assert_eq!(
+        io_threads(
+            Some("supplementalPool"),
+            Some(2),
+            1,
+            &v,
+            &[false, false, true, false]
+        ),
+        (3, vec![Some(1), Some(2), Some(3), None])
     );
 }
 
@@ -263,11 +274,34 @@ fn device_settings_are_checked() {
         let e = validate(&spec).unwrap_err().0;
         assert!(e.contains(needle), "{yaml}: {e}");
     }
-    let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(
-        "domain: {memory: {guest: 64Mi}, ioThreadsPolicy: supplementalPool, devices: {}}",
-    )
-    .unwrap();
-    assert!(validate(&spec).unwrap_err().0.contains("not supported yet"));
+    for (threads, ok) in [
+        ("ioThreadsPolicy: supplementalPool", false),
+        (
+            "ioThreadsPolicy: supplementalPool, ioThreads: {supplementalPoolThreadCount: 0}",
+            false,
+        ),
+        (
+            "ioThreadsPolicy: supplementalPool, ioThreads: {supplementalPoolThreadCount: 4096}",
+            false,
+        ),
+        (
+            "ioThreadsPolicy: auto, ioThreads: {supplementalPoolThreadCount: 2}",
+            false,
+        ),
+        (
+            "ioThreadsPolicy: supplementalPool, ioThreads: {supplementalPoolThreadCount: 2}",
+            true,
+        ),
+    ] {
+        let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(&format!(
+            "domain: {{memory: {{guest: 64Mi}}, {threads}, devices: {{}}}}"
+        ))
+        .unwrap();
+        match validate(&spec) {
+            Ok(()) => assert!(ok, "{threads}"),
+            Err(e) => assert!(!ok && e.0.contains("ioThreads"), "{threads}: {e}"),
+        }
+    }
 }
 
 /// Dedicated CPUs: each vCPU and the emulator thread pinned to the host CPUs the scheduler

@@ -1045,6 +1045,40 @@ async fn vms_live_migrate_cancel_and_drain() {
         "disky's instance was stopped"
     );
 
+    // --- A NoExecute taint on disky's node: disky tolerates nothing, so it is stopped
+    // there and its VM (runStrategy Always) starts it again on the other node; whatever
+    // else ran there goes the same way.
+    assert!(cli(&c, &["node", "uncordon", "b"]).0);
+    let before = c.wait_running("disky", None, BOOT).await;
+    let from = before["status"]["nodeName"].as_str().unwrap().to_string();
+    let (to, from_host) = if from == "a" { ("b", &a) } else { ("a", &b) };
+    let taint_arg = "maintenance:NoExecute";
+    let (ok, out) = cli(&c, &["node", "taint", &from, taint_arg]);
+    assert!(ok, "{out}");
+    let node = c.get(&format!("/apis/edgevirt.io/v1/nodes/{from}")).await.1;
+    assert!(
+        node["spec"]["taints"][0]["timeAdded"].is_string(),
+        "the API server stamps a NoExecute taint: {node}"
+    );
+    let after = wait_for(
+        "disky evicted and running on the other node",
+        BOOT,
+        || async {
+            c.vmi("disky").await.filter(|v| {
+                v["metadata"]["uid"] != before["metadata"]["uid"]
+                    && v["status"]["phase"] == "Running"
+                    && v["status"]["nodeName"] == to
+            })
+        },
+    )
+    .await;
+    assert_eq!(after["status"]["nodeName"], to);
+    wait_for("nothing left on the tainted node", BOOT, || async {
+        from_host.domains().is_empty().then_some(())
+    })
+    .await;
+    assert!(cli(&c, &["node", "taint", &from, "maintenance-"]).0);
+
     for name in ["mig", "disky", "shared"] {
         c.delete(&format!("{VMS}/{name}")).await;
     }

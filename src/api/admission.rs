@@ -209,10 +209,17 @@ pub async fn admit(
         }
         Kind::Node => {
             if let Some(t) = obj["spec"].get("taints").filter(|t| !t.is_null()) {
-                let taints: Vec<crate::types::edgevirt::Taint> = serde_json::from_value(t.clone())
-                    .map_err(|e| ApiError::invalid(format!("spec.taints: {e}")))?;
+                let mut taints: Vec<crate::types::edgevirt::Taint> =
+                    serde_json::from_value(t.clone())
+                        .map_err(|e| ApiError::invalid(format!("spec.taints: {e}")))?;
                 crate::rules::placement::check_taints(&taints)
                     .map_err(|e| ApiError::invalid(e.0))?;
+                // As kube-apiserver: a NoExecute taint's tolerationSeconds count from here.
+                for t in taints.iter_mut().filter(|t| t.effect == "NoExecute") {
+                    t.time_added.get_or_insert_with(crate::types::now);
+                }
+                obj["spec"]["taints"] =
+                    serde_json::to_value(&taints).map_err(ApiError::internal)?;
             }
         }
         Kind::ControllerRevision => {}

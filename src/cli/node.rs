@@ -60,7 +60,8 @@ enum NodeCmd {
     /// adds (or replaces the key's taint of that effect), a trailing `-` removes
     /// (`key:Effect-`, or `key-` for every effect). Effects: NoSchedule (VMs that do not
     /// tolerate it are not placed here), PreferNoSchedule (placed here last), NoExecute
-    /// (as NoSchedule; running VMs are not evicted yet).
+    /// (as NoSchedule, and running VMs that do not tolerate it are stopped, after their
+    /// tolerationSeconds if any; their run strategy starts them again elsewhere).
     Taint {
         name: String,
         #[arg(required = true)]
@@ -145,6 +146,7 @@ fn apply_taint(taints: &mut Vec<crate::types::edgevirt::Taint>, arg: &str) -> Re
         key: key.to_string(),
         value,
         effect: effect.to_string(),
+        time_added: None,
     };
     crate::rules::placement::check_taints(std::slice::from_ref(&t)).map_err(|e| e.0)?;
     taints.retain(|x| !(x.key == t.key && x.effect == t.effect));

@@ -125,6 +125,13 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                                     },
                                     Err(e) => tracing::warn!(error = %e, "keeping the shared pool's storage class failed"),
                                 }
+                                // Instances a NoExecute taint may evict.
+                                match node::no_execute_candidates(&ctx.store, &node).await {
+                                    Ok(vmis) => for (ns, name) in vmis {
+                                        queue.push(&(Kind::VirtualMachineInstance, ns, name));
+                                    },
+                                    Err(e) => tracing::warn!(error = %e, "listing a tainted node's instances failed"),
+                                }
                             }
                         }
                         Kind::VirtualMachineInstanceMigration => {

@@ -1,4 +1,5 @@
-//! What happens to a node's instances when an administrator deletes the node.
+//! What happens to a node's instances when an administrator deletes the node, and when it
+//! gets a `NoExecute` taint they do not tolerate.
 
 use crate::store::{Error, FieldSelector, LabelSelector, Store};
 use crate::types::annotations::LAUNCHER_FINALIZER;
@@ -73,4 +74,74 @@ pub async fn release_node(
         tracing::warn!(%node, namespace = %ns, %name, "instance of a node deleted as down: failed and removed");
     }
     Ok(())
+}
+
+/// The instances placed on a node with a `NoExecute` taint: each is reconciled to see
+/// whether it must go (none are listed for a node without one, so heartbeats stay cheap).
+pub async fn no_execute_candidates(
+    store: &Store,
+    node: &crate::types::Node,
+) -> Result<Vec<(String, String)>, Error> {
+    if !node.spec.taints.iter().any(|t| t.effect == "NoExecute") {
+        return Ok(Vec::new());
+    }
+    let (items, _) = store
+        .list(
+            VirtualMachineInstance::KIND,
+            None,
+            &LabelSelector::default(),
+            &FieldSelector::node(node.name()),
+        )
+        .await?;
+    Ok(items
+        .iter()
+        .map(|o| {
+            (
+                o["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+                o["metadata"]["name"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect())
+}
+
+/// A placed instance on a node whose `NoExecute` taints it does not tolerate (or no longer:
+/// its `tolerationSeconds` ran out) is deleted, as Kubernetes' taint manager deletes the
+/// pod: its VM's run strategy then starts another where the scheduler finds room. Until
+/// then, the time left.
+pub async fn evict_for_taints(
+    store: &Store,
+    vmi: &VirtualMachineInstance,
+    node: &str,
+) -> Result<Option<std::time::Duration>, Error> {
+    let Some(n) = store.get_typed::<crate::types::Node>("", node).await? else {
+        return Ok(None);
+    };
+    let now = chrono::Utc::now();
+    let Some((deadline, taint)) =
+        crate::rules::placement::no_execute_deadline(&n.spec.taints, &vmi.spec.tolerations, now)
+    else {
+        return Ok(None);
+    };
+    if deadline > now {
+        return Ok(Some((deadline - now).to_std().unwrap_or_default()));
+    }
+    tracing::info!(
+        namespace = %vmi.namespace(),
+        name = %vmi.name(),
+        node,
+        taint = %crate::rules::placement::taint_text(taint),
+        "evicting VirtualMachineInstance: its node has a NoExecute taint it does not tolerate"
+    );
+    store
+        .delete(
+            VirtualMachineInstance::KIND,
+            vmi.namespace(),
+            vmi.name(),
+            None,
+        )
+        .await?;
+    Ok(None)
 }

@@ -745,6 +745,85 @@ async fn taints_keep_instances_off_unless_tolerated() {
     );
 }
 
+/// NoExecute: a running instance that does not tolerate its node's taint is deleted at
+/// once; one that tolerates it for `tolerationSeconds` stays that long after the taint's
+/// `timeAdded`; one that tolerates it without a limit stays.
+#[tokio::test]
+async fn no_execute_taints_evict_running_instances() {
+    let (_d, ctx) = ctx().await;
+    add_node(&ctx, "n1", 16 << 30).await;
+    let brief = json!([{"key": "maintenance", "operator": "Exists", "effect": "NoExecute",
+                        "tolerationSeconds": 3600}]);
+    let always = json!([{"key": "maintenance", "operator": "Exists"}]);
+    for (name, tolerations) in [("plain", json!([])), ("brief", brief), ("always", always)] {
+        ctx.store
+            .create(
+                Kind::VirtualMachineInstance,
+                json!({"metadata": {"name": name, "namespace": "default"},
+                    "spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {}},
+                             "tolerations": tolerations},
+                    "status": {"phase": "Running", "nodeName": "n1"}}),
+                false,
+            )
+            .await
+            .unwrap();
+    }
+    let node = |ctx: &Context| {
+        let store = ctx.store.clone();
+        async move { store.get_typed::<Node>("", "n1").await.unwrap().unwrap() }
+    };
+    assert!(
+        node::no_execute_candidates(&ctx.store, &node(&ctx).await)
+            .await
+            .unwrap()
+            .is_empty(),
+        "an untainted node lists nothing"
+    );
+    let taint = |added: String| {
+        let store = ctx.store.clone();
+        async move {
+            store
+                .update_typed("", "n1", move |o: &mut Node| {
+                    o.spec.taints = vec![crate::types::edgevirt::Taint {
+                        key: "maintenance".into(),
+                        value: None,
+                        effect: "NoExecute".into(),
+                        time_added: Some(added),
+                    }];
+                    Ok(())
+                })
+                .await
+                .unwrap();
+        }
+    };
+    taint(crate::types::now()).await;
+    let mut listed = node::no_execute_candidates(&ctx.store, &node(&ctx).await)
+        .await
+        .unwrap();
+    listed.sort();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    assert!(matches!(
+        vm::reconcile_vmi(&ctx, "default", "plain").await.unwrap(),
+        Action::Done
+    ));
+    assert_eq!(vmi_phase(&ctx, "plain").await, None, "evicted at once");
+    let a = vm::reconcile_vmi(&ctx, "default", "brief").await.unwrap();
+    assert!(
+        matches!(a, Action::RequeueAfter(d) if d > Duration::from_secs(3500) && d <= Duration::from_secs(3600)),
+        "{a:?}"
+    );
+    assert_eq!(vmi_phase(&ctx, "brief").await, Some(Phase::Running));
+    assert!(matches!(
+        vm::reconcile_vmi(&ctx, "default", "always").await.unwrap(),
+        Action::Done
+    ));
+    // The taint has been there two hours: the brief toleration has run out.
+    taint("2000-01-01T00:00:00Z".into()).await;
+    vm::reconcile_vmi(&ctx, "default", "brief").await.unwrap();
+    assert_eq!(vmi_phase(&ctx, "brief").await, None);
+    assert_eq!(vmi_phase(&ctx, "always").await, Some(Phase::Running));
+}
+
 /// A DataVolume on a shared pool: the pool's storage class appears when a node reports
 /// it, the DataVolume is bound at once to a node mounting the pool, its VM runs on any
 /// such node, migrates among them, and its volume status says ReadWriteMany.

@@ -509,5 +509,12 @@ pub async fn reconcile_vmi(ctx: &Context, ns: &str, name: &str) -> Result<Action
             false => Ok(Action::RequeueAfter(Duration::from_secs(5))),
         };
     }
+    if let Some(node) = vmi.node_name()
+        && !vmi.phase().is_final()
+        && let Some(left) = super::node::evict_for_taints(&ctx.store, &vmi, node).await?
+    {
+        // Another look when its tolerationSeconds run out (or sooner, if the taint goes).
+        return Ok(Action::RequeueAfter(left.max(Duration::from_millis(100))));
+    }
     Ok(Action::Done)
 }

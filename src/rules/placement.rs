@@ -56,6 +56,42 @@ pub fn untolerated<'a>(
         .collect()
 }
 
+/// When an instance placed on a node must leave it for the node's `NoExecute` taints, as
+/// Kubernetes' taint manager decides: `None` while it tolerates them all without a limit;
+/// otherwise the time by which it must be gone and the taint that decides it. A taint it
+/// does not tolerate decides at once (the Unix epoch); a toleration with
+/// `tolerationSeconds` lets it stay that long after the taint's `timeAdded` (the smallest
+/// such limit wins). A taint without a readable `timeAdded` counts from `now`.
+pub fn no_execute_deadline<'a>(
+    taints: &'a [Taint],
+    tolerations: &[Toleration],
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<(chrono::DateTime<chrono::Utc>, &'a Taint)> {
+    let mut first: Option<(chrono::DateTime<chrono::Utc>, &Taint)> = None;
+    for taint in taints.iter().filter(|t| t.effect == "NoExecute") {
+        let matching: Vec<&Toleration> = tolerations
+            .iter()
+            .filter(|tol| tolerates(tol, taint))
+            .collect();
+        let deadline = if matching.is_empty() {
+            chrono::DateTime::UNIX_EPOCH
+        } else if let Some(secs) = matching.iter().filter_map(|t| t.toleration_seconds).min() {
+            let added = taint
+                .time_added
+                .as_deref()
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                .map_or(now, |t| t.to_utc());
+            added + chrono::Duration::seconds(secs.max(0))
+        } else {
+            continue;
+        };
+        if first.is_none_or(|(d, _)| deadline < d) {
+            first = Some((deadline, taint));
+        }
+    }
+    first
+}
+
 /// A taint as `kubectl describe node` shows it: `key=value:Effect`.
 pub fn taint_text(t: &Taint) -> String {
     match &t.value {
@@ -75,6 +111,13 @@ pub fn check_taints(taints: &[Taint]) -> Result<(), Invalid> {
             return Err(Invalid(format!(
                 "spec.taints[{i}].effect: {:?}: must be NoSchedule, PreferNoSchedule or NoExecute",
                 t.effect
+            )));
+        }
+        if let Some(at) = &t.time_added
+            && chrono::DateTime::parse_from_rfc3339(at).is_err()
+        {
+            return Err(Invalid(format!(
+                "spec.taints[{i}].timeAdded: {at:?} is not an RFC 3339 time"
             )));
         }
     }
@@ -635,11 +678,51 @@ mod tests {
     }
 
     #[test]
+    fn no_execute_deadlines_follow_the_taint_manager() {
+        let now = chrono::Utc::now();
+        let taint = |key: &str, effect: &str, added: Option<&str>| Taint {
+            key: key.into(),
+            value: None,
+            effect: effect.into(),
+            time_added: added.map(str::to_string),
+        };
+        let tol = |key: &str, secs: Option<i64>| Toleration {
+            key: Some(key.into()),
+            operator: Some("Exists".into()),
+            toleration_seconds: secs,
+            ..Default::default()
+        };
+        let taints = [
+            taint("soft", "NoSchedule", None),
+            taint("a", "NoExecute", Some("2030-01-01T00:00:00Z")),
+            taint("b", "NoExecute", Some("2030-01-01T00:00:00Z")),
+        ];
+        // NoSchedule taints never evict; an untolerated NoExecute one evicts at once.
+        assert_eq!(no_execute_deadline(&taints[..1], &[], now), None);
+        let (d, t) = no_execute_deadline(&taints, &[tol("a", None)], now).unwrap();
+        assert_eq!((d, t.key.as_str()), (chrono::DateTime::UNIX_EPOCH, "b"));
+        // Tolerated for ever: no deadline; tolerated for a while: the smallest limit.
+        assert_eq!(
+            no_execute_deadline(&taints, &[tol("a", None), tol("b", None)], now),
+            None
+        );
+        let (d, t) =
+            no_execute_deadline(&taints, &[tol("a", Some(60)), tol("b", Some(30))], now).unwrap();
+        assert_eq!(d.to_rfc3339(), "2030-01-01T00:00:30+00:00");
+        assert_eq!(t.key, "b");
+        // Without a timeAdded the limit counts from now.
+        let fresh = [taint("a", "NoExecute", None)];
+        let (d, _) = no_execute_deadline(&fresh, &[tol("a", Some(10))], now).unwrap();
+        assert_eq!(d, now + chrono::Duration::seconds(10));
+    }
+
+    #[test]
     fn tolerations_match_taints_as_kubernetes_does() {
         let taint = |k: &str, v: Option<&str>, e: &str| Taint {
             key: k.into(),
             value: v.map(Into::into),
             effect: e.into(),
+            time_added: None,
         };
         let tol = |v: serde_json::Value| -> Toleration { serde_json::from_value(v).unwrap() };
         let taints = [

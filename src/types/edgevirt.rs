@@ -30,7 +30,8 @@ pub struct NodeSpec {
     pub unschedulable: bool,
     /// Kubernetes' node taints: instances that do not tolerate a `NoSchedule` or
     /// `NoExecute` taint are not placed here; a `PreferNoSchedule` one makes the node a last
-    /// choice. Set with `edgevirt node taint`.
+    /// choice. Running instances that do not tolerate a `NoExecute` taint are stopped (after
+    /// their toleration's `tolerationSeconds`, if it has one). Set with `edgevirt node taint`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<Taint>,
 }
@@ -45,6 +46,10 @@ pub struct Taint {
     pub value: Option<String>,
     /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
     pub effect: String,
+    /// When a `NoExecute` taint was added (RFC 3339), set by the API server as Kubernetes'
+    /// does: a toleration's `tolerationSeconds` count from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_added: Option<String>,
 }
 
 /// What the node's agent reports about its host.

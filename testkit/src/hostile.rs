@@ -1306,6 +1306,19 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
         );
     }
     c.push(
+        Case::new(
+            "node-taint-time-added",
+            Method::POST,
+            "/apis/edgevirt.io/v1/nodes",
+        )
+        .json(&json!({"apiVersion": "edgevirt.io/v1", "kind": "Node",
+                "metadata": {"name": "hostile-taint"},
+                "spec": {"taints": [{"key": "k", "effect": "NoExecute",
+                    "timeAdded": "yesterday"}]}}))
+        .expect(&[422])
+        .msg("timeAdded"),
+    );
+    c.push(
         Case::new("patch-vm-memory-1e400", Method::PATCH, base.clone())
             .merge_patch(&json!({"spec": {"template": {"spec": {"domain": {"memory": {"guest": "1e400"}}}}}}))
             .expect(&[422])

@@ -457,7 +457,9 @@ pub struct PreferredSchedulingTerm {
     pub preference: NodeSelectorTerm,
 }
 
-/// KubeVirt's `startStrategy`.
+// The CRD inlines these enums, so their docs are what `kubectl explain` shows for the field.
+/// KubeVirt's `startStrategy`: `Paused` creates the guest paused; it runs once unpaused
+/// (`edgevirt vm unpause`, `virtctl unpause`). Unset, it starts running.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
 pub enum StartStrategy {
     /// Created paused (its vCPUs never ran); `edgevirt vm unpause` (or `virtctl unpause`)
@@ -465,7 +467,9 @@ pub enum StartStrategy {
     Paused,
 }
 
-/// KubeVirt's `evictionStrategy`: what a node drain does with the instance.
+/// KubeVirt's `evictionStrategy`: what `edgevirt node drain` does with the instance. `LiveMigrate` migrates it (the drain fails if it
+/// cannot), `LiveMigrateIfPossible` migrates it when it is live-migratable and otherwise
+/// treats it as `None`, `None` leaves it running (a forced drain stops it).
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
 pub enum EvictionStrategy {
     /// Not moved: the drain stops it only when forced (`--force`), and its VM's run

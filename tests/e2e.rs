@@ -1214,7 +1214,10 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
                     {"path": "ids/name", "fieldRef": {"fieldPath": "metadata.name"}},
                     {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}),
                 json!({"name": "nothing", "configMap": {"name": "absent", "optional": true}}),
+                // The same ConfigMap as a folder, over virtiofs.
+                json!({"name": "cfgfs", "configMap": {"name": "site-config"}}),
             ]);
+            spec["domain"]["devices"]["filesystems"] = json!([{"name": "cfgfs", "virtiofs": {}}]);
         })
         .yaml();
     let (code, v) = a.post_yaml(VMS, &sized).await;
@@ -1304,6 +1307,19 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
         seen.trim(),
         "found",
         "the ConfigMap's file on one guest disk"
+    );
+    let shared = guest_exec(
+        &dom,
+        "/bin/sh",
+        &[
+            "-c",
+            "mkdir -p /mnt/cfg && mount -t virtiofs cfgfs /mnt/cfg && cat /mnt/cfg/app.conf",
+        ],
+    );
+    assert_eq!(
+        shared.as_deref(),
+        Some("mode=edge\n"),
+        "the ConfigMap as a virtiofs folder"
     );
     let indexes = guest_exec(
         &dom,

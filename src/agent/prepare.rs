@@ -342,6 +342,19 @@ pub async fn prepare(
                 },
             );
         } else if let Some((label, files)) = config_files(agent, vmi, &ns, v).await? {
+            if spec
+                .domain
+                .devices
+                .filesystems
+                .iter()
+                .any(|f| f.name == v.name)
+            {
+                // Shared over virtiofs instead: a folder of the instance's own, gone with it.
+                let dir = run_dir.join(format!("share-{}", v.name));
+                write_files(&dir, &files).await?;
+                shares.insert(v.name.clone(), dir.to_string_lossy().into_owned());
+                continue;
+            }
             let iso = config_iso(&run_dir, &v.name, &label, &files).await?;
             disks.insert(
                 v.name.clone(),
@@ -638,6 +651,25 @@ fn label_or_default(label: &Option<String>) -> String {
     label.clone().unwrap_or_else(|| "cfgdata".into())
 }
 
+/// A fresh folder `dir` holding `files` (paths relative to it), readable by root only.
+async fn write_files(dir: &Path, files: &BTreeMap<String, Vec<u8>>) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if tokio::fs::try_exists(dir).await? {
+        tokio::fs::remove_dir_all(dir).await?;
+    }
+    tokio::fs::create_dir_all(dir).await?;
+    tokio::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).await?;
+    for (path, bytes) in files {
+        // Keys and downward paths were checked: relative, with no `..`.
+        let file = dir.join(path);
+        if let Some(parent) = file.parent() {
+            tokio::fs::create_dir_all(parent).await?;
+        }
+        tokio::fs::write(&file, bytes).await?;
+    }
+    Ok(())
+}
+
 /// An ISO labelled `label` holding `files` (paths relative to its root), as KubeVirt
 /// presents ConfigMaps, Secrets and downward API files. The files are written to a folder
 /// of the run dir only while the ISO is made.
@@ -648,18 +680,7 @@ async fn config_iso(
     files: &BTreeMap<String, Vec<u8>>,
 ) -> anyhow::Result<PathBuf> {
     let dir = run_dir.join(format!("config-{vol}"));
-    if tokio::fs::try_exists(&dir).await? {
-        tokio::fs::remove_dir_all(&dir).await?;
-    }
-    tokio::fs::create_dir_all(&dir).await?;
-    for (path, bytes) in files {
-        // Keys and downward paths were checked: relative, with no `..`.
-        let file = dir.join(path);
-        if let Some(parent) = file.parent() {
-            tokio::fs::create_dir_all(parent).await?;
-        }
-        tokio::fs::write(&file, bytes).await?;
-    }
+    write_files(&dir, files).await?;
     let iso = run_dir.join(format!("{vol}.iso"));
     let names: Vec<&str> = files.keys().map(String::as_str).collect();
     let made = write_iso(&iso, label, &dir, &names).await;

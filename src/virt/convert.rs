@@ -440,7 +440,8 @@ fn check_config_volume(v: &crate::types::kubevirt::Volume) -> Result<(), Invalid
     Ok(())
 }
 
-/// virtiofs shares: each names a `persistentVolumeClaim` volume that no disk presents.
+/// virtiofs shares: each names a `persistentVolumeClaim`, `configMap`, `secret` or
+/// `downwardAPI` volume that no disk presents.
 fn check_filesystems(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     let fs = &spec.domain.devices.filesystems;
     let names: Vec<&str> = fs.iter().map(|f| f.name.as_str()).collect();
@@ -461,12 +462,13 @@ fn check_filesystems(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
                 f.name
             )));
         }
+        let config = v.config_map.is_some() || v.secret.is_some() || v.downward_api.is_some();
         match &v.persistent_volume_claim {
+            None if config => {}
             None => {
                 return Err(Invalid(format!(
-                    "{at}: only a persistentVolumeClaim volume (a folder on the shared pool) \
-                     can be shared over virtiofs here; configMap, secret and the other \
-                     volume kinds are not supported yet"
+                    "{at}: only persistentVolumeClaim (a folder on the shared pool), \
+                     configMap, secret and downwardAPI volumes can be shared over virtiofs"
                 )));
             }
             Some(c) if c.read_only == Some(true) => {

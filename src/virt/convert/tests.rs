@@ -406,7 +406,7 @@ fn virtiofs_filesystems_are_checked() {
         (
             "[{name: d, virtiofs: {}}]",
             "[{name: d, containerDisk: {image: img}}]",
-            "only a persistentVolumeClaim",
+            "can be shared over virtiofs",
         ),
         (
             "[{name: d, virtiofs: {}}]",

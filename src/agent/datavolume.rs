@@ -130,8 +130,27 @@ fn parse_marker(file: &str) -> Option<(&str, &str)> {
         .rsplit_once('.')
 }
 
-/// The uids of the markers of the disk `name` in the pool folder `dir`.
-async fn markers_of(dir: &Path, name: &str) -> anyhow::Result<Vec<String>> {
+/// A marker in a pool folder: its DataVolume's name and uid (from the file name), and the
+/// install id of the appliance that wrote it (from its content, `NS/NAME UID INSTALL`;
+/// markers written before the install id was recorded have none and count as this one's).
+#[derive(Debug, PartialEq)]
+struct Marker {
+    name: String,
+    uid: String,
+    install: Option<String>,
+}
+
+impl Marker {
+    /// Whether this appliance wrote it: a marker of another appliance sharing the pool
+    /// folder is never acted on.
+    fn ours(&self, install: &str) -> bool {
+        self.install.as_deref().is_none_or(|i| i == install)
+    }
+}
+
+/// The markers in the pool folder `dir` (none when it does not exist). A marker removed
+/// while the folder is read is left out.
+async fn markers_in(dir: &Path) -> anyhow::Result<Vec<Marker>> {
     let mut out = Vec::new();
     let mut entries = match tokio::fs::read_dir(dir).await {
         Ok(e) => e,
@@ -140,19 +159,27 @@ async fn markers_of(dir: &Path, name: &str) -> anyhow::Result<Vec<String>> {
     };
     while let Some(e) = entries.next_entry().await? {
         let file = e.file_name().to_string_lossy().into_owned();
-        if let Some((n, uid)) = parse_marker(&file)
-            && n == name
-        {
-            out.push(uid.to_string());
-        }
+        let Some((name, uid)) = parse_marker(&file) else {
+            continue;
+        };
+        let Ok(content) = tokio::fs::read_to_string(e.path()).await else {
+            continue;
+        };
+        out.push(Marker {
+            name: name.to_string(),
+            uid: uid.to_string(),
+            install: content.split_whitespace().nth(2).map(str::to_string),
+        });
     }
     Ok(out)
 }
 
 /// Before a fill on the pool: make the DataVolume the owner of `NAME.qcow2` by writing its
-/// marker. A disk there without any marker is the operator's and is refused; one whose
-/// markers all belong to DataVolumes that are gone is removed first.
-async fn take_pool_disk(dv: &DataVolume, loc: &Location) -> anyhow::Result<()> {
+/// marker, which names this appliance (`install`). A disk there without any marker is the
+/// operator's and is refused, as is one another appliance sharing the folder made; one
+/// whose markers all belong to DataVolumes of this appliance that are gone is removed
+/// first.
+async fn take_pool_disk(dv: &DataVolume, loc: &Location, install: &str) -> anyhow::Result<()> {
     let Location::Pool { disk, dir, marker } = loc else {
         return Ok(());
     };
@@ -167,7 +194,19 @@ async fn take_pool_disk(dv: &DataVolume, loc: &Location) -> anyhow::Result<()> {
         );
     }
     if disk.exists() && !marker.exists() {
-        let others = markers_of(dir, name).await?;
+        let others: Vec<Marker> = markers_in(dir)
+            .await?
+            .into_iter()
+            .filter(|m| m.name == name)
+            .collect();
+        if let Some(m) = others.iter().find(|m| !m.ours(install)) {
+            bail!(
+                "{} was made by another edgevirt appliance (install {}) that shares this pool \
+                 folder: it is never overwritten; give the DataVolume another name",
+                disk.display(),
+                m.install.as_deref().unwrap_or_default()
+            );
+        }
         if others.is_empty() {
             bail!(
                 "{} is there and edgevirt did not make it (a claim disk the operator put on \
@@ -179,12 +218,13 @@ async fn take_pool_disk(dv: &DataVolume, loc: &Location) -> anyhow::Result<()> {
         // Another uid under the same name: a DataVolume deleted and made again (only one
         // of that name exists at a time), whose disk the sweep has not removed yet.
         tokio::fs::remove_file(disk).await?;
-        for uid in others {
-            let _ = tokio::fs::remove_file(dir.join(format!(".{name}.{uid}{MARKER_SUFFIX}"))).await;
+        for m in others {
+            let _ =
+                tokio::fs::remove_file(dir.join(format!(".{name}.{}{MARKER_SUFFIX}", m.uid))).await;
         }
         tracing::info!(namespace = %ns, datavolume = %name, "replaced the stale disk of an earlier DataVolume of the same name on the shared pool");
     }
-    tokio::fs::write(marker, format!("{ns}/{name} {}\n", dv.uid())).await?;
+    tokio::fs::write(marker, format!("{ns}/{name} {} {install}\n", dv.uid())).await?;
     Ok(())
 }
 
@@ -298,9 +338,10 @@ async fn collect(agent: &Agent, dvs: &[Stored<DataVolume>]) {
     }
 }
 
-/// On the shared pool: remove the disks whose markers all belong to DataVolumes that are
-/// gone, with those markers and half-written files. A disk without a marker is never
-/// touched. Every node mounting the pool sweeps; a file another one removed first is fine.
+/// On the shared pool: remove the disks whose markers all belong to DataVolumes of this
+/// appliance that are gone, with those markers and half-written files. A disk without a
+/// marker is never touched, nor a marker another appliance sharing the folder wrote. Every
+/// node mounting the pool sweeps; a file another one removed first is fine.
 async fn sweep_pool(agent: &Agent, root: &Path, live: &HashSet<&str>) {
     let Ok(mut namespaces) = tokio::fs::read_dir(root).await else {
         return;
@@ -311,17 +352,11 @@ async fn sweep_pool(agent: &Agent, root: &Path, live: &HashSet<&str>) {
         if crate::types::check_name("namespace", &ns).is_err() || !dir.is_dir() {
             continue;
         }
-        let Ok(mut entries) = tokio::fs::read_dir(&dir).await else {
+        let Ok(markers) = markers_in(&dir).await else {
             continue;
         };
-        let mut markers: Vec<(String, String)> = Vec::new();
-        while let Ok(Some(e)) = entries.next_entry().await {
-            let file = e.file_name().to_string_lossy().into_owned();
-            if let Some((name, uid)) = parse_marker(&file) {
-                markers.push((name.to_string(), uid.to_string()));
-            }
-        }
-        for (name, uid) in &markers {
+        let install = agent.install_id.as_str();
+        for Marker { name, uid, .. } in markers.iter().filter(|m| m.ours(install)) {
             if live.contains(uid.as_str()) {
                 continue;
             }
@@ -331,9 +366,10 @@ async fn sweep_pool(agent: &Agent, root: &Path, live: &HashSet<&str>) {
                 Ok(_) => {}
                 Err(_) => continue,
             }
+            // The disk stays while a live DataVolume, or another appliance, marks it too.
             let shared_with_live = markers
                 .iter()
-                .any(|(n, u)| n == name && live.contains(u.as_str()));
+                .any(|m| &m.name == name && (live.contains(m.uid.as_str()) || !m.ours(install)));
             let mut gone = vec![
                 dir.join(format!(".{name}.{uid}.filling")),
                 dir.join(format!(".{name}.{uid}.download")),
@@ -412,7 +448,7 @@ async fn fill(agent: &Agent, stored: &Stored<DataVolume>) -> anyhow::Result<()> 
     tracing::info!(namespace = %ns, datavolume = %name, source = ?how, "filling DataVolume");
     let started = Instant::now();
     let r = match Location::of(agent, dv) {
-        Ok(loc) => match take_pool_disk(dv, &loc).await {
+        Ok(loc) => match take_pool_disk(dv, &loc, &agent.install_id).await {
             Ok(()) => Ok(loc),
             Err(e) => Err(e),
         },
@@ -707,26 +743,76 @@ mod tests {
         }
     }
 
+    /// Markers are read with the appliance that wrote them; one of another appliance is
+    /// not this one's, a marker without an install id (an older release's) is.
     #[tokio::test]
-    async fn only_the_markers_of_one_name_are_its_own() {
+    async fn markers_name_the_appliance_that_wrote_them() {
         let d = tempfile::tempdir().unwrap();
-        for f in [
-            format!(".disk.u1{MARKER_SUFFIX}"),
-            format!(".disk.u2{MARKER_SUFFIX}"),
-            format!(".disk-2.u3{MARKER_SUFFIX}"),
-            "disk.qcow2".into(),
-            ".disk.u1.filling".into(),
+        for (f, content) in [
+            (format!(".disk.u1{MARKER_SUFFIX}"), "default/disk u1 me\n"),
+            (
+                format!(".disk.u2{MARKER_SUFFIX}"),
+                "default/disk u2 other\n",
+            ),
+            (format!(".old.u3{MARKER_SUFFIX}"), "default/old u3\n"),
+            ("disk.qcow2".into(), ""),
+            (".disk.u1.filling".into(), ""),
         ] {
-            std::fs::write(d.path().join(f), b"").unwrap();
+            std::fs::write(d.path().join(f), content).unwrap();
         }
-        let mut got = markers_of(d.path(), "disk").await.unwrap();
-        got.sort();
-        assert_eq!(got, vec!["u1".to_string(), "u2".to_string()]);
-        assert!(
-            markers_of(&d.path().join("none"), "disk")
-                .await
-                .unwrap()
-                .is_empty()
+        let mut got = markers_in(d.path()).await.unwrap();
+        got.sort_by(|a, b| a.uid.cmp(&b.uid));
+        let seen: Vec<(&str, &str, bool)> = got
+            .iter()
+            .map(|m| (m.name.as_str(), m.uid.as_str(), m.ours("me")))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("disk", "u1", true),
+                ("disk", "u2", false),
+                ("old", "u3", true)
+            ]
+        );
+        assert!(markers_in(&d.path().join("none")).await.unwrap().is_empty());
+    }
+
+    /// A disk another appliance made on a shared pool folder is never taken over.
+    #[tokio::test]
+    async fn a_disk_of_another_appliance_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("default");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("disk.qcow2"), b"theirs").unwrap();
+        std::fs::write(
+            dir.join(format!(".disk.u9{MARKER_SUFFIX}")),
+            "default/disk u9 other\n",
+        )
+        .unwrap();
+        let dv: DataVolume = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+            "metadata": {"name": "disk", "namespace": "default", "uid": "u1"},
+            "spec": {"source": {"blank": {}}}}))
+        .unwrap();
+        let loc = Location::Pool {
+            disk: dir.join("disk.qcow2"),
+            dir: dir.clone(),
+            marker: dir.join(format!(".disk.u1{MARKER_SUFFIX}")),
+        };
+        let e = take_pool_disk(&dv, &loc, "me").await.unwrap_err();
+        assert!(e.to_string().contains("another edgevirt appliance"), "{e}");
+        assert_eq!(std::fs::read(dir.join("disk.qcow2")).unwrap(), b"theirs");
+        // One of this appliance's own, from a DataVolume since deleted, is replaced.
+        std::fs::write(
+            dir.join(format!(".disk.u9{MARKER_SUFFIX}")),
+            "default/disk u9 me\n",
+        )
+        .unwrap();
+        take_pool_disk(&dv, &loc, "me").await.unwrap();
+        assert!(!dir.join("disk.qcow2").exists());
+        assert_eq!(
+            std::fs::read_to_string(dir.join(format!(".disk.u1{MARKER_SUFFIX}"))).unwrap(),
+            "default/disk u1 me\n"
         );
     }
 }

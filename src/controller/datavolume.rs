@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::Context;
+use super::{Action, Context};
 use crate::store::{Error, FieldSelector, LabelSelector, Store};
 use crate::types::cdi::{
     DataVolume, DataVolumeCondition, DataVolumeSpec, DataVolumeStatus, Fill,
@@ -70,23 +70,21 @@ pub async fn keep_pool_class(store: &Store, pool: &str) -> Result<(), Error> {
     }
 }
 
-/// A node reported its status: keep the class of the pool it mounts, and name the
-/// DataVolumes on that pool still waiting for a node to fill them.
-pub async fn on_node(
-    store: &Store,
-    node: &crate::types::Node,
-) -> Result<Vec<(String, String)>, Error> {
-    let Some(pool) = node.status.as_ref().and_then(|s| s.shared_pool.as_ref()) else {
-        return Ok(Vec::new());
-    };
-    keep_pool_class(store, &pool.name).await?;
-    let dvs: Vec<DataVolume> = store.all().await?;
-    Ok(dvs
-        .iter()
-        .filter(|d| d.spec.shared_pool() == Some(pool.name.as_str()))
-        .filter(|d| d.annotation(NODE_ANNOTATION).is_none() && !d.deleting())
-        .map(|d| (d.namespace().to_string(), d.name().to_string()))
-        .collect())
+/// A node reported its status: keep the class of the pool it mounts. (DataVolumes waiting
+/// for a node on that pool look again by themselves: [`reconcile_dv`].)
+pub async fn on_node(store: &Store, node: &crate::types::Node) -> Result<(), Error> {
+    match node.status.as_ref().and_then(|s| s.shared_pool.as_ref()) {
+        Some(pool) => keep_pool_class(store, &pool.name).await,
+        None => Ok(()),
+    }
+}
+
+/// Whether a reconcile would leave a DataVolume as it is: it has a status, and is not on a
+/// shared pool waiting for a node to fill it (the periodic resync skips idle ones).
+pub fn dv_idle(dv: &DataVolume) -> bool {
+    dv.deleting()
+        || (dv.status.as_ref().is_some_and(|s| s.phase.is_some())
+            && (dv.spec.shared_pool().is_none() || dv.annotation(NODE_ANNOTATION).is_some()))
 }
 
 /// The status of a new DataVolume: an upload waits for its data, one on a shared pool for
@@ -122,12 +120,14 @@ fn waiting(name: &str, spec: &DataVolumeSpec) -> DataVolumeStatus {
 
 /// A new DataVolume gets its first status, and one on a shared pool its node; a deleted
 /// one's uploaded image goes.
-pub async fn reconcile_dv(ctx: &Context, ns: &str, name: &str) -> Result<(), Error> {
+pub async fn reconcile_dv(ctx: &Context, ns: &str, name: &str) -> Result<Action, Error> {
     let Some(dv) = ctx.store.get_typed::<DataVolume>(ns, name).await? else {
-        return forget_upload(&ctx.store, ns, name).await;
+        return forget_upload(&ctx.store, ns, name)
+            .await
+            .map(|()| Action::Done);
     };
     if dv.deleting() {
-        return Ok(());
+        return Ok(Action::Done);
     }
     if dv.status.as_ref().is_none_or(|s| s.phase.is_none()) {
         ctx.store
@@ -141,15 +141,18 @@ pub async fn reconcile_dv(ctx: &Context, ns: &str, name: &str) -> Result<(), Err
     }
     if let Some(pool) = dv.spec.shared_pool()
         && dv.annotation(NODE_ANNOTATION).is_none()
+        && !bind_in_pool(&ctx.store, &dv, pool).await?
     {
-        bind_in_pool(&ctx.store, &dv, pool).await?;
+        // No node mounts the pool yet: look again soon (nothing is written meanwhile).
+        return Ok(Action::RequeueAfter(std::time::Duration::from_secs(5)));
     }
-    Ok(())
+    Ok(Action::Done)
 }
 
 /// Bind a DataVolume on the shared pool `pool` to a ready, schedulable node mounting it
-/// (the first by name), which fills it. With none, it stays Pending and says why.
-async fn bind_in_pool(store: &Store, dv: &DataVolume, pool: &str) -> Result<(), Error> {
+/// (the first by name), which fills it; whether one was found. With none, it stays
+/// Pending and says why.
+async fn bind_in_pool(store: &Store, dv: &DataVolume, pool: &str) -> Result<bool, Error> {
     let nodes: Vec<crate::types::Node> = store.all().await?;
     let node = nodes
         .iter()
@@ -186,15 +189,15 @@ async fn bind_in_pool(store: &Store, dv: &DataVolume, pool: &str) -> Result<(), 
             Ok(())
         })
         .await?;
-    match node {
+    match &node {
         Some(n) => {
             tracing::info!(namespace = %ns, datavolume = %name, node = %n, %pool, "bound DataVolume on the shared pool to a node that fills it")
         }
         None => {
-            tracing::info!(namespace = %ns, datavolume = %name, %pool, "no ready node mounts the DataVolume's shared pool yet")
+            tracing::debug!(namespace = %ns, datavolume = %name, %pool, "no ready node mounts the DataVolume's shared pool yet")
         }
     }
-    Ok(())
+    Ok(node.is_some())
 }
 
 /// Create the DataVolumes of a VM's templates that do not exist yet, owned by the VM.

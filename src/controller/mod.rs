@@ -115,15 +115,11 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                             queue.push(&(Kind::VirtualMachine, ns, name));
                         }
                         Kind::Node => {
-                            // A node that became ready again may take pending VMIs, and
-                            // fill DataVolumes on the shared pool it mounts.
+                            // A node that became ready again may take pending VMIs.
                             enqueue_unscheduled(&ctx, &queue).await;
                             if let Ok(node) = serde_json::from_value::<crate::types::Node>(ev.object.clone()) {
-                                match datavolume::on_node(&ctx.store, &node).await {
-                                    Ok(dvs) => for (ns, name) in dvs {
-                                        queue.push(&(Kind::DataVolume, ns, name));
-                                    },
-                                    Err(e) => tracing::warn!(error = %e, "keeping the shared pool's storage class failed"),
+                                if let Err(e) = datavolume::on_node(&ctx.store, &node).await {
+                                    tracing::warn!(error = %e, "keeping the shared pool's storage class failed");
                                 }
                                 // Instances a NoExecute taint may evict.
                                 match node::no_execute_candidates(&ctx.store, &node).await {
@@ -172,9 +168,7 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                 Kind::VirtualMachineInstanceMigration => {
                     migration::reconcile_migration(&ctx, &key.1, &key.2).await
                 }
-                Kind::DataVolume => datavolume::reconcile_dv(&ctx, &key.1, &key.2)
-                    .await
-                    .map(|()| Action::Done),
+                Kind::DataVolume => datavolume::reconcile_dv(&ctx, &key.1, &key.2).await,
                 _ => Ok(Action::Done),
             };
             match r {
@@ -258,6 +252,14 @@ pub async fn resync_keys(store: &Store) -> Vec<Key> {
                 vmi.name(),
             ));
         }
+    }
+    // DataVolumes without a status yet, or waiting for a node on their shared pool.
+    if let Ok(dvs) = store.all::<crate::types::cdi::DataVolume>().await {
+        keys.extend(
+            dvs.iter()
+                .filter(|d| !datavolume::dv_idle(d))
+                .map(|d| key(Kind::DataVolume, d.namespace(), d.name())),
+        );
     }
     if let Ok(migrations) = store.all::<VirtualMachineInstanceMigration>().await {
         keys.extend(migrations.iter().map(|o| {

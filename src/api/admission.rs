@@ -110,6 +110,16 @@ pub async fn admit(
                     "spec.running and spec.runStrategy are mutually exclusive; set only runStrategy",
                 ));
             }
+            if let Some(u) = vm
+                .update_volumes_strategy
+                .as_deref()
+                .filter(|u| *u != "Replacement")
+            {
+                return Err(ApiError::invalid(format!(
+                    "spec.updateVolumesStrategy {u:?}: only Replacement (volume changes apply at \
+                     the next start); Migration is not supported yet"
+                )));
+            }
             check_hooks(
                 &obj["spec"]["template"]["metadata"],
                 "spec.template.metadata",

@@ -59,6 +59,11 @@ pub struct VirtualMachineSpec {
     pub data_volume_templates: Vec<super::cdi::DataVolumeTemplateSpec>,
     /// The instance the VM creates when it starts: its labels, annotations and spec.
     pub template: VirtualMachineInstanceTemplateSpec,
+    /// How a change of the VM's volumes reaches its running instance: `Replacement` (the
+    /// only one here, and KubeVirt's default) applies it at the next start; `Migration`
+    /// (moving the disks of a running VM) is not supported yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_volumes_strategy: Option<String>,
 }
 
 impl VirtualMachine {
@@ -233,6 +238,10 @@ pub struct VirtualMachineInstanceSpec {
     /// here (docs/kubevirt-fields.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
+    /// `default-scheduler` (what Kubernetes writes when none is named) or empty: edgevirt's
+    /// one scheduler. Any other name is refused: no other scheduler would place the VM here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_name: Option<String>,
     /// SSH keys and passwords from Secrets, put into the guest through cloud-init or the
     /// guest agent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

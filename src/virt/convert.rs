@@ -488,6 +488,16 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     crate::rules::placement::check(&spec.affinity)?;
     crate::rules::placement::check_tolerations(&spec.tolerations)?;
     crate::rules::placement::check_spread(&spec.topology_spread_constraints)?;
+    if let Some(n) = spec
+        .scheduler_name
+        .as_deref()
+        .filter(|n| !n.is_empty() && *n != "default-scheduler")
+    {
+        return Err(Invalid(format!(
+            "spec.schedulerName {n:?}: edgevirt has one scheduler (default-scheduler); no \
+             other would place this instance"
+        )));
+    }
     guest_memory(spec)?;
     vcpu_count(spec)?;
     crate::cpu::policy::validate(spec.domain.cpu.as_ref())?;

@@ -893,6 +893,11 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             json!({"evictionStrategy": "External"}),
             "evictionStrategy",
         ),
+        (
+            "scheduler-name-other",
+            json!({"schedulerName": "volcano"}),
+            "schedulerName",
+        ),
     ] {
         c.push(
             post(name)
@@ -912,6 +917,14 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                 .msg(needle),
         );
     }
+    c.push(
+        post("update-volumes-migration")
+            .json(&vm("hostile-update-volumes", |v| {
+                v["spec"]["updateVolumesStrategy"] = json!("Migration");
+            }))
+            .expect(&[422])
+            .msg("updateVolumesStrategy"),
+    );
     let core = |kind: &str, name: &str, mut body: Value| {
         body["apiVersion"] = json!("v1");
         body["kind"] = json!(kind);

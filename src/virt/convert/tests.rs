@@ -463,6 +463,25 @@ fn efi_is_secure_boot_unless_turned_off() {
     }
 }
 
+/// `default-scheduler` (or no name) is edgevirt's scheduler; another name is refused.
+#[test]
+fn scheduler_names_are_the_default_one_only() {
+    for (name, ok) in [
+        ("\"\"", true),
+        ("default-scheduler", true),
+        ("volcano", false),
+    ] {
+        let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(&format!(
+            "domain: {{memory: {{guest: 64Mi}}, devices: {{}}}}\nschedulerName: {name}"
+        ))
+        .unwrap();
+        match validate(&spec) {
+            Ok(()) => assert!(ok, "{name}"),
+            Err(e) => assert!(!ok && e.0.contains("schedulerName"), "{name}: {e}"),
+        }
+    }
+}
+
 #[test]
 fn refuses_contradictory_or_malformed_domain_settings() {
     for (yaml, needle) in [

@@ -249,6 +249,7 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, String> {
             }),
             instancetype: None,
             preference: None,
+            update_volumes_strategy: None,
             template: VirtualMachineInstanceTemplateSpec {
                 metadata: Some(TemplateMeta {
                     labels: labels.clone(),

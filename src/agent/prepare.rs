@@ -186,9 +186,14 @@ pub const CONTAINER_DISKS_FILE: &str = "container-disks";
 
 /// A disk file on this node's own storage, writable.
 fn local_disk(path: &Path) -> ResolvedDisk {
+    local_file(path, "qcow2")
+}
+
+/// A file of this node's own (an overlay, an ISO) in `format`, writable by the guest.
+fn local_file(path: &Path, format: &str) -> ResolvedDisk {
     ResolvedDisk {
         path: path.to_string_lossy().into_owned(),
-        format: "qcow2".into(),
+        format: format.into(),
         shared: false,
         readonly: false,
     }
@@ -332,15 +337,7 @@ pub async fn prepare(
             } else {
                 cloud_init_iso(&run_dir, &uid, host, &v.name, ci, &keys).await?
             };
-            disks.insert(
-                v.name.clone(),
-                ResolvedDisk {
-                    path: iso.to_string_lossy().into_owned(),
-                    format: "raw".into(),
-                    shared: false,
-                    readonly: false,
-                },
-            );
+            disks.insert(v.name.clone(), local_file(&iso, "raw"));
         } else if let Some((label, files)) = config_files(agent, vmi, &ns, v).await? {
             if spec
                 .domain
@@ -356,15 +353,7 @@ pub async fn prepare(
                 continue;
             }
             let iso = config_iso(&run_dir, &v.name, &label, &files).await?;
-            disks.insert(
-                v.name.clone(),
-                ResolvedDisk {
-                    path: iso.to_string_lossy().into_owned(),
-                    format: "raw".into(),
-                    shared: false,
-                    readonly: false,
-                },
-            );
+            disks.insert(v.name.clone(), local_file(&iso, "raw"));
         } else if let Some(h) = &v.host_disk {
             let path = host_disk(agent, &v.name, h).await?;
             disks.insert(

@@ -135,8 +135,10 @@ pub async fn pick_node(
         .filter_map(|v| {
             Some(crate::rules::placement::PlacedView {
                 namespace: v.namespace(),
+                name: v.name(),
                 labels: v.metadata.labels.as_ref().unwrap_or(&no_labels),
                 node: v.node_name()?,
+                affinity: v.spec.affinity.as_ref(),
             })
         })
         .collect();

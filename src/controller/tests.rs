@@ -1075,6 +1075,32 @@ async fn pod_affinity_reads_the_instances_placed_on_nodes() {
         why.contains("c: an instance its pod anti-affinity selects runs in its zone domain (shop)"),
         "{why}"
     );
+    // Symmetry: "quiet" on a keeps "noisy" instances off its node by its own anti-affinity,
+    // though "noisy" asks nothing; the roomiest node is no longer theirs.
+    assert_eq!(pick("noisy", serde_json::Value::Null).await.unwrap(), "a");
+    ctx.store
+        .create(
+            Kind::VirtualMachineInstance,
+            json!({"metadata": {"name": "quiet", "namespace": "default", "labels": {"app": "quiet"}},
+                "spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {}},
+                         "affinity": required("podAntiAffinity", term("noisy", "kubernetes.io/hostname"))},
+                "status": {"phase": "Running", "nodeName": "a"}}),
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(pick("noisy", serde_json::Value::Null).await.unwrap(), "b");
+    let why = pick(
+        "noisy",
+        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}]}}}),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        why.contains("a: default/quiet runs in its kubernetes.io/hostname domain (a) and its pod anti-affinity selects this instance"),
+        "{why}"
+    );
 }
 
 /// Topology spread: DoNotSchedule keeps the selected instances within maxSkew of the

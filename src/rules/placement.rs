@@ -13,8 +13,9 @@
 //! A required affinity term holds on a node whose domain has a selected instance (or, when
 //! none exists anywhere yet, for an instance its own term selects: the first of a group);
 //! a required anti-affinity term holds on a node whose domain has none. Preferred terms
-//! add (affinity met) or take (anti-affinity broken) their weight. The other instances'
-//! own anti-affinity is not read back (Kubernetes' symmetry): give each instance its terms.
+//! add (affinity met) or take (anti-affinity broken) their weight. As in Kubernetes, a placed
+//! instance's required anti-affinity also keeps the instances it selects out of its domain
+//! (symmetry); its preferred terms are not read back.
 
 use std::collections::BTreeMap;
 
@@ -228,8 +229,11 @@ pub fn score(a: &Option<Affinity>, n: &NodeView) -> i64 {
 /// An instance placed on a node, as the pod (anti-)affinity rules read it.
 pub struct PlacedView<'a> {
     pub namespace: &'a str,
+    pub name: &'a str,
     pub labels: &'a BTreeMap<String, String>,
     pub node: &'a str,
+    /// Its own affinity: its required anti-affinity keeps others off too (symmetry).
+    pub affinity: Option<&'a Affinity>,
 }
 
 /// The well-known topology key of one node.
@@ -303,6 +307,33 @@ pub fn pod_required(
     placed: &[PlacedView],
     nodes: &[NodeView],
 ) -> Result<(), String> {
+    // Kubernetes' symmetry: a placed instance's required anti-affinity term that selects
+    // this instance keeps it out of that instance's domain.
+    for p in placed {
+        for t in p
+            .affinity
+            .and_then(|a| a.pod_anti_affinity.as_ref())
+            .iter()
+            .flat_map(|pa| &pa.required_during_scheduling_ignored_during_execution)
+        {
+            if !in_namespaces(t, p.namespace, own_ns) || !selects(&t.label_selector, own_labels) {
+                continue;
+            }
+            let theirs = nodes
+                .iter()
+                .find(|n| n.name == p.node)
+                .and_then(|n| topology(n, &t.topology_key));
+            if let Some(d) = theirs
+                && topology(node, &t.topology_key) == Some(d)
+            {
+                return Err(format!(
+                    "{}/{} runs in its {} domain ({d}) and its pod anti-affinity selects this \
+                     instance",
+                    p.namespace, p.name, t.topology_key
+                ));
+            }
+        }
+    }
     let Some(a) = a else { return Ok(()) };
     for t in a
         .pod_affinity

@@ -263,6 +263,14 @@ pub async fn prepare(
 
     let mut disks = BTreeMap::new();
     let mut shares = BTreeMap::new();
+    // Volumes a `filesystems` entry shares over virtiofs rather than presents as a disk.
+    let is_shared = |vol: &str| {
+        spec.domain
+            .devices
+            .filesystems
+            .iter()
+            .any(|f| f.name == vol)
+    };
     let mut made_volume = false;
     let mut pulled = Vec::new();
     for v in &spec.volumes {
@@ -339,13 +347,7 @@ pub async fn prepare(
             };
             disks.insert(v.name.clone(), local_file(&iso, "raw"));
         } else if let Some((label, files)) = config_files(agent, vmi, &ns, v).await? {
-            if spec
-                .domain
-                .devices
-                .filesystems
-                .iter()
-                .any(|f| f.name == v.name)
-            {
+            if is_shared(&v.name) {
                 // Shared over virtiofs instead: a folder of the instance's own, gone with it.
                 let dir = run_dir.join(format!("share-{}", v.name));
                 write_files(&dir, &files).await?;
@@ -376,13 +378,11 @@ pub async fn prepare(
             let overlay = run_dir.join(format!("ephemeral-{}.qcow2", v.name));
             make_overlay(&base, &format, &overlay).await?;
             disks.insert(v.name.clone(), local_disk(&overlay));
-        } else if let Some(claim) = v.persistent_volume_claim.as_ref().filter(|_| {
-            spec.domain
-                .devices
-                .filesystems
-                .iter()
-                .any(|f| f.name == v.name)
-        }) {
+        } else if let Some(claim) = v
+            .persistent_volume_claim
+            .as_ref()
+            .filter(|_| is_shared(&v.name))
+        {
             let dir = claim_folder(agent, &ns, &claim.claim_name).await?;
             shares.insert(v.name.clone(), dir.to_string_lossy().into_owned());
         } else if let Some(claim) = &v.persistent_volume_claim {

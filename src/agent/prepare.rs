@@ -623,10 +623,7 @@ async fn config_files(
     };
     // Admission checks keys; an object stored by an older release is checked here too, as
     // each key becomes a file name.
-    if let Some(k) = files
-        .keys()
-        .find(|k| k.is_empty() || k.contains('/') || *k == "." || *k == "..")
-    {
+    if let Some(k) = files.keys().find(|k| !crate::types::is_file_name(k)) {
         bail!(
             "volume {}: {} {ns}/{name}: key {k:?} is no file name",
             v.name,

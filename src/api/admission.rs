@@ -649,13 +649,7 @@ fn check_secret(obj: &mut Value) -> ApiResult<()> {
 /// A key of a Secret's or ConfigMap's data, as Kubernetes allows it; it becomes a file name
 /// in the guest, so never a path.
 fn check_data_key(field: &str, k: &str) -> ApiResult<()> {
-    let ok = !k.is_empty()
-        && k.len() <= 253
-        && k != "."
-        && k != ".."
-        && k.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
-    if ok {
+    if crate::types::is_file_name(k) {
         Ok(())
     } else {
         Err(ApiError::invalid(format!(

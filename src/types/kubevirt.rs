@@ -1580,16 +1580,7 @@ pub struct DownwardApiVolumeFile {
 impl DownwardApiVolumeFile {
     /// The path, checked: relative, of plain names (letters, digits, `-`, `_`, `.`), no `..`.
     pub fn check_path(&self) -> Result<(), crate::types::Invalid> {
-        let ok = !self.path.is_empty()
-            && self.path.len() <= 253
-            && self.path.split('/').all(|c| {
-                !c.is_empty()
-                    && c != "."
-                    && c != ".."
-                    && c.bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
-            });
-        if ok {
+        if self.path.len() <= 253 && self.path.split('/').all(crate::types::is_file_name) {
             Ok(())
         } else {
             Err(crate::types::Invalid(format!(

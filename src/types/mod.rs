@@ -300,6 +300,18 @@ pub fn is_alias(api_version: &str) -> bool {
 #[error("{0}")]
 pub struct Invalid(pub String);
 
+/// One plain file name, as Kubernetes allows ConfigMap and Secret keys: letters, digits,
+/// '-', '_' and '.', at most 253 bytes, and not `.` or `..`. Data keys and downward API path
+/// parts become file names in the guest, so this is never a path.
+pub fn is_file_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+}
+
 /// DNS-1123 label: lowercase alphanumerics and '-', starting and ending alphanumeric, ≤ 63.
 pub fn check_name(what: &str, name: &str) -> Result<(), Invalid> {
     let ok = !name.is_empty()

@@ -263,14 +263,6 @@ pub async fn prepare(
 
     let mut disks = BTreeMap::new();
     let mut shares = BTreeMap::new();
-    // Volumes a `filesystems` entry shares over virtiofs rather than presents as a disk.
-    let is_shared = |vol: &str| {
-        spec.domain
-            .devices
-            .filesystems
-            .iter()
-            .any(|f| f.name == vol)
-    };
     let mut made_volume = false;
     let mut pulled = Vec::new();
     for v in &spec.volumes {
@@ -347,7 +339,7 @@ pub async fn prepare(
             };
             disks.insert(v.name.clone(), local_file(&iso, "raw"));
         } else if let Some((label, files)) = config_files(agent, vmi, &ns, v).await? {
-            if is_shared(&v.name) {
+            if spec.domain.devices.is_filesystem(&v.name) {
                 // Shared over virtiofs instead: a folder of the instance's own, gone with it.
                 let dir = run_dir.join(format!("share-{}", v.name));
                 write_files(&dir, &files).await?;
@@ -381,7 +373,7 @@ pub async fn prepare(
         } else if let Some(claim) = v
             .persistent_volume_claim
             .as_ref()
-            .filter(|_| is_shared(&v.name))
+            .filter(|_| spec.domain.devices.is_filesystem(&v.name))
         {
             let dir = claim_folder(agent, &ns, &claim.claim_name).await?;
             shares.insert(v.name.clone(), dir.to_string_lossy().into_owned());

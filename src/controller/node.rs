@@ -93,18 +93,7 @@ pub async fn no_execute_candidates(
             &FieldSelector::node(node.name()),
         )
         .await?;
-    Ok(items
-        .iter()
-        .map(|o| {
-            (
-                o["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string(),
-                o["metadata"]["name"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect())
+    Ok(items.iter().map(super::key_of).collect())
 }
 
 /// A placed instance on a node whose `NoExecute` taints it does not tolerate (or no longer:

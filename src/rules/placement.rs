@@ -249,6 +249,14 @@ pub fn topology<'a>(n: &NodeView<'a>, key: &str) -> Option<&'a str> {
     }
 }
 
+/// The topology domain for `key` of the node named `node`, among `nodes`.
+fn domain_of<'a>(nodes: &'a [NodeView<'a>], node: &str, key: &str) -> Option<&'a str> {
+    nodes
+        .iter()
+        .find(|n| n.name == node)
+        .and_then(|n| topology(n, key))
+}
+
 /// Whether labels match a selector (unset selects nothing; `{}` everything).
 fn selects(sel: &Option<LabelSelectorSpec>, labels: &BTreeMap<String, String>) -> bool {
     let Some(sel) = sel else { return false };
@@ -289,12 +297,7 @@ fn selected<'a>(
     placed
         .iter()
         .filter(|p| in_namespaces(t, own_ns, p.namespace) && selects(&t.label_selector, p.labels))
-        .map(|p| {
-            nodes
-                .iter()
-                .find(|n| n.name == p.node)
-                .and_then(|n| topology(n, &t.topology_key))
-        })
+        .map(|p| domain_of(nodes, p.node, &t.topology_key))
         .collect()
 }
 
@@ -319,11 +322,7 @@ pub fn pod_required(
             if !in_namespaces(t, p.namespace, own_ns) || !selects(&t.label_selector, own_labels) {
                 continue;
             }
-            let theirs = nodes
-                .iter()
-                .find(|n| n.name == p.node)
-                .and_then(|n| topology(n, &t.topology_key));
-            if let Some(d) = theirs
+            if let Some(d) = domain_of(nodes, p.node, &t.topology_key)
                 && topology(node, &t.topology_key) == Some(d)
             {
                 return Err(format!(
@@ -419,13 +418,7 @@ pub fn spread(
             placed
                 .iter()
                 .filter(|p| p.namespace == own_ns && selects(&c.label_selector, p.labels))
-                .filter(|p| {
-                    domains_of
-                        .iter()
-                        .find(|n| n.name == p.node)
-                        .and_then(|n| topology(n, &c.topology_key))
-                        == Some(domain)
-                })
+                .filter(|p| domain_of(domains_of, p.node, &c.topology_key) == Some(domain))
                 .count() as i64
         };
         let min = domains_of

@@ -1098,6 +1098,13 @@ pub struct Devices {
     pub filesystems: Vec<Filesystem>,
 }
 
+impl Devices {
+    /// Whether a `filesystems` entry shares the volume `name` (then no disk presents it).
+    pub fn is_filesystem(&self, name: &str) -> bool {
+        self.filesystems.iter().any(|f| f.name == name)
+    }
+}
+
 /// KubeVirt's `Filesystem`: a volume shared as a folder rather than presented as a disk.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]

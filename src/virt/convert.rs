@@ -1336,9 +1336,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
     // disks.
     let devs = &spec.domain.devices;
     for v in &spec.volumes {
-        if devs.disks.iter().any(|d| d.name == v.name)
-            || devs.filesystems.iter().any(|f| f.name == v.name)
-        {
+        if devs.disks.iter().any(|d| d.name == v.name) || devs.is_filesystem(&v.name) {
             continue;
         }
         let resolved = ctx

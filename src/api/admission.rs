@@ -277,6 +277,7 @@ pub async fn admit(
         }
         Kind::Secret => check_secret(&mut obj)?,
         Kind::ConfigMap => check_config_map(&mut obj)?,
+        Kind::Event => check_event(&mut obj)?,
         Kind::Namespace => {
             if let Some(o) = obj.as_object_mut() {
                 o.remove("spec");
@@ -297,7 +298,7 @@ pub async fn admit(
         Some(old)
             if !matches!(
                 kind,
-                Kind::Node | Kind::Namespace | Kind::Secret | Kind::ConfigMap
+                Kind::Node | Kind::Namespace | Kind::Secret | Kind::ConfigMap | Kind::Event
             ) =>
         {
             if let Some(s) = old.get("status") {
@@ -696,6 +697,44 @@ fn check_config_map(obj: &mut Value) -> ApiResult<()> {
 }
 
 /// Checked here too (the store holds every write to it) so a dry run says so.
+/// An event someone records by hand (an agent, a script): it names the object it is about,
+/// says why in a reason, and is Normal or Warning; the times and count default as the
+/// Kubernetes API server leaves them to the recorder.
+fn check_event(obj: &mut Value) -> ApiResult<()> {
+    use k8s_openapi::api::core::v1::Event;
+    if let Some(o) = obj.as_object_mut() {
+        o.remove("spec");
+        o.remove("status");
+    }
+    let ev: Event = decode("Event", obj.clone())
+        .map_err(|e| ApiError::invalid(format!("the event does not decode: {e}")))?;
+    if ev.involved_object.name.as_deref().unwrap_or("").is_empty() {
+        return Err(ApiError::invalid("involvedObject.name: Required value"));
+    }
+    if ev.reason.as_deref().unwrap_or("").is_empty() {
+        return Err(ApiError::invalid("reason: Required value"));
+    }
+    if let Some(t) = ev
+        .type_
+        .as_deref()
+        .filter(|t| !matches!(*t, "Normal" | "Warning"))
+    {
+        return Err(ApiError::invalid(format!(
+            "type: Unsupported value: {t:?}: supported values: \"Normal\", \"Warning\""
+        )));
+    }
+    let now = crate::types::now();
+    for field in ["firstTimestamp", "lastTimestamp"] {
+        if obj[field].is_null() {
+            obj[field] = json!(now);
+        }
+    }
+    if obj["count"].is_null() {
+        obj["count"] = json!(1);
+    }
+    Ok(())
+}
+
 fn check_size(obj: &Value) -> ApiResult<()> {
     let n = serde_json::to_vec(obj).map_err(ApiError::internal)?.len();
     if n > crate::store::OBJECT_MAX_BYTES {

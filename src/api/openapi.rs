@@ -84,6 +84,11 @@ fn description(kind: Kind) -> &'static str {
             "Secret holds credentials, as in Kubernetes: a `kubernetes.io/dockerconfigjson` \
              secret gives a containerDisk's imagePullSecret its registry login."
         }
+        Kind::Event => {
+            "Event is a report of something that happened to an object (a VM started, stopped, \
+             failed to be scheduled, migrated; a node went NotReady), as Kubernetes records \
+             them: repeats are counted on one event, and events older than three days go."
+        }
         Kind::ConfigMap => {
             "ConfigMap holds files, as in Kubernetes: a VM's `configMap` volume presents its \
              keys to the guest as files on a disk (ISO 9660, labelled `cfgdata` or the \

@@ -470,6 +470,10 @@ impl Verb {
                 | Kind::StorageClass,
             ) => &[Access::Admin],
             (Verb::Create | Verb::Replace | Verb::Patch, Kind::Node) => &[Access::AgentWrite],
+            // Events are the system's record: agents and administrators write them.
+            (Verb::Create | Verb::Replace | Verb::Patch | Verb::Delete, Kind::Event) => {
+                &[Access::Admin, Access::AgentWrite]
+            }
             (Verb::Patch, _) => &[Access::Operate, Access::AgentWrite],
             (Verb::Create | Verb::Replace | Verb::Delete, _) => &[Access::Operate],
         }

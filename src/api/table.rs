@@ -38,6 +38,8 @@ pub const CONTENT_TYPE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
 
 struct Column {
     name: String,
+    /// A cell that is not one field (an event's `kind/name`), else from `json_path`.
+    compute: Option<fn(&Value) -> Value>,
     type_: String,
     json_path: String,
     priority: i32,
@@ -99,6 +101,40 @@ fn make_columns(kind: Kind) -> Vec<Column> {
                 col("Age", "date", ".metadata.creationTimestamp", 0),
             ];
         }
+        // As `kubectl get events` prints them on a cluster: the name only in `-o wide`.
+        Kind::Event => {
+            let computed = |name: &str, f: fn(&Value) -> Value| Column {
+                compute: Some(f),
+                ..col(name, "string", "", 0)
+            };
+            return vec![
+                computed("Last Seen", |e| {
+                    let at = e["lastTimestamp"].as_str().or(e["eventTime"].as_str());
+                    at.map_or(Value::Null, |t| json!(age(t)))
+                }),
+                col("Type", "string", ".type", 0),
+                col("Reason", "string", ".reason", 0),
+                computed("Object", |e| {
+                    let o = &e["involvedObject"];
+                    let kind = o["kind"].as_str().unwrap_or("").to_ascii_lowercase();
+                    json!(format!("{kind}/{}", o["name"].as_str().unwrap_or("")))
+                }),
+                col("Subobject", "string", ".involvedObject.fieldPath", 1),
+                Column {
+                    priority: 1,
+                    ..computed("Source", |e| {
+                        let s = &e["source"];
+                        let parts = [&s["component"], &s["host"]];
+                        let parts: Vec<&str> = parts.iter().filter_map(|p| p.as_str()).collect();
+                        json!(parts.join(", "))
+                    })
+                },
+                col("Message", "string", ".message", 0),
+                col("First Seen", "date", ".firstTimestamp", 1),
+                col("Count", "integer", ".count", 1),
+                col("Name", "string", ".metadata.name", 1),
+            ];
+        }
         // KubeVirt defines no columns for these (nor edgevirt a data count for ConfigMaps):
         // kubectl shows the name and age.
         Kind::ConfigMap
@@ -115,6 +151,7 @@ fn make_columns(kind: Kind) -> Vec<Column> {
         .iter()
         .flatten()
         .map(|c| Column {
+            compute: None,
             name: c.name.clone(),
             type_: c.type_.clone(),
             json_path: c.json_path.clone(),
@@ -126,6 +163,7 @@ fn make_columns(kind: Kind) -> Vec<Column> {
 
 fn col(name: &str, type_: &str, path: &str, priority: i32) -> Column {
     Column {
+        compute: None,
         name: name.into(),
         type_: type_.into(),
         json_path: path.into(),
@@ -165,6 +203,9 @@ pub fn json_path<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
 }
 
 fn cell(c: &Column, obj: &Value) -> Value {
+    if let Some(f) = c.compute {
+        return f(obj);
+    }
     match json_path(obj, &c.json_path) {
         None | Some(Value::Null) => Value::Null,
         Some(Value::String(s)) if c.type_ == "date" => json!(age(s)),
@@ -174,8 +215,17 @@ fn cell(c: &Column, obj: &Value) -> Value {
     }
 }
 
+/// Does the name come first, as for every kind but events (whose name is long and
+/// generated: `kubectl get events` shows it only in `-o wide`)?
+fn name_first(kind: Kind) -> bool {
+    kind != Kind::Event
+}
+
 fn row(kind: Kind, cols: &[Column], obj: &Value, include: Include) -> Value {
-    let mut cells = vec![obj["metadata"]["name"].clone()];
+    let mut cells = Vec::with_capacity(cols.len() + 1);
+    if name_first(kind) {
+        cells.push(obj["metadata"]["name"].clone());
+    }
     cells.extend(cols.iter().map(|c| cell(c, obj)));
     let mut r = json!({ "cells": cells });
     match include {
@@ -189,7 +239,6 @@ fn row(kind: Kind, cols: &[Column], obj: &Value, include: Include) -> Value {
             })
         }
     }
-    let _ = kind;
     r
 }
 
@@ -210,10 +259,13 @@ pub fn table(
         "rows": objs.iter().map(|o| row(kind, cols, o, include)).collect::<Vec<_>>(),
     });
     if with_columns {
-        let mut defs = vec![json!({
-            "name": "Name", "type": "string", "format": "name", "priority": 0,
-            "description": "Name must be unique within a namespace.",
-        })];
+        let mut defs = Vec::with_capacity(cols.len() + 1);
+        if name_first(kind) {
+            defs.push(json!({
+                "name": "Name", "type": "string", "format": "name", "priority": 0,
+                "description": "Name must be unique within a namespace.",
+            }));
+        }
         defs.extend(cols.iter().map(|c| {
             json!({
                 "name": c.name, "type": c.type_, "format": "", "priority": c.priority,
@@ -307,6 +359,42 @@ mod tests {
         );
         assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
         assert_eq!(t["rows"][0]["object"]["metadata"]["namespace"], "default");
+    }
+
+    /// Events print as on a cluster: no name first, the object as `kind/name`, the source
+    /// and the name only in `-o wide`.
+    #[test]
+    fn event_table_is_kubectls() {
+        let ev = json!({"metadata": {"name": "web.0123"},
+            "involvedObject": {"kind": "VirtualMachineInstance", "name": "web"},
+            "type": "Normal", "reason": "Started", "message": "VirtualMachineInstance started.",
+            "source": {"component": "edgevirt-agent", "host": "n1"}, "count": 2,
+            "lastTimestamp": (chrono::Utc::now() - chrono::Duration::minutes(5))
+                .format("%Y-%m-%dT%H:%M:%SZ").to_string()});
+        let t = table(Kind::Event, &[ev], json!({}), Include::None, true);
+        let defs: Vec<(&str, i64)> = t["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["name"].as_str().unwrap(), c["priority"].as_i64().unwrap()))
+            .collect();
+        assert_eq!(
+            defs[..5],
+            [
+                ("Last Seen", 0),
+                ("Type", 0),
+                ("Reason", 0),
+                ("Object", 0),
+                ("Subobject", 1)
+            ]
+        );
+        assert_eq!(defs.last(), Some(&("Name", 1)));
+        let cells = &t["rows"][0]["cells"];
+        assert_eq!(cells[0], "5m");
+        assert_eq!(cells[3], "virtualmachineinstance/web");
+        assert_eq!(cells[5], "edgevirt-agent, n1");
+        assert_eq!(cells[6], "VirtualMachineInstance started.");
+        assert_eq!(cells[8], 2);
     }
 
     #[test]

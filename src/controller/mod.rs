@@ -7,6 +7,7 @@ pub mod datavolume;
 pub mod instancetype;
 mod migration;
 mod node;
+pub mod recorder;
 mod scheduler;
 pub mod strategy;
 mod vm;
@@ -97,6 +98,8 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
     }
     let queue = Arc::new(Queue::default());
     let mut events = store.subscribe();
+    let mut observer = recorder::Observer::start(&store, cancel.clone());
+    observer.seed(&store).await;
     resync(&ctx, &queue).await;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut last_resync = Instant::now();
@@ -107,6 +110,7 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
             _ = cancel.cancelled() => return Ok(()),
             ev = events.recv() => match ev {
                 Ok(ev) => {
+                    observer.see(&ev);
                     let (ns, name) = key_of(&ev.object);
                     match ev.kind {
                         Kind::VirtualMachine => queue.push(&(Kind::VirtualMachine, ns, name)),
@@ -143,7 +147,8 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                         | Kind::VirtualMachinePreference
                         | Kind::VirtualMachineClusterPreference
                         | Kind::ControllerRevision
-                        | Kind::StorageClass => {}
+                        | Kind::StorageClass
+                        | Kind::Event => {}
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => resync(&ctx, &queue).await,

@@ -232,6 +232,19 @@ const FIELDS: &[&str] = &[
     "metadata.namespace",
     "status.phase",
     "status.nodeName",
+    // Events' fields, as Kubernetes selects them (`kubectl describe` finds an object's
+    // events by its involvedObject).
+    "involvedObject.kind",
+    "involvedObject.namespace",
+    "involvedObject.name",
+    "involvedObject.uid",
+    "involvedObject.apiVersion",
+    "involvedObject.resourceVersion",
+    "involvedObject.fieldPath",
+    "reason",
+    "reportingComponent",
+    "source",
+    "type",
 ];
 
 impl FieldSelector {
@@ -292,6 +305,8 @@ impl FieldSelector {
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|(k, eq, v)| {
             let mut cur = obj;
+            // An event's `source` selects its component.
+            let k = if k == "source" { "source.component" } else { k };
             for seg in k.split('.') {
                 cur = &cur[seg];
             }
@@ -419,6 +434,15 @@ mod tests {
             Some("n1")
         );
         assert!(FieldSelector::parse("spec.foo=1").is_err());
+        let ev = json!({"involvedObject": {"kind": "VirtualMachineInstance", "name": "web"},
+                        "source": {"component": "edgevirt-agent"}, "type": "Warning"});
+        let sel = |s: &str| FieldSelector::parse(s).unwrap().matches(&ev);
+        assert!(sel(
+            "involvedObject.name=web,involvedObject.kind=VirtualMachineInstance"
+        ));
+        assert!(!sel("involvedObject.name=db"));
+        assert!(sel("source=edgevirt-agent,type=Warning"));
+        assert!(!sel("type=Normal"));
         assert!(FieldSelector::parse("metadata.name==a==b").is_err());
         assert!(FieldSelector::parse("metadata.name=a,").is_err());
         assert!(FieldSelector::parse("metadata.name=a\\q").is_err());

@@ -120,10 +120,13 @@ pub enum Kind {
     DataVolume,
     /// `storage.k8s.io/v1`: where DataVolumes' disks live; edgevirt keeps `local`.
     StorageClass,
+    /// Core `v1` events: what happened to an object, recorded by the controller as KubeVirt
+    /// records them, deduplicated with a count and pruned by age.
+    Event,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 15] = [
+    pub const ALL: [Kind; 16] = [
         Kind::VirtualMachine,
         Kind::VirtualMachineInstance,
         Kind::VirtualMachineInstanceMigration,
@@ -139,6 +142,7 @@ impl Kind {
         Kind::ControllerRevision,
         Kind::DataVolume,
         Kind::StorageClass,
+        Kind::Event,
     ];
 
     pub fn name(self) -> &'static str {
@@ -158,6 +162,7 @@ impl Kind {
             Kind::ControllerRevision => "ControllerRevision",
             Kind::DataVolume => "DataVolume",
             Kind::StorageClass => "StorageClass",
+            Kind::Event => "Event",
         }
     }
 
@@ -178,6 +183,7 @@ impl Kind {
             Kind::ControllerRevision => "controllerrevisions",
             Kind::DataVolume => "datavolumes",
             Kind::StorageClass => "storageclasses",
+            Kind::Event => "events",
         }
     }
 
@@ -187,7 +193,7 @@ impl Kind {
             | Kind::VirtualMachineInstance
             | Kind::VirtualMachineInstanceMigration => "kubevirt.io",
             Kind::Node | Kind::Image => "edgevirt.io",
-            Kind::Namespace | Kind::Secret | Kind::ConfigMap => "",
+            Kind::Namespace | Kind::Secret | Kind::ConfigMap | Kind::Event => "",
             Kind::VirtualMachineInstancetype
             | Kind::VirtualMachineClusterInstancetype
             | Kind::VirtualMachinePreference
@@ -231,6 +237,7 @@ impl Kind {
                 | Kind::VirtualMachinePreference
                 | Kind::ControllerRevision
                 | Kind::DataVolume
+                | Kind::Event
         )
     }
 
@@ -262,7 +269,8 @@ impl Kind {
             | Kind::Secret
             | Kind::ConfigMap
             | Kind::ControllerRevision
-            | Kind::StorageClass => {
+            | Kind::StorageClass
+            | Kind::Event => {
                 return None;
             }
         })

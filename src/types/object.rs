@@ -73,6 +73,9 @@ impl Typed for super::cdi::DataVolume {
 impl Typed for k8s_openapi::api::apps::v1::ControllerRevision {
     const KIND: Kind = Kind::ControllerRevision;
 }
+impl Typed for k8s_openapi::api::core::v1::Event {
+    const KIND: Kind = Kind::Event;
+}
 
 /// Check a status written through a `status` subresource against its kind's typed status,
 /// naming the field that does not fit (`status.phase: invalid type: integer `3`, ...`).
@@ -112,7 +115,8 @@ pub fn check_status(kind: Kind, status: &Value) -> Result<(), Invalid> {
         | Kind::VirtualMachinePreference
         | Kind::VirtualMachineClusterPreference
         | Kind::ControllerRevision
-        | Kind::StorageClass => Ok(()),
+        | Kind::StorageClass
+        | Kind::Event => Ok(()),
     }
 }
 

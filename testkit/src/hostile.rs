@@ -951,6 +951,42 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
     ] {
         c.push(config_map(name, body).expect(&[422]).msg(needle));
     }
+    // Events by hand (agents, scripts): about something, with a reason, Normal or Warning.
+    let event = |name: &str, body: Value| core("Event", name, body);
+    let about = json!({"kind": "VirtualMachine", "name": "web"});
+    for (name, body, needle) in [
+        (
+            "event-about-nothing",
+            json!({"involvedObject": {"kind": "VirtualMachine"}, "reason": "X"}),
+            "involvedObject.name",
+        ),
+        (
+            "event-no-reason",
+            json!({"involvedObject": about.clone()}),
+            "reason",
+        ),
+        (
+            "event-type-critical",
+            json!({"involvedObject": about.clone(), "reason": "X", "type": "Critical"}),
+            "Normal",
+        ),
+        (
+            "event-count-words",
+            json!({"involvedObject": about.clone(), "reason": "X", "count": "many"}),
+            "count",
+        ),
+    ] {
+        c.push(event(name, body).expect(&[422]).msg(needle));
+    }
+    c.push(
+        Case::new(
+            "events-fieldselector-unknown",
+            Method::GET,
+            format!("{ns}/events?fieldSelector=involvedObject.color%3Dred"),
+        )
+        .expect(&[400])
+        .msg("not supported"),
+    );
     // kubectl's protobuf bodies are checked as JSON ones once decoded; a broken one is 415.
     let proto = |fields: &[(u8, Vec<u8>)]| {
         fields

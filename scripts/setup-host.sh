@@ -20,7 +20,9 @@
 #   EDGEVIRT_APT_MAX_AGE_MIN   apt lists older than this are refreshed (default 60)
 #   EDGEVIRT_LIBVIRT_TIMEOUT   seconds to wait for libvirtd (default 30)
 #   EDGEVIRT_TEST_PACKAGES=1   also install the test suite's chromium, chromium-driver, python3-venv,
-#                              websockify and lintian (the .deb test) (scripts/test.sh sets it)
+#                              websockify, lintian (the .deb test) and prometheus (its server
+#                              scrapes /metrics; promtool checks the shipped rules)
+#                              (scripts/test.sh sets it)
 set -euo pipefail
 
 log() { printf '[setup-host] %s\n' "$*" >&2; }
@@ -77,10 +79,10 @@ done
 # npm: build.rs fetches noVNC and xterm.js (pinned in web/package-lock.json) with it.
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 # Test-only tools (browser test, websockify baseline of the console benchmark, the OCI
-# registry and image tools of the containerDisk tests).
+# registry and image tools of the containerDisk tests, Prometheus for the metrics test).
 if [ "${EDGEVIRT_TEST_PACKAGES:-0}" = 1 ]; then
     for p in chromium chromium-driver websockify python3-venv lintian docker-registry skopeo apache2-utils \
-             syslinux syslinux-common mtools dosfstools; do
+             syslinux syslinux-common mtools dosfstools prometheus; do
         [ -n "$(installed_version "$p")" ] || missing+=("$p")
     done
 fi

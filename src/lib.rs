@@ -10,6 +10,7 @@ pub mod cpu;
 pub mod http;
 pub mod hypervisor;
 pub mod launcher;
+pub mod metrics;
 pub mod registry;
 pub mod rules;
 pub mod server;

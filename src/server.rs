@@ -49,6 +49,8 @@ pub struct Settings {
     pub registry_mirrors: crate::registry::Mirrors,
     /// How long an unused container disk stays cached (`image_gc_grace`).
     pub image_gc_grace: Duration,
+    /// How often agents send their node's figures (`stats_interval`).
+    pub stats_interval: Duration,
 }
 
 /// What the first start writes for the administrator.
@@ -193,6 +195,7 @@ fn agent_config(
         host_disk_dir: s.host_disk_dir.clone(),
         registry_mirrors: s.registry_mirrors.clone(),
         image_gc_grace: s.image_gc_grace,
+        stats_interval: s.stats_interval,
     })
 }
 

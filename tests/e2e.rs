@@ -14,7 +14,8 @@ const FIRMWARE_UUID: &str = "5d307ca9-b3ef-428c-8861-06e72d69f223";
 #[tokio::test]
 #[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
 async fn vm_lifecycle_on_a_real_guest() {
-    let a = Appliance::start(&[]).await;
+    // Figures every second, so the metrics check below sees them move quickly.
+    let a = Appliance::start(&["--stats-interval", "1"]).await;
     a.import_guest().await;
     let disk = a.dir.join("blank.qcow2");
     assert!(
@@ -105,6 +106,11 @@ async fn vm_lifecycle_on_a_real_guest() {
         String::from_utf8_lossy(&out.stdout).contains("Volume id: cidata"),
         "NoCloud label missing"
     );
+
+    let ip = vmi["status"]["interfaces"][0]["ipAddress"]
+        .as_str()
+        .unwrap();
+    metrics_of_a_running_guest(&a, &dom, ip).await;
 
     // pause / unpause are visible in libvirt.
     assert_eq!(a.action("life", "pause").await, 202);
@@ -208,6 +214,127 @@ async fn vm_lifecycle_on_a_real_guest() {
         overlay.display()
     );
     assert!(a.our_domains().is_empty());
+}
+
+/// `/metrics` as Prometheus sees it while a guest works: a real Prometheus (Debian's) with
+/// the shipped scrape config and rules scrapes with a viewer's token; the guest's CPU time,
+/// received bytes and disk writes grow as it is sent datagrams and writes to its disk;
+/// `promtool check metrics` finds nothing wrong with a scrape; without a token it is 401.
+async fn metrics_of_a_running_guest(a: &Appliance, dom: &str, ip: &str) {
+    let anonymous = a
+        .http
+        .get(format!("{}/metrics", a.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let viewer = a.add_token("prometheus", "viewer").await;
+    let scrape = a
+        .http
+        .get(format!("{}/metrics", a.url))
+        .bearer_auth(&viewer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scrape.status(), 200);
+    let text = scrape.text().await.unwrap();
+    let mut lint = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package)");
+    {
+        use std::io::Write;
+        lint.stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    let out = lint.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for family in [
+        "kubevirt_info",
+        "kubevirt_vmi_phase_count",
+        "kubevirt_number_of_vms",
+        "kubevirt_vmi_memory_resident_bytes",
+        "kubevirt_vmi_vcpu_seconds_total",
+        "edgevirt_api_requests_total",
+        "edgevirt_reconcile_queue_depth",
+        "edgevirt_store_size_bytes",
+        "edgevirt_launchers",
+        "edgevirt_node_ready",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {family} ")),
+            "no {family} in the scrape"
+        );
+    }
+
+    let rules = testkit::prometheus::packaging_dir().join("edgevirt-rules.yml");
+    let check = std::process::Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&rules)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "promtool check rules: {}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let prom =
+        testkit::prometheus::Prometheus::start(&a.dir.join("prometheus"), &a.url, &viewer).await;
+    let rules = prom.rule_names().await;
+    for rule in [
+        "EdgevirtNodeNotReady",
+        "EdgevirtVMNotRunningAsRunStrategySays",
+    ] {
+        assert!(
+            rules.iter().any(|r| r == rule),
+            "{rule} not loaded: {rules:?}"
+        );
+    }
+    let sel = r#"{name="life",namespace="default",node="testnode"}"#;
+    let cpu = format!("kubevirt_vmi_cpu_usage_seconds_total{sel}");
+    let rx = format!("sum(kubevirt_vmi_network_receive_bytes_total{sel})");
+    let written = format!("sum(kubevirt_vmi_storage_write_traffic_bytes_total{sel})");
+    let before = (
+        prom.value(&cpu).await,
+        prom.value(&rx).await,
+        prom.value(&written).await,
+    );
+    // Traffic in: the host sends the guest ten large UDP datagrams (to the discard port).
+    // Writes: 4 MiB onto its data disk (vda), well past the start, flushed.
+    let udp = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    for _ in 0..10 {
+        udp.send_to(&[0u8; 1400], (ip, 9)).unwrap();
+    }
+    let dd = "dd if=/dev/zero of=/dev/vda bs=65536 seek=256 count=64 && sync && echo done";
+    assert_eq!(
+        guest_exec(dom, "/bin/sh", &["-c", dd])
+            .as_deref()
+            .map(str::trim),
+        Some("done")
+    );
+    let after = wait_for("the counters to grow in Prometheus", BOOT, || async {
+        let now = (
+            prom.value(&cpu).await,
+            prom.value(&rx).await,
+            prom.value(&written).await,
+        );
+        (now.0 > before.0 && now.1 >= before.1 + 10.0 * 1400.0 && now.2 >= before.2 + 4194304.0)
+            .then_some(now)
+    })
+    .await;
+    println!("metrics: cpu {before:?} -> {after:?} (cpu s, rx bytes, written bytes)");
+    assert_eq!(prom.target_health().await.0, "up");
 }
 
 #[tokio::test]

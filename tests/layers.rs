@@ -25,6 +25,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("libvirt backend", &["virt"]),
     ("OCI registries", &["registry"]),
     ("launcher", &["launcher"]),
+    ("metrics", &["metrics"]),
     ("roles", &["controller", "agent"]),
     ("HTTP plumbing", &["http"]),
     ("API and console proxy", &["api", "vnc"]),

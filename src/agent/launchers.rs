@@ -70,6 +70,20 @@ impl Sockets {
 }
 
 impl Launchers for Sockets {
+    fn protocol_versions(&self) -> BoxFuture<'_, std::collections::BTreeMap<String, u64>> {
+        Box::pin(async move {
+            let mut out = std::collections::BTreeMap::new();
+            for c in self.conns.lock().await.values() {
+                *out.entry(c.version.to_string()).or_default() += 1;
+            }
+            let incompatible = self.incompatible.lock().await.len() as u64;
+            if incompatible > 0 {
+                out.insert("incompatible".to_string(), incompatible);
+            }
+            out
+        })
+    }
+
     fn start<'a>(
         &'a self,
         uid: &'a str,

@@ -15,6 +15,7 @@ mod migrate;
 pub mod ports;
 mod prepare;
 mod relay;
+mod stats;
 mod sync;
 #[cfg(test)]
 mod transitions;
@@ -62,6 +63,8 @@ pub struct Config {
     pub registry_mirrors: crate::registry::Mirrors,
     /// How long a container disk no VM uses stays in the node's cache.
     pub image_gc_grace: Duration,
+    /// How often the node's figures (domain stats, host) go to the controller.
+    pub stats_interval: Duration,
 }
 
 /// State the sync loop keeps between ticks (all of it can be rebuilt after a restart).
@@ -238,6 +241,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     tokio::spawn(watch_vmis(agent.clone(), cancel.clone()));
     tokio::spawn(console::run(agent.clone(), cancel.clone()));
     tokio::spawn(datavolume::run(agent.clone(), cancel.clone()));
+    tokio::spawn(stats::run(agent.clone(), cancel.clone()));
     tracing::info!(node = %cfg.node_name, %accel, "agent started");
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut last_beat = Instant::now();

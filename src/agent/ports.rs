@@ -182,6 +182,11 @@ pub trait Launchers: Send + Sync {
     ) -> L<'a, Value>;
     /// Drop what is known of a VMI's launcher (its domain left or is gone).
     fn forget<'a>(&'a self, uid: &'a str) -> BoxFuture<'a, ()>;
+    /// The connected launchers by the protocol version they speak (`incompatible`: those
+    /// sharing none with this agent).
+    fn protocol_versions(&self) -> BoxFuture<'_, std::collections::BTreeMap<String, u64>> {
+        Box::pin(async { Default::default() })
+    }
 }
 
 /// The controller over HTTP, with the agent's token.

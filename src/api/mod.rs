@@ -40,6 +40,8 @@ where
 {
     Router::new()
         .route("/readyz", get(readyz))
+        // Prometheus scrapes with a bearer token; a viewer's is enough.
+        .route("/metrics", get(metrics))
         .route("/version", get(version))
         .route("/apis/edgevirt.io/v1/info", get(info))
         // Administrators only: join tokens, the desired version, login lockouts.
@@ -145,6 +147,24 @@ async fn readyz(State(st): S) -> Response {
         Ok(_) => "ok".into_response(),
         Err(e) => ApiError::internal(e).into_response(),
     }
+}
+
+/// `GET /metrics`: the site's metrics in Prometheus' text format.
+async fn metrics(State(st): S) -> ApiResult<Response> {
+    let text = crate::metrics::render(&st.store, &st.metrics, &st.data_dir)
+        .await
+        .map_err(|e| match e {
+            crate::metrics::RenderError::Store(e) => ApiError::from(e),
+            e => ApiError::internal(e),
+        })?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
 }
 
 async fn version() -> impl IntoResponse {

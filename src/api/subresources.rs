@@ -35,16 +35,25 @@ enum Request {
     Start,
     Stop,
     Restart,
-    Rename { new_name: String },
-    Migrate { options: MigrateOptions },
+    Rename {
+        new_name: String,
+    },
+    Migrate {
+        options: MigrateOptions,
+    },
     Pause,
     Unpause,
     SoftReboot,
     GuestOsInfo,
     StatusRead(Kind),
-    StatusWrite { kind: Kind, patch: bool },
+    StatusWrite {
+        kind: Kind,
+        patch: bool,
+    },
     ImageUpload,
     ImageDownload,
+    /// A node's agent sends its figures for `/metrics` and the graphs.
+    NodeStats,
 }
 
 /// KubeVirt's `MigrateOptions`, with edgevirt's `blockMigration`.
@@ -92,7 +101,7 @@ impl Request {
     fn access(&self) -> Access {
         match self {
             Request::GuestOsInfo | Request::StatusRead(_) | Request::ImageDownload => Access::Read,
-            Request::StatusWrite { .. } => Access::AgentWrite,
+            Request::StatusWrite { .. } | Request::NodeStats => Access::AgentWrite,
             Request::Start
             | Request::Stop
             | Request::Restart
@@ -158,6 +167,14 @@ impl Request {
             && at.sub == "data"
         {
             return Ok(Request::ImageDownload);
+        }
+        if at.group == "edgevirt.io"
+            && at.plural == "nodes"
+            && at.ns.is_empty()
+            && method == Method::PUT
+            && at.sub == "stats"
+        {
+            return Ok(Request::NodeStats);
         }
         if at.sub != "status" {
             return Err(match *method {
@@ -316,6 +333,15 @@ async fn execute(
             status_write(st, p, at, kind, headers, body, patch).await
         }
         Request::ImageDownload => images::download(st.clone(), name).await,
+        Request::NodeStats => {
+            let v = crate::http::body::parse_body(headers, &body).await?;
+            let report: crate::metrics::NodeReport = serde_json::from_value(v)
+                .map_err(|e| ApiError::bad_request(format!("invalid node report: {e}")))?;
+            let node = store.must_get(Kind::Node, "", name).await?;
+            super::scope::check(store, p, Kind::Node, "", name, Some(&node)).await?;
+            st.metrics.put(name, report);
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
         Request::ImageUpload => unreachable!("uploads stream: handled before parsing"),
         Request::Start => {
             let vm = must::<VirtualMachine>(st, ns, name).await?;

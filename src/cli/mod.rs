@@ -144,6 +144,11 @@ struct ServeArgs {
     /// Seconds a container disk that no VM on this node uses stays in the cache [default: 3600].
     #[arg(long, env = "EDGEVIRT_IMAGE_GC_GRACE")]
     image_gc_grace: Option<u64>,
+    /// Seconds between an agent's collections of its node's figures (domain CPU, memory,
+    /// disk and network counters; host CPU, memory and disk) for /metrics and the graphs
+    /// [default: 15].
+    #[arg(long, env = "EDGEVIRT_STATS_INTERVAL")]
+    stats_interval: Option<u64>,
     /// Seconds a console ticket stays valid (tests shorten it).
     #[arg(
         long,
@@ -180,6 +185,7 @@ struct FileSettings {
     host_disk_dir: Option<PathBuf>,
     registry_mirrors: Option<Vec<String>>,
     image_gc_grace: Option<u64>,
+    stats_interval: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -354,6 +360,12 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
         registry_mirrors,
         image_gc_grace: std::time::Duration::from_secs(
             a.image_gc_grace.or(f.image_gc_grace).unwrap_or(3600),
+        ),
+        stats_interval: std::time::Duration::from_secs(
+            a.stats_interval
+                .or(f.stats_interval)
+                .unwrap_or(15)
+                .clamp(1, 3600),
         ),
     })
 }

@@ -81,6 +81,34 @@ impl Queue {
     }
 }
 
+static QUEUE_DEPTH: std::sync::LazyLock<prometheus::IntGauge> = std::sync::LazyLock::new(|| {
+    prometheus::register_int_gauge!(
+        "edgevirt_reconcile_queue_depth",
+        "Objects waiting for a reconcile, now or after a delay."
+    )
+    .expect("a valid metric")
+});
+
+static RECONCILES: std::sync::LazyLock<prometheus::IntCounterVec> =
+    std::sync::LazyLock::new(|| {
+        prometheus::register_int_counter_vec!(
+            "edgevirt_reconciles_total",
+            "Reconciles run, by kind.",
+            &["kind"]
+        )
+        .expect("a valid metric")
+    });
+
+static RECONCILE_ERRORS: std::sync::LazyLock<prometheus::IntCounterVec> =
+    std::sync::LazyLock::new(|| {
+        prometheus::register_int_counter_vec!(
+            "edgevirt_reconcile_errors_total",
+            "Reconciles that failed (and were retried with backoff), by kind.",
+            &["kind"]
+        )
+        .expect("a valid metric")
+    });
+
 pub struct Context {
     pub store: Store,
 }
@@ -166,7 +194,10 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                 }
             },
         }
-        for key in queue.take() {
+        let keys = queue.take();
+        QUEUE_DEPTH.set((keys.len() + queue.delayed.lock().unwrap().len()) as i64);
+        for key in keys {
+            RECONCILES.with_label_values(&[key.0.name()]).inc();
             let r = match key.0 {
                 Kind::VirtualMachine => vm::reconcile_vm(&ctx, &key.1, &key.2).await,
                 Kind::VirtualMachineInstance => vm::reconcile_vmi(&ctx, &key.1, &key.2).await,
@@ -185,6 +216,7 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                     queue.push_after(&key, d);
                 }
                 Err(e) => {
+                    RECONCILE_ERRORS.with_label_values(&[key.0.name()]).inc();
                     let n = failures.entry(key.clone()).or_insert(0);
                     *n += 1;
                     let backoff = Duration::from_millis(200 * 2u64.pow((*n).min(7)));

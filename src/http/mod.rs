@@ -49,6 +49,8 @@ pub struct AppState {
     pub bursts: Arc<Bursts>,
     /// How long a console ticket is valid; the console proxy's default when unset.
     pub console_ticket_ttl: Option<Duration>,
+    /// The nodes' latest figures, which `/metrics` serves.
+    pub metrics: Arc<crate::metrics::Hub>,
 }
 
 /// `/join`: ten tries at once from one address, then one every six seconds.
@@ -68,6 +70,7 @@ impl AppState {
             join_limit: Arc::new(RateLimit::new(JOIN_BURST, JOIN_EVERY)),
             bursts: Default::default(),
             console_ticket_ttl: None,
+            metrics: Default::default(),
         }
     }
 

@@ -154,6 +154,187 @@ pub trait Hypervisor: Send + Sync + 'static {
     fn watch_lifecycle(&self, _name: &str, _on_event: Box<dyn Fn() + Send + Sync>) -> Result<()> {
         Ok(())
     }
+    /// The counters of every running domain, in one call (libvirt's bulk domain stats).
+    fn domain_stats(&self) -> Result<Vec<DomainStats>> {
+        Ok(Vec::new())
+    }
+}
+
+/// A running domain's counters, as libvirt's bulk stats report them (cumulative since the
+/// domain started; memory in bytes). Fields a hypervisor does not report stay `None`.
+/// Sent by agents to the controller, so decoded tolerantly.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct DomainStats {
+    pub name: String,
+    /// CPU time of the whole domain (vCPUs and QEMU's own threads), and its user and
+    /// system parts, in nanoseconds.
+    pub cpu_time_ns: Option<u64>,
+    pub cpu_user_ns: Option<u64>,
+    pub cpu_system_ns: Option<u64>,
+    /// Each vCPU's run time, in nanoseconds, by vCPU number.
+    pub vcpu_time_ns: Vec<u64>,
+    /// The balloon's view: memory given to the guest, what the guest can use, what it
+    /// leaves unused, and QEMU's resident set.
+    pub memory_current_bytes: Option<u64>,
+    pub memory_available_bytes: Option<u64>,
+    pub memory_unused_bytes: Option<u64>,
+    pub memory_usable_bytes: Option<u64>,
+    pub memory_rss_bytes: Option<u64>,
+    pub net: Vec<NetStats>,
+    pub block: Vec<BlockStats>,
+}
+
+/// One guest interface's traffic (the host side's tap device).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct NetStats {
+    pub name: String,
+    pub rx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_errors: u64,
+    pub rx_drops: u64,
+    pub tx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_errors: u64,
+    pub tx_drops: u64,
+}
+
+/// One disk's I/O, by its target device (`vda`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct BlockStats {
+    pub name: String,
+    pub read_bytes: u64,
+    pub read_requests: u64,
+    pub read_time_ns: u64,
+    pub write_bytes: u64,
+    pub write_requests: u64,
+    pub write_time_ns: u64,
+    pub flush_requests: u64,
+    /// The image's size as the guest sees it, and what it takes on the host.
+    pub capacity_bytes: Option<u64>,
+    pub allocation_bytes: Option<u64>,
+}
+
+impl DomainStats {
+    /// Read libvirt's typed parameters (`cpu.time`, `vcpu.0.time`, `balloon.rss`,
+    /// `net.0.rx.bytes`, `block.1.wr.reqs`, `net.0.name`, ...). Unknown ones are ignored.
+    pub fn from_params<'a>(
+        name: &str,
+        params: impl IntoIterator<Item = (&'a str, Param<'a>)>,
+    ) -> Self {
+        let mut s = DomainStats {
+            name: name.to_string(),
+            ..Default::default()
+        };
+        let kib = |v: u64| Some(v.saturating_mul(1024));
+        for (field, p) in params {
+            let v = match p {
+                Param::Num(v) => v,
+                Param::Text(t) => {
+                    s.name_device(field, t);
+                    continue;
+                }
+            };
+            match field {
+                "cpu.time" => s.cpu_time_ns = Some(v),
+                "cpu.user" => s.cpu_user_ns = Some(v),
+                "cpu.system" => s.cpu_system_ns = Some(v),
+                "balloon.current" => s.memory_current_bytes = kib(v),
+                "balloon.available" => s.memory_available_bytes = kib(v),
+                "balloon.unused" => s.memory_unused_bytes = kib(v),
+                "balloon.usable" => s.memory_usable_bytes = kib(v),
+                "balloon.rss" => s.memory_rss_bytes = kib(v),
+                _ => {
+                    let mut parts = field.splitn(3, '.');
+                    let (Some(group), Some(i), Some(rest)) =
+                        (parts.next(), parts.next(), parts.next())
+                    else {
+                        continue;
+                    };
+                    let Ok(i) = i.parse::<usize>() else { continue };
+                    // At most a few hundred devices: a bad index must not allocate much.
+                    if i >= 1024 {
+                        continue;
+                    }
+                    match group {
+                        "vcpu" if rest == "time" => {
+                            if s.vcpu_time_ns.len() <= i {
+                                s.vcpu_time_ns.resize(i + 1, 0);
+                            }
+                            s.vcpu_time_ns[i] = v;
+                        }
+                        "net" => {
+                            let n = slot(&mut s.net, i);
+                            match rest {
+                                "rx.bytes" => n.rx_bytes = v,
+                                "rx.pkts" => n.rx_packets = v,
+                                "rx.errs" => n.rx_errors = v,
+                                "rx.drop" => n.rx_drops = v,
+                                "tx.bytes" => n.tx_bytes = v,
+                                "tx.pkts" => n.tx_packets = v,
+                                "tx.errs" => n.tx_errors = v,
+                                "tx.drop" => n.tx_drops = v,
+                                _ => {}
+                            }
+                        }
+                        "block" => {
+                            let b = slot(&mut s.block, i);
+                            match rest {
+                                "rd.bytes" => b.read_bytes = v,
+                                "rd.reqs" => b.read_requests = v,
+                                "rd.times" => b.read_time_ns = v,
+                                "wr.bytes" => b.write_bytes = v,
+                                "wr.reqs" => b.write_requests = v,
+                                "wr.times" => b.write_time_ns = v,
+                                "fl.reqs" => b.flush_requests = v,
+                                "capacity" => b.capacity_bytes = Some(v),
+                                "allocation" => b.allocation_bytes = Some(v),
+                                _ => {}
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        s
+    }
+
+    /// Name the devices numbered in the parameters: `net.N.name`, `block.N.name`.
+    fn name_device(&mut self, field: &str, value: &str) {
+        let mut parts = field.splitn(3, '.');
+        let (Some(group), Some(i), Some("name")) = (parts.next(), parts.next(), parts.next())
+        else {
+            return;
+        };
+        let Ok(i) = i.parse::<usize>() else { return };
+        if i >= 1024 {
+            return;
+        }
+        match group {
+            "net" => slot(&mut self.net, i).name = value.to_string(),
+            "block" => slot(&mut self.block, i).name = value.to_string(),
+            _ => {}
+        }
+    }
+}
+
+/// One libvirt typed parameter's value: every integer type as u64 (negative ones as 0),
+/// or text.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Param<'a> {
+    Num(u64),
+    Text(&'a str),
+}
+
+/// Entry `i` of a device list, growing it as needed.
+fn slot<T: Default>(v: &mut Vec<T>, i: usize) -> &mut T {
+    if v.len() <= i {
+        v.resize_with(i + 1, T::default);
+    }
+    &mut v[i]
 }
 
 /// One `<disk>` of a domain's XML: its target device, source file, and whether the guest
@@ -237,6 +418,56 @@ pub fn parse_metadata(name: &str, xml: &str) -> Option<OwnedDomain> {
 
 #[cfg(test)]
 mod tests {
+    use super::{DomainStats, Param};
+
+    /// libvirt's bulk-stats parameters, as libvirt 9 names them for a guest with one NIC
+    /// and two disks.
+    #[test]
+    fn bulk_stats_parameters_are_read() {
+        let params = [
+            ("state.state", Param::Num(1)),
+            ("cpu.time", Param::Num(3_500_000_000)),
+            ("cpu.user", Param::Num(1_000_000_000)),
+            ("cpu.system", Param::Num(2_000_000_000)),
+            ("balloon.current", Param::Num(196_608)),
+            ("balloon.rss", Param::Num(150_000)),
+            ("balloon.available", Param::Num(180_000)),
+            ("balloon.unused", Param::Num(100_000)),
+            ("vcpu.current", Param::Num(2)),
+            ("vcpu.1.time", Param::Num(7)),
+            ("vcpu.0.time", Param::Num(5)),
+            ("net.count", Param::Num(1)),
+            ("net.0.name", Param::Text("vnet3")),
+            ("net.0.rx.bytes", Param::Num(1400)),
+            ("net.0.tx.pkts", Param::Num(9)),
+            ("block.count", Param::Num(2)),
+            ("block.1.name", Param::Text("vdb")),
+            ("block.1.wr.bytes", Param::Num(4_194_304)),
+            ("block.1.wr.reqs", Param::Num(64)),
+            ("block.0.name", Param::Text("vda")),
+            ("block.0.rd.bytes", Param::Num(512)),
+            ("block.0.capacity", Param::Num(33_554_432)),
+            // An index far too large is ignored, not allocated for.
+            ("block.4000000000.rd.bytes", Param::Num(1)),
+        ];
+        let s = DomainStats::from_params("ev-default-web-1234", params);
+        assert_eq!(s.name, "ev-default-web-1234");
+        assert_eq!(s.cpu_time_ns, Some(3_500_000_000));
+        assert_eq!(s.vcpu_time_ns, [5, 7]);
+        assert_eq!(s.memory_rss_bytes, Some(150_000 * 1024));
+        assert_eq!(s.memory_current_bytes, Some(196_608 * 1024));
+        assert_eq!(s.memory_available_bytes, Some(180_000 * 1024));
+        assert_eq!((s.net.len(), s.net[0].name.as_str()), (1, "vnet3"));
+        assert_eq!((s.net[0].rx_bytes, s.net[0].tx_packets), (1400, 9));
+        assert_eq!(s.block.len(), 2);
+        assert_eq!(s.block[1].name, "vdb");
+        assert_eq!(
+            (s.block[1].write_bytes, s.block[1].write_requests),
+            (4_194_304, 64)
+        );
+        assert_eq!(s.block[0].capacity_bytes, Some(33_554_432));
+    }
+
     #[test]
     fn disks_of_a_domain() {
         let xml = "<domain><devices>\

@@ -63,6 +63,7 @@ pub fn router(state: AppState) -> Router {
         .merge(web::routes(shared.vnc.clone(), api_for_web))
         .fallback(|| async { ApiError::not_found("no such path") })
         .layer(middleware::map_response(status_errors))
+        .layer(middleware::from_fn(observe::observe))
         .with_state(shared)
 }
 
@@ -222,5 +223,6 @@ fn read_only_refusal(role: Role, user: &str, req: &Request) -> Option<Response> 
     })
 }
 
+mod observe;
 #[cfg(test)]
 mod tests;

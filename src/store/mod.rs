@@ -119,7 +119,32 @@ struct Stats {
 /// (an API write, a status from an agent, a controller's update) is held to it.
 pub const OBJECT_MAX_BYTES: usize = 1536 << 10;
 
+/// How long object writes take, from the transaction's start to its commit (waiting for
+/// the writer connection included).
+static WRITE_SECONDS: std::sync::LazyLock<prometheus::Histogram> = std::sync::LazyLock::new(|| {
+    prometheus::register_histogram!(
+        "edgevirt_store_write_duration_seconds",
+        "Time an object write takes in the store, waiting for the writer included.",
+        vec![
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5
+        ]
+    )
+    .expect("a valid metric")
+});
+
 impl Store {
+    /// The database's size in bytes (its pages; the write-ahead log is checkpointed into
+    /// it).
+    pub async fn size_bytes(&self) -> Result<u64> {
+        let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
+            .fetch_one(&self.reader)
+            .await?;
+        let size: i64 = sqlx::query_scalar("PRAGMA page_size")
+            .fetch_one(&self.reader)
+            .await?;
+        Ok((pages.max(0) as u64) * (size.max(0) as u64))
+    }
+
     /// The writer connection, counted: every write goes through here.
     fn w(&self) -> &SqlitePool {
         self.stats.writes.fetch_add(1, Ordering::Relaxed);

@@ -303,6 +303,7 @@ impl Store {
     /// generation and resourceVersion.
     pub async fn create(&self, kind: Kind, mut obj: Value, keep_uid: bool) -> Result<Value> {
         let (ns, name) = ns_name(kind, &obj)?;
+        let _timer = super::WRITE_SECONDS.start_timer();
         let mut tx = self.begin_write().await?;
         if load(&mut tx, kind, &ns, &name).await?.is_some() {
             return Err(Error::AlreadyExists {
@@ -366,6 +367,7 @@ impl Store {
     where
         F: FnOnce(&mut Value) -> Result<()>,
     {
+        let _timer = super::WRITE_SECONDS.start_timer();
         let mut tx = self.begin_write().await?;
         let old = load_existing(&mut tx, kind, ns, name).await?;
         let mut obj = old.clone();
@@ -428,6 +430,7 @@ impl Store {
 
     /// Rename: the object moves to a new name keeping its uid and spec (one transaction).
     pub async fn rename(&self, kind: Kind, ns: &str, name: &str, new_name: &str) -> Result<Value> {
+        let _timer = super::WRITE_SECONDS.start_timer();
         let mut tx = self.begin_write().await?;
         let mut old = load_existing(&mut tx, kind, ns, name).await?;
         if load(&mut tx, kind, ns, new_name).await?.is_some() {

@@ -11,8 +11,8 @@ use virt::error::ErrorNumber;
 use virt::sys;
 
 use crate::hypervisor::{
-    BlockCopy, CpuCompare, DomainState, Error, GuestAddress, HostFacts, Hypervisor, METADATA_NS,
-    OwnedDomain, Result,
+    BlockCopy, CpuCompare, DomainState, DomainStats, Error, GuestAddress, HostFacts, Hypervisor,
+    METADATA_NS, OwnedDomain, Param, Result,
 };
 
 pub struct Libvirt {
@@ -320,6 +320,10 @@ impl Hypervisor for Libvirt {
         cpu_ffi::baseline(&conn, virt_type, cpu_xmls)
     }
 
+    fn domain_stats(&self) -> Result<Vec<DomainStats>> {
+        self.with(bulk_stats)
+    }
+
     fn watch_lifecycle(&self, name: &str, on_event: Box<dyn Fn() + Send + Sync>) -> Result<()> {
         let d = self.domain(name)?;
         let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -498,4 +502,81 @@ mod cpu_ffi {
         };
         Ok(s)
     }
+}
+
+/// libvirt's bulk stats of every running domain (`virConnectGetAllDomainStats`), read and
+/// freed here. The `virt` crate's `get_all_domain_stats` frees only the array, leaking
+/// every record, its parameters and its domain reference on each call; an agent collecting
+/// every 15 s would grow without end. Here the records are copied into owned values and
+/// the whole list goes back with `virDomainStatsRecordListFree`.
+fn bulk_stats(c: &Connect) -> std::result::Result<Vec<DomainStats>, virt::error::Error> {
+    use std::ffi::CStr;
+    let what = sys::VIR_DOMAIN_STATS_CPU_TOTAL
+        | sys::VIR_DOMAIN_STATS_BALLOON
+        | sys::VIR_DOMAIN_STATS_VCPU
+        | sys::VIR_DOMAIN_STATS_INTERFACE
+        | sys::VIR_DOMAIN_STATS_BLOCK;
+    let mut records: *mut sys::virDomainStatsRecordPtr = std::ptr::null_mut();
+    // SAFETY: the connection pointer is valid while `c` lives; libvirt fills `records` with
+    // a NULL-terminated array it allocated, which is freed below whatever happens.
+    let n = unsafe {
+        sys::virConnectGetAllDomainStats(
+            c.as_ptr(),
+            what,
+            &mut records,
+            sys::VIR_CONNECT_GET_ALL_DOMAINS_STATS_ACTIVE,
+        )
+    };
+    if n < 0 {
+        return Err(virt::error::Error::last_error());
+    }
+    let mut out = Vec::with_capacity(n as usize);
+    for i in 0..n as usize {
+        // SAFETY: `records` holds `n` valid record pointers; each record's `params` holds
+        // `nparams` parameters whose `field` is NUL-terminated and whose string values are
+        // NUL-terminated, all valid until the list is freed.
+        unsafe {
+            let r = &**records.add(i);
+            let name_ptr = sys::virDomainGetName(r.dom);
+            if name_ptr.is_null() {
+                continue;
+            }
+            let name = CStr::from_ptr(name_ptr).to_string_lossy().into_owned();
+            let params = std::slice::from_raw_parts(r.params, r.nparams.max(0) as usize);
+            let mut texts = Vec::new();
+            let mut nums = Vec::with_capacity(params.len());
+            for p in params {
+                let field = CStr::from_ptr(p.field.as_ptr())
+                    .to_string_lossy()
+                    .into_owned();
+                let v = &p.value;
+                let num = match p.type_ as u32 {
+                    sys::VIR_TYPED_PARAM_INT => u64::try_from(v.i).unwrap_or(0),
+                    sys::VIR_TYPED_PARAM_UINT => u64::from(v.ui),
+                    sys::VIR_TYPED_PARAM_LLONG => u64::try_from(v.l).unwrap_or(0),
+                    sys::VIR_TYPED_PARAM_ULLONG => v.ul,
+                    sys::VIR_TYPED_PARAM_DOUBLE => v.d.max(0.0) as u64,
+                    sys::VIR_TYPED_PARAM_BOOLEAN => u64::from(v.b != 0),
+                    sys::VIR_TYPED_PARAM_STRING if !v.s.is_null() => {
+                        texts.push((field, CStr::from_ptr(v.s).to_string_lossy().into_owned()));
+                        continue;
+                    }
+                    _ => continue,
+                };
+                nums.push((field, num));
+            }
+            let params = nums
+                .iter()
+                .map(|(f, v)| (f.as_str(), Param::Num(*v)))
+                .chain(
+                    texts
+                        .iter()
+                        .map(|(f, t)| (f.as_str(), Param::Text(t.as_str()))),
+                );
+            out.push(DomainStats::from_params(&name, params));
+        }
+    }
+    // SAFETY: `records` came from virConnectGetAllDomainStats and is freed once.
+    unsafe { sys::virDomainStatsRecordListFree(records) };
+    Ok(out)
 }

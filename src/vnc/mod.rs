@@ -140,6 +140,32 @@ impl Default for Consoles {
     }
 }
 
+/// Open connections per VM, as KubeVirt counts them: `kubevirt_console_active_connections`
+/// (serial) and `kubevirt_vnc_active_connections` (screen).
+fn connections(kind: ConsoleKind) -> &'static prometheus::IntGaugeVec {
+    use std::sync::LazyLock;
+    static SERIAL: LazyLock<prometheus::IntGaugeVec> = LazyLock::new(|| {
+        prometheus::register_int_gauge_vec!(
+            "kubevirt_console_active_connections",
+            "Amount of active serial console connections, by VMI.",
+            &["vmi", "namespace"]
+        )
+        .expect("a valid metric")
+    });
+    static VNC: LazyLock<prometheus::IntGaugeVec> = LazyLock::new(|| {
+        prometheus::register_int_gauge_vec!(
+            "kubevirt_vnc_active_connections",
+            "Amount of active VNC connections, by VMI.",
+            &["vmi", "namespace"]
+        )
+        .expect("a valid metric")
+    });
+    match kind {
+        ConsoleKind::Serial => &SERIAL,
+        ConsoleKind::Vnc => &VNC,
+    }
+}
+
 impl Consoles {
     pub fn new(ttl: Duration) -> Self {
         Consoles {
@@ -182,6 +208,9 @@ impl Consoles {
             since: chrono::Utc::now(),
         });
         list.push(v.clone());
+        connections(kind)
+            .with_label_values(&[key.1.as_str(), key.0.as_str()])
+            .inc();
         v
     }
 
@@ -192,6 +221,14 @@ impl Consoles {
                 return;
             };
             let gone = list.remove(pos);
+            let gauge = connections(gone.kind);
+            let labels = [key.1.as_str(), key.0.as_str()];
+            if list.iter().any(|v| v.kind == gone.kind) {
+                gauge.with_label_values(&labels).dec();
+            } else {
+                // No series left behind for a VM nobody watches.
+                let _ = gauge.remove_label_values(&labels);
+            }
             // Control passes to whoever has watched longest.
             if gone.control.load(Ordering::SeqCst)
                 && let Some(next) = list.iter().find(|v| v.kind == gone.kind)

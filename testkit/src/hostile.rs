@@ -86,7 +86,8 @@ pub struct Case {
     pub auth: Auth,
     /// A write: a viewer must get 403.
     pub write: bool,
-    /// The answer is a `Status` (API paths); dashboard forms answer HTML.
+    /// The answer is a `Status` or a list (API paths); dashboard forms answer HTML and
+    /// `/metrics` Prometheus' text.
     pub status_body: bool,
     /// Send this many copies at once.
     pub parallel: usize,
@@ -986,6 +987,34 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
         )
         .expect(&[400])
         .msg("not supported"),
+    );
+    // Metrics: any logged-in principal scrapes; only a node's agent sends its figures.
+    c.push(
+        Case::new("metrics-scrape", Method::GET, "/metrics")
+            .expect(&[200])
+            .html(),
+    );
+    let stats = "/apis/edgevirt.io/v1/nodes/hostile-node/stats";
+    c.push(
+        Case::new("node-stats-not-json", Method::PUT, stats)
+            .raw(Some("application/json"), "{\"domains\": [")
+            .expect(&[400]),
+    );
+    c.push(
+        Case::new("node-stats-wrong-shape", Method::PUT, stats)
+            .json(&json!({"domains": "all of them"}))
+            .expect(&[400])
+            .msg("node report"),
+    );
+    c.push(
+        Case::new("node-stats-text", Method::PUT, stats)
+            .raw(Some("text/plain"), "cpu 1")
+            .expect(&[415]),
+    );
+    c.push(
+        Case::new("node-stats-unknown-node", Method::PUT, stats)
+            .json(&json!({"intervalSecs": 15, "domains": []}))
+            .expect(&[404]),
     );
     // kubectl's protobuf bodies are checked as JSON ones once decoded; a broken one is 415.
     let proto = |fields: &[(u8, Vec<u8>)]| {
@@ -2350,7 +2379,7 @@ impl Runner<'_> {
             if code == 429 && ans.retry_after.is_none() {
                 problems.push(format!("{tag}: 429 without Retry-After"));
             }
-            if code == 200 && case.method == Method::GET {
+            if code == 200 && case.method == Method::GET && case.status_body {
                 let ok = serde_json::from_str::<Value>(&ans.body)
                     .is_ok_and(|v| v["kind"].as_str().is_some_and(|k| k.ends_with("List")));
                 if !ok {

@@ -12,6 +12,7 @@
 //! - [`registry`]: a real OCI registry on loopback and containerDisk images pushed to it.
 //! - [`Kubectl`]: a kubectl binary with a kubeconfig for an appliance.
 //! - [`FileServer`]: plain HTTP downloads from a folder, on loopback.
+//! - [`prometheus`]: Debian's Prometheus scraping an appliance with the shipped config.
 //! - host helpers: [`virsh`], [`domstate`], [`domid`], [`guest_uptime`], [`wait_for`],
 //!   [`serial_echo`].
 
@@ -19,6 +20,7 @@ mod appliance;
 mod files;
 pub mod hostile;
 mod kubectl;
+pub mod prometheus;
 pub mod registry;
 pub mod serve;
 mod vm;

@@ -1,8 +1,9 @@
 //! The dashboard in a real browser: Debian's headless chromium, driven over WebDriver
 //! (chromedriver) against the real server with a real guest. Log in, create a VM from the
 //! form, watch it reach Running on the list page without a reload, see its screen in the
-//! noVNC console (non-blank canvas pixels) and a prompt in the serial console, stop it,
-//! delete it. Screenshots go to `target/test-artifacts/` (or $EDGEVIRT_ARTIFACTS).
+//! noVNC console (non-blank canvas pixels) and a prompt in the serial console, see the VM's
+//! and its node's graphs drawn from real samples, stop it, delete it, and find all of that
+//! on the activity page. Screenshots go to `target/test-artifacts/` (or $EDGEVIRT_ARTIFACTS).
 //! Needs root, libvirtd, the test guest, chromium and chromedriver (`#[ignore]`).
 
 use std::path::PathBuf;
@@ -126,7 +127,8 @@ async fn wait_text(
 #[tokio::test]
 #[ignore = "needs root, libvirtd, the test guest and chromium: run scripts/test.sh"]
 async fn dashboard_in_chromium_from_login_to_delete() {
-    let a = Appliance::start(&[]).await;
+    // Node figures every second: the graphs have samples within seconds.
+    let a = Appliance::start(&["--stats-interval", "1"]).await;
     a.import_guest().await;
     let password = std::fs::read_to_string(a.dir.join("initial-admin"))
         .unwrap()
@@ -353,6 +355,35 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     .await;
     shot(c, "05-serial").await;
 
+    // --- Graphs of the VM and of its node, drawn from real samples.
+    for (page, name) in [
+        ("/ui/vms/default/browser", "08-vm-graphs"),
+        ("/ui/nodes/testnode", "09-node-graphs"),
+    ] {
+        c.goto(&format!("{}{page}", a.url)).await.unwrap();
+        for chart in ["cpu", "memory", "net"] {
+            let drawn = wait_for(
+                &format!("{page}: the {chart} chart drawn"),
+                BOOT,
+                || async {
+                    let v = c.execute(CHART_PIXELS, vec![json!(chart)]).await.ok()?;
+                    let (samples, colored) = (v[0].as_u64()?, v[1].as_u64()?);
+                    // Reloaded every 15 s: reload sooner while the first samples come in.
+                    if samples == 0 {
+                        c.refresh().await.ok()?;
+                    }
+                    (samples > 0 && colored > 10).then_some(v)
+                },
+            )
+            .await;
+            println!(
+                "{page}: {chart} chart: {} samples, {} series pixels",
+                drawn[0], drawn[1]
+            );
+        }
+        shot(c, name).await;
+    }
+
     // --- Stop (a confirmation dialog, accepted), then delete.
     c.goto(&format!("{}/ui/vms/default/browser", a.url))
         .await
@@ -391,5 +422,47 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     assert!(!body.contains("browser"), "{body}");
     shot(c, "07-deleted").await;
     assert!(a.our_domains().is_empty(), "the domain is gone too");
+
+    // --- The activity page lists what this test did, newest first, and filters by VM.
+    c.goto(&format!("{}/ui/activity?vm=default%2Fbrowser", a.url))
+        .await
+        .unwrap();
+    let rows = wait_text(c, "#activity tbody", "the VM's activity", BOOT, |t| {
+        t.contains("SuccessfulDelete")
+    })
+    .await;
+    for want in [
+        "SuccessfulCreate",
+        "Scheduled",
+        "Started",
+        "ShuttingDown",
+        "Stopped",
+        "SuccessfulDelete",
+    ] {
+        assert!(rows.contains(want), "no {want} in the activity:\n{rows}");
+    }
+    // Newest first: the stop comes before the start.
+    assert!(rows.find("Stopped") < rows.find("Started"), "{rows}");
+    shot(c, "10-activity").await;
+    c.goto(&format!("{}/ui/activity?node=nosuchnode", a.url))
+        .await
+        .unwrap();
+    let none = text_of(c, "#activity tbody").await.unwrap();
+    assert!(none.contains("Nothing happened yet"), "{none}");
     d.client.clone().close().await.unwrap();
 }
+
+/// A chart's drawn samples (its figure's `data-samples`) and the coloured pixels of its
+/// canvas (the series' lines and points; axes, grid and text are grey).
+const CHART_PIXELS: &str = r#"
+    const fig = document.querySelector('figure[data-chart="' + arguments[0] + '"]');
+    const canvas = fig && fig.querySelector('canvas');
+    if (!canvas || !canvas.width) return [0, 0];
+    const d = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+    let n = 0;
+    for (let i = 0; i < d.length; i += 4) {
+        const hi = Math.max(d[i], d[i + 1], d[i + 2]), lo = Math.min(d[i], d[i + 1], d[i + 2]);
+        if (d[i + 3] > 128 && hi - lo > 60) n++;
+    }
+    return [Number(fig.dataset.samples || 0), n];
+"#;

@@ -296,6 +296,47 @@ async fn handle(
     execute(&st, &p, &at, req, &headers, bytes).await
 }
 
+/// Add a node report to the graphs of the node and of the VMs it runs (by each instance's
+/// domain; an instance without a VM is graphed on its own uid), and write the graphs now
+/// and then, off the async threads.
+async fn graph(
+    st: &Arc<AppState>,
+    node: &str,
+    report: &crate::metrics::NodeReport,
+) -> ApiResult<()> {
+    use crate::metrics::graphs::vm_key;
+    let vmis: Vec<VirtualMachineInstance> = st
+        .store
+        .list_typed(
+            None,
+            &crate::store::LabelSelector::default(),
+            &crate::store::FieldSelector::node(node),
+        )
+        .await?;
+    let owners: std::collections::HashMap<&str, String> = vmis
+        .iter()
+        .filter_map(|v| {
+            let dom = v.status.as_ref()?.domain_name.as_deref()?;
+            Some((
+                dom,
+                vm_key(v.owner_uid("VirtualMachine").unwrap_or(v.uid())),
+            ))
+        })
+        .collect();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    st.graphs
+        .record(node, report, |dom| owners.get(dom).cloned(), now);
+    let graphs = st.graphs.clone();
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = graphs.flush(false) {
+            tracing::warn!(error = %e, "writing graphs failed");
+        }
+    });
+    Ok(())
+}
+
 /// The one place a parsed subresource request is carried out.
 async fn execute(
     st: &Arc<AppState>,
@@ -339,6 +380,7 @@ async fn execute(
                 .map_err(|e| ApiError::bad_request(format!("invalid node report: {e}")))?;
             let node = store.must_get(Kind::Node, "", name).await?;
             super::scope::check(store, p, Kind::Node, "", name, Some(&node)).await?;
+            graph(st, name, &report).await?;
             st.metrics.put(name, report);
             Ok(StatusCode::NO_CONTENT.into_response())
         }

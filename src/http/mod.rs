@@ -51,6 +51,8 @@ pub struct AppState {
     pub console_ticket_ttl: Option<Duration>,
     /// The nodes' latest figures, which `/metrics` serves.
     pub metrics: Arc<crate::metrics::Hub>,
+    /// The dashboard's graphs of every VM and node.
+    pub graphs: Arc<crate::metrics::graphs::Graphs>,
 }
 
 /// `/join`: ten tries at once from one address, then one every six seconds.
@@ -61,6 +63,9 @@ impl AppState {
     pub fn new(store: Store, data_dir: PathBuf, install_id: String) -> Self {
         AppState {
             store,
+            graphs: Arc::new(crate::metrics::graphs::Graphs::new(
+                &data_dir.join("graphs"),
+            )),
             data_dir,
             install_id,
             local_node: None,

@@ -10,6 +10,8 @@
 //! too. The text is written by the `prometheus` crate's encoder (the classic text format
 //! 0.0.4 that `promtool check metrics` reads).
 
+pub mod graphs;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

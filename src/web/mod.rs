@@ -1,7 +1,7 @@
 //! The dashboard: server-rendered askama pages under `/ui`, a little JavaScript, assets
-//! embedded with rust-embed (our own from `web/static`, noVNC and xterm.js from their pinned
-//! npm packages in `web/node_modules`, fetched by build.rs), so the binary needs no files
-//! beside it.
+//! embedded with rust-embed (our own from `web/static`, noVNC, xterm.js and uPlot from their
+//! pinned npm packages in `web/node_modules`, fetched by build.rs), so the binary needs no
+//! files beside it.
 //!
 //! Browsers log in with a username and password and get a session cookie (HttpOnly,
 //! SameSite=Strict, Secure over TLS; a new id at every login). Every form carries the
@@ -47,6 +47,14 @@ struct NoVnc;
 #[include = "LICENSE"]
 struct Xterm;
 
+/// uPlot draws the graphs: small (50 KiB), no dependencies, canvas-based.
+#[derive(RustEmbed)]
+#[folder = "web/node_modules/uplot/"]
+#[include = "dist/uPlot.iife.min.js"]
+#[include = "dist/uPlot.min.css"]
+#[include = "LICENSE"]
+struct UPlot;
+
 /// The session of a logged-in browser, as pages see it.
 #[derive(Clone, Debug)]
 pub struct WebUser {
@@ -88,6 +96,10 @@ where
         .route("/ui/vms/yaml", post(pages::create_from_yaml))
         .route("/ui/vms/{ns}/{name}", get(pages::vm_detail))
         .route("/ui/vms/{ns}/{name}/status", get(pages::vm_status))
+        .route("/ui/vms/{ns}/{name}/graphs", get(pages::vm_graphs))
+        .route("/ui/nodes/{name}", get(pages::node_page))
+        .route("/ui/nodes/{name}/graphs", get(pages::node_graphs))
+        .route("/ui/activity", get(pages::activity))
         .route(
             "/ui/vms/{ns}/{name}/edit",
             get(pages::edit_vm).post(pages::save_vm),
@@ -118,6 +130,7 @@ where
         .route("/ui/static/{*path}", get(static_asset))
         .route("/ui/vendor/novnc/{*path}", get(novnc_asset))
         .route("/ui/vendor/xterm/{*path}", get(xterm_asset))
+        .route("/ui/vendor/uplot/{*path}", get(uplot_asset))
         .merge(private)
         .layer(middleware::map_response(security_headers))
 }
@@ -230,6 +243,10 @@ async fn novnc_asset(Path(path): Path<String>) -> Response {
 
 async fn xterm_asset(Path(path): Path<String>) -> Response {
     asset::<Xterm>(&path)
+}
+
+async fn uplot_asset(Path(path): Path<String>) -> Response {
+    asset::<UPlot>(&path)
 }
 
 impl Api {

@@ -1506,6 +1506,19 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             .expect(&[415]),
     );
 
+    // ---- the dashboard's graphs and activity (an admin's session): names from the path
+    // are looked up, never opened as files; a range the archives lack is refused.
+    if setup.session.is_some() {
+        for (name, path, code) in [
+            ("dashboard-node-missing", "/ui/nodes/nosuch", 404),
+            ("dashboard-node-graphs-traversal", "/ui/nodes/..%2F..%2Fetc%2Fpasswd/graphs", 404),
+            ("dashboard-vm-graphs-missing", "/ui/vms/default/nosuch/graphs?range=hour", 404),
+            ("dashboard-activity-odd-filter", "/ui/activity?vm=%00%2F..&node=%FF", 200),
+        ] {
+            c.push(Case::new(name, Method::GET, path).session().html().expect(&[code]));
+        }
+    }
+
     // ---- the dashboard's "create from YAML" form (an admin's session)
     if let Some((_, csrf)) = &setup.session {
         for (name, yaml) in [

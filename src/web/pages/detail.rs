@@ -52,7 +52,9 @@ struct DetailTpl {
     name: String,
     st: StatusView,
     spec: SpecView,
-    events: Vec<EventRow>,
+    changes: Vec<EventRow>,
+    events: Vec<super::monitoring::EventView>,
+    graphs_url: String,
     yaml: String,
 }
 
@@ -215,11 +217,11 @@ pub async fn vm_detail(
         Ok(x) => x,
         Err(r) => return r,
     };
-    let mut events = vec![];
+    let mut changes = vec![];
     for kind in [Kind::VirtualMachine, Kind::VirtualMachineInstance] {
         if let Ok(h) = st.store.object_history(kind, &ns, &name, 15).await {
             for (rv, change, body) in h {
-                events.push(EventRow {
+                changes.push(EventRow {
                     rv,
                     kind: if kind == Kind::VirtualMachine {
                         "VM"
@@ -232,8 +234,9 @@ pub async fn vm_detail(
             }
         }
     }
-    events.sort_by_key(|e| std::cmp::Reverse(e.rv));
-    events.truncate(20);
+    changes.sort_by_key(|e| std::cmp::Reverse(e.rv));
+    changes.truncate(20);
+    let events = super::monitoring::vm_events(&st, &ns, &name).await;
     // The YAML is the VM as stored, fields this release does not model included.
     let mut clean = raw;
     if let Some(m) = clean.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -243,7 +246,13 @@ pub async fn vm_detail(
         c: Chrome::new(&u, name.clone()),
         st: status_view(&st, &vm, vmi.as_ref()),
         spec: spec_view(&vm),
+        changes,
         events,
+        graphs_url: format!(
+            "/ui/vms/{}/{}/graphs",
+            super::url_encode(&ns),
+            super::url_encode(&name)
+        ),
         yaml: serde_yaml_ng::to_string(&clean).unwrap_or_default(),
         ns,
         name,

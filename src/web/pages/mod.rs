@@ -29,6 +29,7 @@ mod create;
 mod detail;
 mod edit;
 mod login;
+mod monitoring;
 mod overview;
 mod vm_list;
 
@@ -38,6 +39,7 @@ pub use create::{create_from_form, create_from_yaml, new_vm};
 pub use detail::{vm_detail, vm_status};
 pub use edit::{edit_vm, save_vm, vm_action};
 pub use login::{login, login_page, logout};
+pub use monitoring::{activity, node_graphs, node_page, vm_graphs};
 pub use overview::overview;
 pub use vm_list::{vm_list, vm_rows};
 

@@ -353,7 +353,18 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         },
     )
     .await;
+    // Log root in there: the VM page lists who is logged in (from the guest agent).
+    input.send_keys("login -f root\n").await.unwrap();
     shot(c, "05-serial").await;
+
+    // --- The VM page names the user logged in on the serial console.
+    c.goto(&format!("{}/ui/vms/default/browser", a.url))
+        .await
+        .unwrap();
+    wait_text(c, "#vm-users", "root logged in on the VM page", BOOT, |t| {
+        t == "root"
+    })
+    .await;
 
     // --- Graphs of the VM and of its node, drawn from real samples.
     for (page, name) in [

@@ -159,12 +159,88 @@ fn vnc_clients(dom: &str) -> usize {
     out.matches("Client:").count()
 }
 
+/// KubeVirt's `userlist` and `filesystemlist`: log root in on the serial console, format and
+/// mount the blank disk, and find both in what the guest agent reports.
+async fn guest_details(a: &Appliance, ws: &mut Ws) {
+    let sub = |what: &str| {
+        format!(
+            "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/con/{what}"
+        )
+    };
+    ws.send(Message::Binary(
+        b"mke2fs -q /dev/vda && mkdir -p /mnt/scratch && mount /dev/vda /mnt/scratch && \
+          head -c 3000000 /dev/urandom > /mnt/scratch/fill && sync\nlogin -f root\n"
+            .to_vec()
+            .into(),
+    ))
+    .await
+    .unwrap();
+    let users = wait_for("root in the userlist", BOOT, || async {
+        let (code, v) = a.get(&sub("userlist")).await;
+        (code == 200 && v["items"].as_array().is_some_and(|i| !i.is_empty())).then_some(v)
+    })
+    .await;
+    assert_eq!(users["kind"], "VirtualMachineInstanceGuestOSUserList");
+    let root = &users["items"][0];
+    assert_eq!(root["userName"], "root", "{users}");
+    let login = root["loginTime"].as_f64().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        (now - login).abs() < 600.0,
+        "logged in at {login}, now {now}"
+    );
+    let fs = wait_for("the mounted disk in the filesystemlist", BOOT, || async {
+        let (code, v) = a.get(&sub("filesystemlist")).await;
+        let items = v["items"].as_array()?.clone();
+        let disk = items
+            .into_iter()
+            .find(|f| f["mountPoint"] == "/mnt/scratch")?;
+        (code == 200 && disk["usedBytes"].as_u64()? >= 3_000_000).then_some(disk)
+    })
+    .await;
+    assert_eq!(fs["diskName"], "vda", "{fs}");
+    assert_eq!(fs["fileSystemType"], "ext2", "{fs}");
+    let total = fs["totalBytes"].as_u64().unwrap();
+    assert!((50 << 20..=64 << 20).contains(&total), "{fs}");
+    // And in /metrics, with KubeVirt's names.
+    let text = a
+        .http
+        .get(format!("{}/metrics", a.url))
+        .bearer_auth(&a.token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let capacity = text
+        .lines()
+        .find(|l| {
+            l.starts_with("kubevirt_vmi_filesystem_capacity_bytes{")
+                && l.contains(r#"mount_point="/mnt/scratch""#)
+                && l.contains(r#"name="con""#)
+        })
+        .unwrap_or_else(|| panic!("no filesystem capacity in the scrape"));
+    assert!(capacity.ends_with(&format!(" {total}")), "{capacity}");
+    // Without a guest agent the lists are refused in words, as guestosinfo is.
+    let (code, v) = a
+        .get("/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/nosuch/userlist")
+        .await;
+    assert_eq!(code, 404, "{v}");
+}
+
 #[tokio::test]
 #[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
 async fn rfb_and_serial_through_the_websocket_and_every_refusal() {
     let a = Appliance::start(&["--console-ticket-ttl", "3"]).await;
     a.import_guest().await;
-    let (code, v) = a.post_yaml(VMS, &Vm::guest("con").yaml()).await;
+    // A blank disk too, which the guest formats and mounts for `filesystemlist` (its root is
+    // an initramfs, which the guest agent does not list: not a block device).
+    let con = Vm::guest("con").disk("scratch", json!({"emptyDisk": {"capacity": "64Mi"}}));
+    let (code, v) = a.post_yaml(VMS, &con.yaml()).await;
     assert_eq!(code, 201, "{v}");
     let vmi = a.wait_running("con", None, BOOT).await;
     let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
@@ -339,6 +415,7 @@ async fn rfb_and_serial_through_the_websocket_and_every_refusal() {
         seen.contains("con:"),
         "the prompt names the guest: {seen:?}"
     );
+    guest_details(&a, &mut ws).await;
 
     drop(ws);
     wait_for(

@@ -77,7 +77,7 @@ fn resources_of(group: &str) -> Vec<Resource> {
 }
 
 /// KubeVirt's action subresources (`subresources.kubevirt.io/v1`).
-const SUBRESOURCES: [(&str, &str); 12] = [
+const SUBRESOURCES: [(&str, &str); 14] = [
     ("virtualmachines", "start"),
     ("virtualmachines", "stop"),
     ("virtualmachines", "restart"),
@@ -88,6 +88,8 @@ const SUBRESOURCES: [(&str, &str); 12] = [
     ("virtualmachineinstances", "unpause"),
     ("virtualmachineinstances", "softreboot"),
     ("virtualmachineinstances", "guestosinfo"),
+    ("virtualmachineinstances", "userlist"),
+    ("virtualmachineinstances", "filesystemlist"),
     ("virtualmachineinstances", "vnc"),
     ("virtualmachineinstances", "console"),
 ];
@@ -178,7 +180,7 @@ fn resource_list(group: &str, version: &str) -> Value {
         for (plural, sub) in SUBRESOURCES {
             list.push(json!({
                 "name": format!("{plural}/{sub}"), "singularName": "", "namespaced": true,
-                "kind": "", "verbs": if sub == "guestosinfo" || sub == "vnc" || sub == "console" { json!(["get"]) } else { json!(["update"]) },
+                "kind": "", "verbs": if matches!(sub, "guestosinfo" | "userlist" | "filesystemlist" | "vnc" | "console") { json!(["get"]) } else { json!(["update"]) },
             }));
         }
     }

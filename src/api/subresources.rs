@@ -45,6 +45,8 @@ enum Request {
     Unpause,
     SoftReboot,
     GuestOsInfo,
+    /// `userlist` and `filesystemlist`: what the guest agent reported, as KubeVirt's lists.
+    GuestList(GuestList),
     StatusRead(Kind),
     StatusWrite {
         kind: Kind,
@@ -54,6 +56,12 @@ enum Request {
     ImageDownload,
     /// A node's agent sends its figures for `/metrics` and the graphs.
     NodeStats,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum GuestList {
+    Users,
+    FileSystems,
 }
 
 /// KubeVirt's `MigrateOptions`, with edgevirt's `blockMigration`.
@@ -100,7 +108,10 @@ impl Request {
     /// Who may make this request: declared here once for every subresource.
     fn access(&self) -> Access {
         match self {
-            Request::GuestOsInfo | Request::StatusRead(_) | Request::ImageDownload => Access::Read,
+            Request::GuestOsInfo
+            | Request::GuestList(_)
+            | Request::StatusRead(_)
+            | Request::ImageDownload => Access::Read,
             Request::StatusWrite { .. } | Request::NodeStats => Access::AgentWrite,
             Request::Start
             | Request::Stop
@@ -137,6 +148,12 @@ impl Request {
             return match (method, at.plural.as_str(), at.sub.as_str()) {
                 (&Method::GET, "virtualmachineinstances", "guestosinfo") => {
                     Ok(Request::GuestOsInfo)
+                }
+                (&Method::GET, "virtualmachineinstances", "userlist") => {
+                    Ok(Request::GuestList(GuestList::Users))
+                }
+                (&Method::GET, "virtualmachineinstances", "filesystemlist") => {
+                    Ok(Request::GuestList(GuestList::FileSystems))
                 }
                 (&Method::PUT, "virtualmachines", "start") => Ok(Request::Start),
                 (&Method::PUT, "virtualmachines", "stop") => Ok(Request::Stop),
@@ -337,6 +354,25 @@ async fn graph(
     Ok(())
 }
 
+/// What a running instance's guest agent reported, as stored; 409 without an agent.
+async fn guest_agent_info(st: &AppState, ns: &str, name: &str) -> ApiResult<Value> {
+    let raw = st
+        .store
+        .must_get(Kind::VirtualMachineInstance, ns, name)
+        .await?;
+    let vmi = VirtualMachineInstance::from_value(raw.clone())?;
+    if !condition_true(vmi.conditions(), &ConditionType::AgentConnected) {
+        return Err(ApiError::conflict(format!(
+            "VirtualMachineInstance {name:?} has no guest agent connected"
+        )));
+    }
+    Ok(raw
+        .get("status")
+        .and_then(|s| s.get("guestAgentInfo"))
+        .cloned()
+        .unwrap_or(Value::Null))
+}
+
 /// The one place a parsed subresource request is carried out.
 async fn execute(
     st: &Arc<AppState>,
@@ -350,22 +386,30 @@ async fn execute(
     let store = &st.store;
     match req {
         Request::GuestOsInfo => {
-            let raw = store
-                .must_get(Kind::VirtualMachineInstance, ns, name)
-                .await?;
-            let vmi = VirtualMachineInstance::from_value(raw.clone())?;
-            if !condition_true(vmi.conditions(), &ConditionType::AgentConnected) {
-                return Err(ApiError::conflict(format!(
-                    "VirtualMachineInstance {name:?} has no guest agent connected"
-                )));
-            }
             // As stored: what a newer agent reported beyond this release's type stays.
-            let info = raw
-                .get("status")
-                .and_then(|s| s.get("guestAgentInfo"))
-                .cloned()
-                .unwrap_or(Value::Null);
+            let info = guest_agent_info(st, ns, name).await?;
             Ok(Json(info).into_response())
+        }
+        Request::GuestList(list) => {
+            let info = guest_agent_info(st, ns, name).await?;
+            let (kind, items) = match list {
+                GuestList::Users => (
+                    "VirtualMachineInstanceGuestOSUserList",
+                    info["userList"].clone(),
+                ),
+                GuestList::FileSystems => (
+                    "VirtualMachineInstanceFileSystemList",
+                    info["fsInfo"]["disks"].clone(),
+                ),
+            };
+            let items = if items.is_array() { items } else { json!([]) };
+            Ok(Json(json!({
+                "kind": kind,
+                "apiVersion": "kubevirt.io/v1",
+                "metadata": {},
+                "items": items,
+            }))
+            .into_response())
         }
         Request::StatusRead(kind) => {
             Ok(Json(store.must_get(kind, ns, name).await?).into_response())

@@ -19,7 +19,9 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::RwLock;
 
 use crate::hypervisor::{DomainState, GuestAddress, Hypervisor};
-use crate::types::kubevirt::{GuestAgentInfo, GuestOsInfo};
+use crate::types::kubevirt::{
+    FileSystem, FileSystemDisk, FileSystemInfo, GuestAgentInfo, GuestOsInfo, GuestOsUser,
+};
 use protocol::{
     CpuFeature, CpuModel, CpuModelField, CpuTopology, Envelope, GuestCpu, Info, Request, Response,
     Status,
@@ -430,8 +432,57 @@ fn guest_info(
             machine: s(&os, "machine"),
         },
         timezone: s(&tz, "zone").map(|z| format!("{z}, {}", tz["offset"].as_i64().unwrap_or(0))),
+        user_list: agent_json(hv, name, "guest-get-users")
+            .map(|u| users_of(&u))
+            .unwrap_or_default(),
+        fs_info: agent_json(hv, name, "guest-get-fsinfo")
+            .ok()
+            .map(|f| filesystems_of(&f)),
     };
     Ok((Some(guest), addrs))
+}
+
+/// `guest-get-users`' answer: `[{"user", "domain"?, "login-time"}]`.
+fn users_of(v: &Value) -> Vec<GuestOsUser> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|u| {
+            Some(GuestOsUser {
+                user_name: s(u, "user")?,
+                domain: s(u, "domain"),
+                login_time: u["login-time"].as_f64(),
+            })
+        })
+        .collect()
+}
+
+/// `guest-get-fsinfo`' answer: `[{"name", "mountpoint", "type", "used-bytes"?,
+/// "total-bytes"?, "disk": [{"serial"?, "bus-type", ...}]}]`.
+fn filesystems_of(v: &Value) -> FileSystemInfo {
+    FileSystemInfo {
+        disks: v
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|f| FileSystem {
+                disk_name: s(f, "name").unwrap_or_default(),
+                mount_point: s(f, "mountpoint").unwrap_or_default(),
+                file_system_type: s(f, "type").unwrap_or_default(),
+                used_bytes: f["used-bytes"].as_u64().unwrap_or(0),
+                total_bytes: f["total-bytes"].as_u64().unwrap_or(0),
+                disk: f["disk"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|d| FileSystemDisk {
+                        serial: s(d, "serial"),
+                        bus_type: s(d, "bus-type").unwrap_or_default(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
 }
 
 /// The guest CPU from a domain's XML (`<cpu>`: mode, check, model with fallback and

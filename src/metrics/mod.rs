@@ -173,6 +173,15 @@ struct StatusFacts {
     domain_name: Option<String>,
     #[serde(default)]
     migration_state: Option<MigrationFacts>,
+    #[serde(default)]
+    guest_agent_info: Option<GuestFacts>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GuestFacts {
+    #[serde(default)]
+    fs_info: Option<crate::types::kubevirt::FileSystemInfo>,
 }
 
 #[derive(Default, Deserialize)]
@@ -304,6 +313,7 @@ pub async fn render(
     }
 
     migrations(&f, store, &vmis).await?;
+    filesystems(&f, &vmis)?;
     domains(&f, &vmis, &reports)?;
     nodes(&f, store, &reports).await?;
 
@@ -495,6 +505,54 @@ async fn migrations(f: &Families, store: &Store, vmis: &[VmiFacts]) -> Result<()
         }
         if let Some(t) = ms.end_timestamp.as_deref().and_then(seconds_since_epoch) {
             end.with_label_values(&labels).set(t);
+        }
+    }
+    Ok(())
+}
+
+/// `kubevirt_vmi_filesystem_{capacity,used}_bytes`: the guests' filesystems as their guest
+/// agents last reported them.
+fn filesystems(f: &Families, vmis: &[VmiFacts]) -> Result<(), RenderError> {
+    const L: &[&str] = &[
+        "name",
+        "namespace",
+        "node",
+        "disk_name",
+        "mount_point",
+        "file_system_type",
+    ];
+    let capacity = f.gauge(
+        "kubevirt_vmi_filesystem_capacity_bytes",
+        "Total VM filesystem capacity in bytes.",
+        L,
+    )?;
+    let used = f.gauge(
+        "kubevirt_vmi_filesystem_used_bytes",
+        "Used VM filesystem capacity in bytes.",
+        L,
+    )?;
+    for v in vmis {
+        let Some(fs) = v
+            .status
+            .guest_agent_info
+            .as_ref()
+            .and_then(|g| g.fs_info.as_ref())
+        else {
+            continue;
+        };
+        for d in &fs.disks {
+            let labels = [
+                v.metadata.name.as_str(),
+                v.metadata.namespace.as_str(),
+                v.status.node_name.as_deref().unwrap_or(""),
+                d.disk_name.as_str(),
+                d.mount_point.as_str(),
+                d.file_system_type.as_str(),
+            ];
+            capacity
+                .with_label_values(&labels)
+                .set(d.total_bytes as f64);
+            used.with_label_values(&labels).set(d.used_bytes as f64);
         }
     }
     Ok(())

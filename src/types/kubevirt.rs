@@ -2049,6 +2049,72 @@ pub struct GuestAgentInfo {
     /// The guest's timezone and its offset from UTC in seconds (`Europe/Berlin, 3600`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timezone: Option<String>,
+    /// Users logged in to the guest (the `userlist` subresource).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub user_list: Vec<GuestOsUser>,
+    /// The guest's mounted filesystems with their use (the `filesystemlist` subresource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_info: Option<FileSystemInfo>,
+}
+
+/// KubeVirt's `VirtualMachineInstanceGuestOSUser`: one user logged in to the guest.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestOsUser {
+    /// The user's login name.
+    pub user_name: String,
+    /// A Windows user's domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// When the user logged in (the earliest of several logins), in fractional seconds since
+    /// the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login_time: Option<f64>,
+}
+
+/// KubeVirt's `VirtualMachineInstanceFileSystemInfo`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FileSystemInfo {
+    /// The mounted filesystems on block devices.
+    #[serde(default)]
+    pub disks: Vec<FileSystem>,
+}
+
+/// KubeVirt's `VirtualMachineInstanceFileSystem`: one mounted filesystem of the guest.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FileSystem {
+    /// The guest's name of the device (`sda1`, `vda`).
+    #[serde(default)]
+    pub disk_name: String,
+    /// Where it is mounted (`/`, `C:\\`).
+    #[serde(default)]
+    pub mount_point: String,
+    /// Its type (`ext4`, `xfs`, `NTFS`).
+    #[serde(default)]
+    pub file_system_type: String,
+    /// Bytes in use.
+    #[serde(default)]
+    pub used_bytes: u64,
+    /// Its size in bytes.
+    #[serde(default)]
+    pub total_bytes: u64,
+    /// The disks under it: their serial numbers and buses, as the guest sees them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disk: Vec<FileSystemDisk>,
+}
+
+/// KubeVirt's `VirtualMachineInstanceFileSystemDisk`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FileSystemDisk {
+    /// The disk's serial number, as the VM's disk sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    /// The bus the guest sees it on (`virtio`, `scsi`, `sata`).
+    #[serde(default)]
+    pub bus_type: String,
 }
 
 crate::open_enum! {

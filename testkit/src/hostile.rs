@@ -994,6 +994,20 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             .expect(&[200])
             .html(),
     );
+    // The guest agent's lists: of an instance that is not there, and written to.
+    let vmi_sub = |what: &str| {
+        format!(
+            "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/hostile-none/{what}"
+        )
+    };
+    for what in ["userlist", "filesystemlist"] {
+        c.push(Case::new(format!("{what}-of-nothing"), Method::GET, vmi_sub(what)).expect(&[404]));
+        c.push(
+            Case::new(format!("{what}-put"), Method::PUT, vmi_sub(what))
+                .json(&json!({"items": [{"userName": "root"}]}))
+                .expect(&[404]),
+        );
+    }
     let stats = "/apis/edgevirt.io/v1/nodes/hostile-node/stats";
     c.push(
         Case::new("node-stats-not-json", Method::PUT, stats)
@@ -1511,11 +1525,28 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
     if setup.session.is_some() {
         for (name, path, code) in [
             ("dashboard-node-missing", "/ui/nodes/nosuch", 404),
-            ("dashboard-node-graphs-traversal", "/ui/nodes/..%2F..%2Fetc%2Fpasswd/graphs", 404),
-            ("dashboard-vm-graphs-missing", "/ui/vms/default/nosuch/graphs?range=hour", 404),
-            ("dashboard-activity-odd-filter", "/ui/activity?vm=%00%2F..&node=%FF", 200),
+            (
+                "dashboard-node-graphs-traversal",
+                "/ui/nodes/..%2F..%2Fetc%2Fpasswd/graphs",
+                404,
+            ),
+            (
+                "dashboard-vm-graphs-missing",
+                "/ui/vms/default/nosuch/graphs?range=hour",
+                404,
+            ),
+            (
+                "dashboard-activity-odd-filter",
+                "/ui/activity?vm=%00%2F..&node=%FF",
+                200,
+            ),
         ] {
-            c.push(Case::new(name, Method::GET, path).session().html().expect(&[code]));
+            c.push(
+                Case::new(name, Method::GET, path)
+                    .session()
+                    .html()
+                    .expect(&[code]),
+            );
         }
     }
 

@@ -18,7 +18,8 @@
 # - DHCP on eth0 with busybox udhcpc (sends the hostname to the DHCP server);
 # - qemu-ga on the virtio-serial port named org.qemu.guest_agent.0;
 # - prints EDGEVIRT-GUEST-READY on the console once qemu-ga is started;
-# - busybox init keeps a root shell on ttyS0 and on tty1 (VGA/VNC);
+# - busybox init keeps a root shell on ttyS0 and on tty1 (VGA/VNC); `login -f root` there
+#   records a login in /run/utmp (qemu-ga's guest-get-users lists it);
 # - busybox acpid turns the ACPI power button into a clean poweroff, so
 #   `virsh shutdown --mode acpi` and `virsh reboot --mode acpi` work;
 # - /sbin/shutdown (used by qemu-ga's guest-shutdown) maps to poweroff/reboot/halt,
@@ -169,6 +170,9 @@ mount -t devtmpfs devtmpfs /dev 2>/dev/null
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs -o mode=0755 tmpfs /run
+# The login records busybox's login writes and qemu-ga's guest-get-users reads.
+: >/run/utmp
+: >/var/log/wtmp
 exec </dev/console >/dev/console 2>&1
 
 HN=evguest

@@ -24,6 +24,10 @@ pub struct StatusView {
     ready: String,
     live_migratable: String,
     guest_os: String,
+    /// Users logged in to the guest, as its agent reports them.
+    users: String,
+    /// The guest's filesystems: `mount (type, device): used of total`.
+    filesystems: Vec<String>,
     viewers: String,
     conditions: Vec<(String, String, String, String)>,
 }
@@ -119,6 +123,39 @@ fn status_view(
                 or_dash(format!("{pretty} {kernel}").trim())
             })
             .unwrap_or("-".into()),
+        users: or_dash(
+            &status
+                .and_then(|s| s.guest_agent_info.as_ref())
+                .map(|g| {
+                    g.user_list
+                        .iter()
+                        .map(|u| match &u.domain {
+                            Some(d) if !d.is_empty() => format!("{d}\\{}", u.user_name),
+                            _ => u.user_name.clone(),
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .unwrap_or_default(),
+        ),
+        filesystems: status
+            .and_then(|s| s.guest_agent_info.as_ref()?.fs_info.as_ref())
+            .map(|fs| {
+                fs.disks
+                    .iter()
+                    .map(|d| {
+                        format!(
+                            "{} ({}, {}): {} of {}",
+                            d.mount_point,
+                            d.file_system_type,
+                            d.disk_name,
+                            super::human_bytes(d.used_bytes),
+                            super::human_bytes(d.total_bytes)
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
         viewers: or_dash(&viewers),
         conditions: status
             .map(|s| {

@@ -331,7 +331,30 @@ async fn suite(which: &str, bin: PathBuf) {
         words(&k.ok(&["get", "ns", "team-a"]))[1][..2],
         ["team-a", "Active"]
     );
+    // An event recorded there (by hand, as an agent or script may) does not keep the
+    // namespace: it goes with it.
+    let (code, ev) = a
+        .call(
+            reqwest::Method::POST,
+            "/api/v1/namespaces/team-a/events",
+            Some((
+                "application/json",
+                serde_json::to_vec(&json!({"metadata": {"name": "note-1"},
+                    "involvedObject": {"kind": "Namespace", "name": "team-a"},
+                    "reason": "Maintenance", "message": "disks swapped", "type": "Normal"}))
+                .unwrap(),
+            )),
+        )
+        .await;
+    assert_eq!(code, 201, "{ev}");
+    assert_eq!(ev["count"], 1, "defaults filled: {ev}");
+    assert!(
+        k.ok(&["get", "events", "-n", "team-a"])
+            .contains("disks swapped")
+    );
     assert!(k.ok(&["delete", "namespace", "team-a"]).contains("deleted"));
+    let (code, _) = a.get("/api/v1/namespaces/team-a/events/note-1").await;
+    assert_eq!(code, 404, "the namespace's events went with it");
 
     // A wrong token and a viewer's token change nothing.
     let bad = Kubectl {
@@ -499,6 +522,24 @@ async fn events_of_a_start(k: &Kubectl, a: &Appliance, home: &std::path::Path) {
     ] {
         assert!(has_row(&all, want), "no {want:?} in\n{all}");
     }
+    // The same events in events.k8s.io/v1's shape.
+    let v1: serde_json::Value =
+        serde_json::from_str(&k.ok(&["get", "events.v1.events.k8s.io", "-o", "json"])).unwrap();
+    let started = v1["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["reason"] == "Started" && e["regarding"]["name"] == "kv")
+        .unwrap_or_else(|| panic!("no Started event in {v1}"));
+    assert_eq!(started["apiVersion"], "events.k8s.io/v1");
+    assert_eq!(started["note"], "VirtualMachineInstance started.");
+    assert_eq!(started["reportingController"], "edgevirt-agent");
+    assert!(
+        started["eventTime"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{started}"
+    );
     // One object's events, by the selector kubectl describe uses too.
     let vm_only = k.ok(&[
         "get",

@@ -20,12 +20,17 @@ struct Resource {
     short_names: Vec<String>,
     categories: Vec<String>,
     status: bool,
+    verbs: &'static [&'static str],
 }
 
 const VERBS: [&str; 7] = [
     "create", "delete", "get", "list", "patch", "update", "watch",
 ];
 const STATUS_VERBS: [&str; 3] = ["get", "patch", "update"];
+const READ_VERBS: [&str; 3] = ["get", "list", "watch"];
+
+/// `events.k8s.io/v1`: the core events in their newer shape, served for reading.
+pub const EVENTS_GROUP: &str = "events.k8s.io";
 
 fn resource(kind: Kind) -> Resource {
     let Some(crd) = kind.crd() else {
@@ -41,6 +46,7 @@ fn resource(kind: Kind) -> Resource {
             short_names: short.iter().map(|s| s.to_string()).collect(),
             categories: vec![],
             status: false,
+            verbs: &VERBS,
         };
     };
     Resource {
@@ -54,11 +60,12 @@ fn resource(kind: Kind) -> Resource {
                 | Kind::VirtualMachineInstance
                 | Kind::VirtualMachineInstanceMigration
         ),
+        verbs: &VERBS,
     }
 }
 
 /// The groups edgevirt serves, each at one version ([`version_of`]): the core group is "".
-pub const GROUPS: [&str; 7] = [
+pub const GROUPS: [&str; 8] = [
     "",
     "kubevirt.io",
     "edgevirt.io",
@@ -66,9 +73,16 @@ pub const GROUPS: [&str; 7] = [
     "apps",
     crate::types::cdi::GROUP,
     "storage.k8s.io",
+    EVENTS_GROUP,
 ];
 
 fn resources_of(group: &str) -> Vec<Resource> {
+    if group == EVENTS_GROUP {
+        return vec![Resource {
+            verbs: &READ_VERBS,
+            ..resource(Kind::Event)
+        }];
+    }
     Kind::ALL
         .into_iter()
         .filter(|k| k.group() == group)
@@ -156,7 +170,7 @@ fn aggregated_resources(group: &str, version: &str) -> Vec<Value> {
                 "responseKind": gvk,
                 "scope": if r.kind.namespaced() { "Namespaced" } else { "Cluster" },
                 "singularResource": r.singular,
-                "verbs": VERBS,
+                "verbs": r.verbs,
             });
             if !r.short_names.is_empty() {
                 v["shortNames"] = json!(r.short_names);
@@ -190,7 +204,7 @@ fn resource_list(group: &str, version: &str) -> Value {
             "singularName": r.singular,
             "namespaced": r.kind.namespaced(),
             "kind": r.kind.name(),
-            "verbs": VERBS,
+            "verbs": r.verbs,
         });
         if !r.short_names.is_empty() {
             v["shortNames"] = json!(r.short_names);

@@ -46,6 +46,9 @@ pub struct ListParams {
 
 /// Map a path's group, version and plural onto a kind this server stores.
 pub fn kind_for(group: &str, version: &str, plural: &str) -> ApiResult<Kind> {
+    if group == super::discovery::EVENTS_GROUP && version == "v1" && plural == "events" {
+        return Ok(Kind::Event);
+    }
     let version_ok = version == crate::types::version_of(group)
         || crate::types::is_alias(&format!("{group}/{version}"));
     match Kind::from_plural(group, plural) {
@@ -503,7 +506,12 @@ impl Target {
             take("plural").unwrap_or_default(),
         );
         let kind = kind_for(&group, &version, &plural)?;
-        let alias = (version != kind.version()).then(|| format!("{group}/{version}"));
+        let asked = if group.is_empty() {
+            version
+        } else {
+            format!("{group}/{version}")
+        };
+        let alias = (asked != kind.api_version()).then_some(asked);
         Ok(Target {
             kind,
             ns: take("ns"),
@@ -538,6 +546,14 @@ pub async fn resource(
     let ns = t.ns.unwrap_or_default();
     let name = t.name.unwrap_or_default();
     if let Some(alias) = t.alias {
+        if alias == EVENTS_V1 && !matches!(verb, Verb::List | Verb::Get) {
+            return Err(ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                "events.k8s.io/v1 events are served for reading; write core v1 events \
+                 (/api/v1/namespaces/NAMESPACE/events)",
+            ));
+        }
         let watch = matches!(q.watch.as_deref(), Some("true") | Some("1"));
         let resp = Box::pin(run_verb(st, p, verb, kind, ns, name, q, headers, body)).await?;
         return Ok(as_alias(resp, &kind.api_version(), &alias, watch).await);
@@ -574,11 +590,19 @@ async fn run_verb(
     }
 }
 
+/// The events group's version, whose objects are the core events reshaped.
+const EVENTS_V1: &str = "events.k8s.io/v1";
+
 /// Objects, lists and watch events of a JSON response with `apiVersion` `current` (at the
-/// top, in `items`, in a watch event's `object`) relabelled as `alias`.
+/// top, in `items`, in a watch event's `object`) relabelled as `alias`; for
+/// `events.k8s.io/v1`, each core event reshaped as one of that group.
 fn relabel(v: &mut Value, current: &str, alias: &str) {
     if v["apiVersion"] == current {
-        v["apiVersion"] = json!(alias);
+        if alias != EVENTS_V1 || v["kind"] == "EventList" {
+            v["apiVersion"] = json!(alias);
+        } else if v["kind"] == "Event" {
+            *v = event_v1(v);
+        }
     }
     if let Some(items) = v.get_mut("items").and_then(Value::as_array_mut) {
         for i in items {
@@ -590,6 +614,47 @@ fn relabel(v: &mut Value, current: &str, alias: &str) {
     {
         relabel(o, current, alias);
     }
+}
+
+/// A core `v1` Event as `events.k8s.io/v1` shows it: `regarding` and `note` for
+/// `involvedObject` and `message`, an `eventTime` always (required there), a `series` for a
+/// repeated one, and the core-only fields under their `deprecated*` names.
+fn event_v1(e: &Value) -> Value {
+    let mut out = json!({
+        "apiVersion": EVENTS_V1,
+        "kind": "Event",
+        "metadata": e["metadata"],
+        "regarding": e["involvedObject"],
+        "reason": e["reason"],
+        "note": e["message"],
+        "type": e["type"],
+        "reportingController": e.get("reportingComponent").filter(|v| !v.is_null()).unwrap_or(&e["source"]["component"]),
+        "reportingInstance": e.get("reportingInstance").filter(|v| !v.is_null()).unwrap_or(&e["source"]["host"]),
+        "deprecatedSource": e["source"],
+        "deprecatedFirstTimestamp": e["firstTimestamp"],
+        "deprecatedLastTimestamp": e["lastTimestamp"],
+        "deprecatedCount": e["count"],
+    });
+    // MicroTime: the first sighting, with microseconds.
+    let first = e["eventTime"]
+        .as_str()
+        .or(e["firstTimestamp"].as_str())
+        .or(e["metadata"]["creationTimestamp"].as_str());
+    out["eventTime"] = match first {
+        Some(t) if !t.contains('.') => json!(t.replace('Z', ".000000Z")),
+        Some(t) => json!(t),
+        None => Value::Null,
+    };
+    if e["count"].as_i64().unwrap_or(1) > 1 {
+        out["series"] = json!({
+            "count": e["count"],
+            "lastObservedTime": e["lastTimestamp"].as_str().map(|t| t.replace('Z', ".000000Z")),
+        });
+    }
+    if let Some(o) = out.as_object_mut() {
+        o.retain(|_, v| !v.is_null());
+    }
+    out
 }
 
 /// A response in the version the path asked for (KubeVirt's `v1alpha3`): JSON bodies and
@@ -930,6 +995,26 @@ async fn delete(
     }
     let uid = opts.preconditions.and_then(|p| p.uid);
     let out = st.store.delete(kind, &ns, &name, uid.as_deref()).await?;
+    if kind == Kind::Namespace {
+        // Its events go with it, as Kubernetes' namespace deletion takes them.
+        let (events, _) = st
+            .store
+            .list(
+                Kind::Event,
+                Some(&name),
+                &LabelSelector::default(),
+                &FieldSelector::default(),
+            )
+            .await?;
+        for e in events {
+            if let Some(n) = e["metadata"]["name"].as_str() {
+                match st.store.delete(Kind::Event, &name, n, None).await {
+                    Ok(_) | Err(crate::store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
     if kind == Kind::Image
         && let Some(file) = existing["status"]["file"].as_str()
     {
@@ -951,7 +1036,11 @@ async fn check_namespace_empty(st: &AppState, name: &str) -> ApiResult<()> {
             "namespace \"default\" may not be deleted",
         ));
     }
-    for kind in Kind::ALL.into_iter().filter(|k| k.namespaced()) {
+    // Events are a record of what happened, not contents: they go with the namespace.
+    for kind in Kind::ALL
+        .into_iter()
+        .filter(|k| k.namespaced() && *k != Kind::Event)
+    {
         let (items, _) = st
             .store
             .list(

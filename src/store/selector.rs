@@ -245,6 +245,12 @@ const FIELDS: &[&str] = &[
     "reportingComponent",
     "source",
     "type",
+    // The same, as `events.k8s.io/v1` names them.
+    "regarding.kind",
+    "regarding.namespace",
+    "regarding.name",
+    "regarding.uid",
+    "reportingController",
 ];
 
 impl FieldSelector {
@@ -305,8 +311,20 @@ impl FieldSelector {
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|(k, eq, v)| {
             let mut cur = obj;
-            // An event's `source` selects its component.
-            let k = if k == "source" { "source.component" } else { k };
+            // An event's `source` selects its component; `events.k8s.io/v1` names select
+            // the core fields they are read from.
+            let renamed;
+            let k = match k.as_str() {
+                "source" => "source.component",
+                "reportingController" => "reportingComponent",
+                _ => match k.strip_prefix("regarding.") {
+                    Some(rest) => {
+                        renamed = format!("involvedObject.{rest}");
+                        renamed.as_str()
+                    }
+                    None => k,
+                },
+            };
             for seg in k.split('.') {
                 cur = &cur[seg];
             }
@@ -442,6 +460,7 @@ mod tests {
         ));
         assert!(!sel("involvedObject.name=db"));
         assert!(sel("source=edgevirt-agent,type=Warning"));
+        assert!(sel("regarding.name=web,reportingController!=x"));
         assert!(!sel("type=Normal"));
         assert!(FieldSelector::parse("metadata.name==a==b").is_err());
         assert!(FieldSelector::parse("metadata.name=a,").is_err());

@@ -979,6 +979,17 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
     ] {
         c.push(event(name, body).expect(&[422]).msg(needle));
     }
+    let events_v1 = "/apis/events.k8s.io/v1/namespaces/default/events";
+    c.push(Case::new("events-v1-list", Method::GET, events_v1).expect(&[200]));
+    c.push(
+        Case::new("events-v1-create", Method::POST, events_v1)
+            .json(&json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                "metadata": {"name": "hostile-v1"}, "reason": "X", "note": "y",
+                "eventTime": "2026-01-01T00:00:00.000000Z", "action": "A",
+                "reportingController": "x", "reportingInstance": "y"}))
+            .expect(&[405])
+            .msg("reading"),
+    );
     c.push(
         Case::new(
             "events-fieldselector-unknown",

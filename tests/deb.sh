@@ -60,7 +60,8 @@ for dep in libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils 
     grep -Eq "(^|, )$dep( |,|$)" <<<"$depends" || die "Depends lacks $dep: $depends"
 done
 for f in ./usr/bin/edgevirt ./usr/lib/systemd/system/edgevirt.service ./etc/edgevirt/edgevirt.toml \
-         ./usr/share/doc/edgevirt/copyright ./usr/share/doc/edgevirt/changelog.Debian.gz; do
+         ./usr/share/doc/edgevirt/copyright ./usr/share/doc/edgevirt/changelog.Debian.gz \
+         ./usr/share/doc/edgevirt/examples/prometheus/edgevirt-rules.yml; do
     grep -q " $f\$" <<<"$contents" || die "the package lacks $f"
 done
 # Each output is read whole before grep looks at it: `producer | grep -q` under pipefail

@@ -7,8 +7,9 @@
 //! (`kubevirt_vmi_*`, with `name`, `namespace` and `node`). edgevirt's own figures are
 //! named `edgevirt_*`: the layers that own them (API, store, controller, console proxy)
 //! register them in the `prometheus` crate's default registry, which the scrape gathers
-//! too. The text is written by the `prometheus` crate's encoder (the classic text format
-//! 0.0.4 that `promtool check metrics` reads).
+//! too. The per-VM families are built straight into the crate's `MetricFamily` model (see
+//! [`Families`]) and the whole text is written by the crate's encoder (the classic text
+//! format 0.0.4 that `promtool check metrics` reads).
 
 pub mod graphs;
 
@@ -16,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use prometheus::{Encoder, GaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, TextEncoder};
 use serde::{Deserialize, Serialize};
 
 use crate::hypervisor::DomainStats;
@@ -193,30 +194,157 @@ struct MigrationFacts {
     end_timestamp: Option<String>,
 }
 
-/// Families built for one scrape, registered in a registry of their own.
+/// Families built for one scrape. The `prometheus` crate's metric vectors hash, lock and
+/// sort every series as they are made and collected, which for a thousand VMs (tens of
+/// thousands of series) took longer than the target of a scrape; here each family is a list
+/// of series (with an index for the few that add up), handed to the crate's encoder as its
+/// own `MetricFamily` model.
+#[derive(Default)]
 struct Families {
-    reg: Registry,
+    all: Mutex<Vec<Fam>>,
+}
+
+/// One family's series under construction.
+#[derive(Clone)]
+struct Fam(std::sync::Arc<Mutex<FamData>>);
+
+struct FamData {
+    name: String,
+    help: String,
+    kind: prometheus::proto::MetricType,
+    labels: Vec<String>,
+    series: Vec<(Vec<String>, f64)>,
+    index: HashMap<Vec<String>, usize>,
+}
+
+/// One series of a family: set it, or add to it.
+struct Series<'a> {
+    fam: &'a Fam,
+    key: Vec<String>,
+}
+
+impl Fam {
+    fn with_label_values(&self, values: &[&str]) -> Series<'_> {
+        Series {
+            fam: self,
+            key: values.iter().map(|v| v.to_string()).collect(),
+        }
+    }
+}
+
+impl Series<'_> {
+    fn update(self, f: impl FnOnce(&mut f64)) {
+        let mut d = self.fam.0.lock().unwrap_or_else(|p| p.into_inner());
+        let d = &mut *d;
+        let i = match d.index.get(&self.key) {
+            Some(i) => *i,
+            None => {
+                d.series.push((self.key.clone(), 0.0));
+                d.index.insert(self.key, d.series.len() - 1);
+                d.series.len() - 1
+            }
+        };
+        f(&mut d.series[i].1);
+    }
+    fn set(self, v: f64) {
+        self.update(|x| *x = v);
+    }
+    fn inc(self) {
+        self.update(|x| *x += 1.0);
+    }
+    fn inc_by(self, v: f64) {
+        self.update(|x| *x += v);
+    }
 }
 
 impl Families {
-    fn gauge(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<GaugeVec> {
-        let g = GaugeVec::new(Opts::new(name, help), labels)?;
-        self.reg.register(Box::new(g.clone()))?;
-        Ok(g)
-    }
-
-    /// A counter whose value is set from a cumulative figure the agent reported (the
-    /// `prometheus` crate's counters only go up from zero, which is what a fresh one does
-    /// here).
-    fn counter(
+    fn family(
         &self,
         name: &str,
         help: &str,
         labels: &[&str],
-    ) -> prometheus::Result<prometheus::CounterVec> {
-        let c = prometheus::CounterVec::new(Opts::new(name, help), labels)?;
-        self.reg.register(Box::new(c.clone()))?;
-        Ok(c)
+        kind: prometheus::proto::MetricType,
+    ) -> Result<Fam, RenderError> {
+        let fam = Fam(std::sync::Arc::new(Mutex::new(FamData {
+            name: name.to_string(),
+            help: help.to_string(),
+            kind,
+            labels: labels.iter().map(|l| l.to_string()).collect(),
+            series: Vec::new(),
+            index: HashMap::new(),
+        })));
+        self.all
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(fam.clone());
+        Ok(fam)
+    }
+
+    fn gauge(&self, name: &str, help: &str, labels: &[&str]) -> Result<Fam, RenderError> {
+        self.family(name, help, labels, prometheus::proto::MetricType::GAUGE)
+    }
+
+    /// A counter, its value a cumulative figure an agent reported.
+    fn counter(&self, name: &str, help: &str, labels: &[&str]) -> Result<Fam, RenderError> {
+        self.family(name, help, labels, prometheus::proto::MetricType::COUNTER)
+    }
+
+    /// The families with at least one series, in the crate's model.
+    fn gather(self) -> Vec<prometheus::proto::MetricFamily> {
+        use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+        let all = self.all.into_inner().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::with_capacity(all.len());
+        for fam in all {
+            let d = std::mem::replace(
+                &mut *fam.0.lock().unwrap_or_else(|p| p.into_inner()),
+                FamData {
+                    name: String::new(),
+                    help: String::new(),
+                    kind: MetricType::GAUGE,
+                    labels: Vec::new(),
+                    series: Vec::new(),
+                    index: HashMap::new(),
+                },
+            );
+            if d.series.is_empty() {
+                continue;
+            }
+            let mut mf = MetricFamily::default();
+            mf.set_name(d.name);
+            mf.set_help(d.help);
+            mf.set_field_type(d.kind);
+            // Labels in name order, as the crate's own vectors write them.
+            let mut order: Vec<usize> = (0..d.labels.len()).collect();
+            order.sort_by(|a, b| d.labels[*a].cmp(&d.labels[*b]));
+            let metrics = mf.mut_metric();
+            metrics.reserve(d.series.len());
+            for (mut values, v) in d.series {
+                let mut m = Metric::default();
+                m.set_label(
+                    order
+                        .iter()
+                        .map(|i| {
+                            let mut l = LabelPair::default();
+                            l.set_name(d.labels[*i].clone());
+                            l.set_value(std::mem::take(&mut values[*i]));
+                            l
+                        })
+                        .collect(),
+                );
+                if d.kind == MetricType::COUNTER {
+                    let mut c = Counter::default();
+                    c.set_value(v);
+                    m.set_counter(c);
+                } else {
+                    let mut g = Gauge::default();
+                    g.set_value(v);
+                    m.set_gauge(g);
+                }
+                metrics.push(m);
+            }
+            out.push(mf);
+        }
+        out
     }
 }
 
@@ -236,9 +364,7 @@ pub async fn render(
     hub: &Hub,
     data_dir: &std::path::Path,
 ) -> Result<String, RenderError> {
-    let f = Families {
-        reg: Registry::new(),
-    };
+    let f = Families::default();
     let vmis = list_facts::<VmiFacts>(store, Kind::VirtualMachineInstance).await?;
     let reports = hub.fresh();
 
@@ -318,7 +444,7 @@ pub async fn render(
     nodes(&f, store, &reports).await?;
 
     let mut families = prometheus::gather();
-    families.extend(f.reg.gather());
+    families.extend(f.gather());
     families.sort_by(|a, b| a.name().cmp(b.name()));
     let mut out = Vec::with_capacity(64 << 10);
     TextEncoder::new().encode(&families, &mut out)?;
@@ -723,7 +849,7 @@ fn domains(
                 let l = [labels[0], labels[1], labels[2], id.as_str(), "running"];
                 vcpu.with_label_values(&l).inc_by(secs(*t));
             }
-            let set = |g: &GaugeVec, v: Option<u64>| {
+            let set = |g: &Fam, v: Option<u64>| {
                 if let Some(v) = v {
                     g.with_label_values(&labels).set(v as f64);
                 }

@@ -323,6 +323,16 @@ mod tests {
         assert_eq!(json_path(&v, ".status.interfaces[3].ipAddress"), None);
     }
 
+    /// A table's columns: (name, priority).
+    fn column_names(t: &Value) -> Vec<(&str, i64)> {
+        t["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["name"].as_str().unwrap(), c["priority"].as_i64().unwrap()))
+            .collect()
+    }
+
     #[test]
     fn vmi_table_has_kubevirt_columns_and_wide_ones_at_priority_1() {
         let t = table(
@@ -332,12 +342,7 @@ mod tests {
             Include::Metadata,
             true,
         );
-        let names: Vec<(&str, i64)> = t["columnDefinitions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| (c["name"].as_str().unwrap(), c["priority"].as_i64().unwrap()))
-            .collect();
+        let names = column_names(&t);
         assert_eq!(
             names,
             [
@@ -372,12 +377,7 @@ mod tests {
             "lastTimestamp": (chrono::Utc::now() - chrono::Duration::minutes(5))
                 .format("%Y-%m-%dT%H:%M:%SZ").to_string()});
         let t = table(Kind::Event, &[ev], json!({}), Include::None, true);
-        let defs: Vec<(&str, i64)> = t["columnDefinitions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| (c["name"].as_str().unwrap(), c["priority"].as_i64().unwrap()))
-            .collect();
+        let defs = column_names(&t);
         assert_eq!(
             defs[..5],
             [

@@ -98,17 +98,22 @@ impl Prometheus {
         p
     }
 
-    /// An instant query: each series' labels and value.
-    pub async fn query(&self, q: &str) -> Vec<(Value, f64)> {
-        let v: Value = reqwest::Client::new()
-            .get(format!("{}/api/v1/query", self.url))
-            .query(&[("query", q)])
+    /// A GET of Prometheus' HTTP API, its JSON answer.
+    async fn api(&self, path: &str, query: &[(&str, &str)]) -> Value {
+        reqwest::Client::new()
+            .get(format!("{}{path}", self.url))
+            .query(query)
             .send()
             .await
             .unwrap()
             .json()
             .await
-            .unwrap();
+            .unwrap()
+    }
+
+    /// An instant query: each series' labels and value.
+    pub async fn query(&self, q: &str) -> Vec<(Value, f64)> {
+        let v = self.api("/api/v1/query", &[("query", q)]).await;
         assert_eq!(v["status"], "success", "query {q}: {v}");
         v["data"]["result"]
             .as_array()
@@ -138,14 +143,7 @@ impl Prometheus {
 
     /// The state of the scrape target and its last error, as Prometheus sees them.
     pub async fn target_health(&self) -> (String, String) {
-        let v: Value = reqwest::Client::new()
-            .get(format!("{}/api/v1/targets", self.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = self.api("/api/v1/targets", &[]).await;
         let t = &v["data"]["activeTargets"][0];
         (
             t["health"].as_str().unwrap_or("").to_string(),
@@ -155,14 +153,7 @@ impl Prometheus {
 
     /// Alerting and recording rules Prometheus loaded.
     pub async fn rule_names(&self) -> Vec<String> {
-        let v: Value = reqwest::Client::new()
-            .get(format!("{}/api/v1/rules", self.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = self.api("/api/v1/rules", &[]).await;
         v["data"]["groups"]
             .as_array()
             .into_iter()

@@ -484,6 +484,14 @@ async fn suite(which: &str, bin: PathBuf) {
         !stopped.contains("virtualmachine/kv "),
         "selected by kind: {stopped}"
     );
+    // The VM's own events show the stop as KubeVirt words it.
+    let d = k.ok(&["describe", "vm", "kv"]);
+    let events = d.split("Events:").nth(1).unwrap_or_else(|| panic!("{d}"));
+    assert!(
+        events.lines().any(|l| l.contains("SuccessfulDelete")
+            && l.contains("Stopped the virtual machine by deleting the virtual machine instance")),
+        "{d}"
+    );
 
     // delete: gone, and so is its instance.
     assert!(k.ok(&["delete", "vm", "kv"]).contains("deleted"));

@@ -18,6 +18,8 @@
 # - DHCP on eth0 with busybox udhcpc (sends the hostname to the DHCP server);
 # - qemu-ga on the virtio-serial port named org.qemu.guest_agent.0;
 # - prints EDGEVIRT-GUEST-READY on the console once qemu-ga is started;
+# - with edgevirt.diskroot=/dev/vdX, runs from an ext2 copy of itself on that disk (made at
+#   the first boot) instead of the initramfs, so its root is on a block device;
 # - busybox init keeps a root shell on ttyS0 and on tty1 (VGA/VNC); `login -f root` there
 #   records a login in /run/utmp (qemu-ga's guest-get-users lists it);
 # - busybox acpid turns the ACPI power button into a clean poweroff, so
@@ -191,8 +193,41 @@ vga "=================================================="
 echo "edgevirt-guest: hostname $HN, kernel $(uname -r)"
 
 for m in $(cat /etc/modules-load); do
+    grep -q "^$m " /proc/modules && continue # loaded before a switch to a disk root
     insmod "/lib/modules/$m.ko" || echo "edgevirt-guest: insmod $m failed"
 done
+
+# edgevirt.diskroot=DEV: run from an ext2 filesystem on that disk instead of the initramfs
+# (made and filled with a copy of this one at the first boot), so the guest's root is on a
+# block device, as the guest agent's filesystem list shows a real guest's.
+if [ -z "$EDGEVIRT_ON_DISK" ]; then
+    DISK=
+    for arg in $(cat /proc/cmdline); do
+        case "$arg" in edgevirt.diskroot=/dev/?*) DISK=${arg#edgevirt.diskroot=} ;; esac
+    done
+    i=0
+    while [ -n "$DISK" ] && [ ! -b "$DISK" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+    if [ -n "$DISK" ] && [ -b "$DISK" ]; then
+        mkdir -p /newroot
+        if ! mount -t ext2 "$DISK" /newroot 2>/dev/null; then
+            mke2fs -q "$DISK" && mount -t ext2 "$DISK" /newroot
+        fi
+        if grep -q " /newroot " /proc/mounts; then
+            if [ ! -x /newroot/init ]; then
+                for d in bin sbin usr lib lib64 etc root var init; do
+                    [ -e "/$d" ] && cp -a "/$d" /newroot/
+                done
+                mkdir -p /newroot/proc /newroot/sys /newroot/dev /newroot/run /newroot/tmp
+            fi
+            echo "edgevirt-guest: root on $DISK"
+            umount /dev/pts /run /sys /proc 2>/dev/null
+            mount --move /dev /newroot/dev
+            export EDGEVIRT_ON_DISK=1
+            exec switch_root /newroot /init
+        fi
+        echo "edgevirt-guest: cannot use $DISK as the root; staying in the initramfs"
+    fi
+fi
 
 # network: lo, then eth0 via DHCP in the background
 ip link set lo up

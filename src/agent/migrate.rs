@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::json;
@@ -407,6 +408,9 @@ fn spawn_source(
     }
 }
 
+/// How long a migration waits for the launcher of an instance that just arrived.
+const LAUNCHER_WAIT: Duration = Duration::from_secs(30);
+
 async fn run_source(
     agent: &Arc<Agent>,
     m: &VirtualMachineInstanceMigration,
@@ -419,6 +423,15 @@ async fn run_source(
     anyhow::ensure!(!xml.is_empty(), "the target published no domain XML");
     let uid = vmi.uid().to_string();
     let vmi_name = vmi.name();
+    // An instance that just arrived here (a migration right after another, as a drain of
+    // its new node does) may not have its launcher yet: the sync loop starts it, but not
+    // once the instance is ours below. Wait for it, within reason.
+    let waiting = std::time::Instant::now();
+    while !matches!(agent.launchers.status(&uid).await, Ok(Some(_)))
+        && waiting.elapsed() < LAUNCHER_WAIT
+    {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     // From here on the sync loop leaves this instance alone: its status is ours to write.
     agent.migrating.lock().await.insert(uid.clone());
     let started = now();

@@ -340,11 +340,12 @@ async fn graph(
             ))
         })
         .collect();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    st.graphs
-        .record(node, report, |dom| owners.get(dom).cloned(), now);
+    st.graphs.record(
+        node,
+        report,
+        |dom| owners.get(dom).cloned(),
+        crate::metrics::graphs::unix_now(),
+    );
     let graphs = st.graphs.clone();
     tokio::task::spawn_blocking(move || {
         if let Err(e) = graphs.flush(false) {

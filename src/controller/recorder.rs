@@ -504,21 +504,27 @@ pub async fn record(store: &Store, note: &Note) -> store::Result<()> {
         ev.last_timestamp = Some(Time(now));
         Ok(())
     };
-    if store
-        .get(Kind::Event, &note.namespace, &name)
-        .await?
-        .is_some()
-    {
-        store.update_typed(&note.namespace, &name, bump).await?;
-        return Ok(());
+    match store.update_typed(&note.namespace, &name, bump).await {
+        Err(store::Error::NotFound { .. }) => {}
+        r => return r.map(drop),
     }
     match store.create_typed(&note.to_event(now)).await {
+        // Created by another write between the two: count on it.
         Err(store::Error::AlreadyExists { .. }) => {
             store.update_typed(&note.namespace, &name, bump).await?;
             Ok(())
         }
-        r => r.map(|_| ()),
+        r => r.map(drop),
     }
+}
+
+/// When an event was last seen: its last, else its first time, else its creation.
+pub fn last_seen(e: &Event) -> Option<Timestamp> {
+    e.last_timestamp
+        .as_ref()
+        .or(e.first_timestamp.as_ref())
+        .or(e.metadata.creation_timestamp.as_ref())
+        .map(|t| t.0)
 }
 
 /// Delete events last seen before `now - keep`, and the oldest beyond `max`. Returns how
@@ -530,14 +536,7 @@ pub async fn prune_events(
     max: usize,
 ) -> store::Result<usize> {
     let mut all: Vec<Event> = store.all().await?;
-    let last_seen = |e: &Event| {
-        e.last_timestamp
-            .as_ref()
-            .or(e.first_timestamp.as_ref())
-            .map(|t| t.0)
-            .or(e.metadata.creation_timestamp.as_ref().map(|t| t.0))
-            .unwrap_or(now)
-    };
+    let last_seen = |e: &Event| last_seen(e).unwrap_or(now);
     all.sort_by_key(|e| std::cmp::Reverse(last_seen(e)));
     let cutoff = now
         .checked_sub(SignedDuration::try_from(keep).unwrap_or(SignedDuration::MAX))

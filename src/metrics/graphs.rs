@@ -193,6 +193,13 @@ pub struct Graphs {
 /// How often changed graphs are written.
 const FLUSH_EVERY: Duration = Duration::from_secs(60);
 
+/// Now, in Unix seconds: the time graphs are kept in.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// A graph's key: `vm-<VM uid>` or `node-<name>`; a file name (uids and node names are
 /// checked names, never a path).
 pub fn vm_key(uid: &str) -> String {

@@ -11,7 +11,8 @@ use k8s_openapi::api::core::v1::Event;
 use serde::Deserialize;
 
 use super::{Chrome, all, error_page, human_bytes, load_vm, or_dash, render};
-use crate::metrics::graphs::{ARCHIVES, node_key, vm_key};
+use crate::controller::recorder::last_seen;
+use crate::metrics::graphs::{ARCHIVES, node_key, unix_now, vm_key};
 use crate::types::edgevirt::Node;
 use crate::types::{Meta, age};
 use crate::web::{S, WebUser};
@@ -19,12 +20,6 @@ use crate::web::{S, WebUser};
 #[derive(Deserialize)]
 pub struct RangeQuery {
     range: Option<String>,
-}
-
-fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// One graph's points for the charts; a range the archives do not have is a 400.
@@ -37,7 +32,7 @@ fn graph_json(st: &crate::vnc::VncState, key: &str, q: &RangeQuery) -> Response 
         )
             .into_response();
     }
-    match st.graphs.points(key, range, now_secs()) {
+    match st.graphs.points(key, range, unix_now()) {
         Some(p) => Json(p).into_response(),
         // Nothing recorded yet: an empty graph, not an error.
         None => Json(serde_json::json!({"step": 0, "times": [], "series": []})).into_response(),
@@ -87,14 +82,8 @@ fn event_views(
     keep: impl Fn(&Event) -> bool,
     max: usize,
 ) -> Vec<EventView> {
-    let seen = |e: &Event| {
-        e.last_timestamp
-            .as_ref()
-            .or(e.first_timestamp.as_ref())
-            .map(|t| t.0)
-    };
     events.retain(|e| keep(e));
-    events.sort_by_key(|e| std::cmp::Reverse(seen(e)));
+    events.sort_by_key(|e| std::cmp::Reverse(last_seen(e)));
     events.truncate(max);
     events
         .into_iter()
@@ -119,7 +108,7 @@ fn event_views(
                     .join(", ")
             });
             EventView {
-                last_seen: seen(&e)
+                last_seen: last_seen(&e)
                     .map(|t| age(&t.to_string()))
                     .unwrap_or_else(|| "-".into()),
                 type_: e.type_.clone().unwrap_or_default(),

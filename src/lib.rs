@@ -7,6 +7,7 @@ pub mod cli;
 pub mod client;
 pub mod controller;
 pub mod cpu;
+pub mod hostnet;
 pub mod http;
 pub mod hypervisor;
 pub mod launcher;

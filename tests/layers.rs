@@ -18,8 +18,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("versions", &["version"]),
     ("rules shared by roles", &["rules"]),
     (
-        "storage, hypervisor trait, TLS",
-        &["store", "hypervisor", "tls"],
+        "storage, hypervisor trait, host network, TLS",
+        &["store", "hypervisor", "hostnet", "tls"],
     ),
     ("CPU policy, API client", &["cpu", "client"]),
     ("libvirt backend", &["virt"]),

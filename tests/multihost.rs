@@ -1158,3 +1158,380 @@ async fn migration_refused_when_the_target_cpu_lacks_a_feature() {
     })
     .await;
 }
+
+/// The site LAN of `tests/multihost/lan.sh`, joined to the given hosts; removed on drop.
+struct Lan(Vec<String>);
+
+fn lan_sh(args: &[&str]) -> std::process::Output {
+    Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/multihost/lan.sh"
+    ))
+    .args(args)
+    .output()
+    .expect("running tests/multihost/lan.sh")
+}
+
+impl Lan {
+    fn up(hosts: &[&str]) -> Lan {
+        let mut down = vec!["down"];
+        down.extend_from_slice(hosts);
+        let _ = lan_sh(&down);
+        let mut up = vec!["up"];
+        up.extend_from_slice(hosts);
+        let out = lan_sh(&up);
+        assert!(
+            out.status.success(),
+            "the LAN did not come up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Lan(hosts.iter().map(|h| h.to_string()).collect())
+    }
+    /// Whether this kernel filters VLANs on a bridge (else the LAN has no VLANs).
+    fn vlans() -> bool {
+        lan_sh(&["vlans"]).status.success()
+    }
+    /// Whether the LAN namespace `ns` gets an answer from `ip`.
+    fn pings(&self, ns: &str, ip: &str) -> bool {
+        lan_sh(&[
+            "exec", ns, "busybox", "ping", "-c", "2", "-i", "0.2", "-W", "2", ip,
+        ])
+        .status
+        .success()
+    }
+}
+
+impl Drop for Lan {
+    fn drop(&mut self) {
+        let mut args = vec!["down"];
+        args.extend(self.0.iter().map(String::as_str));
+        let _ = lan_sh(&args);
+    }
+}
+
+/// The VMI's status interface named `name`, once it has an IPv4 address.
+async fn lan_address(c: &Appliance, vm: &str, name: &str) -> Value {
+    wait_for(
+        &format!("{vm}'s interface {name} with an address"),
+        BOOT,
+        || async {
+            let vmi = c.vmi(vm).await?;
+            vmi["status"]["interfaces"]
+                .as_array()?
+                .iter()
+                .find(|i| {
+                    i["name"] == name && i["ipAddress"].as_str().is_some_and(|a| a.contains('.'))
+                })
+                .cloned()
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+#[ignore = "needs root, libvirtd, network namespaces and the test guest: run scripts/test.sh"]
+async fn vms_join_the_site_lan_and_its_vlans_and_keep_them_across_migration() {
+    let mut a = Host::up("a", 11);
+    let mut b = Host::up("b", 12);
+    let lan = Lan::up(&["a", "b"]);
+    let vlans = Lan::vlans();
+    if !vlans {
+        println!(
+            "this kernel has no bridge VLAN filtering (CONFIG_BRIDGE_VLAN_FILTERING): the VLAN \
+             checks become checks that a VLAN network is not placed on a non-filtering bridge"
+        );
+    }
+    let c = controller().await;
+    c.import_guest().await;
+    let (ta, tb) = (join_token(&c).await, join_token(&c).await);
+    a.start_agent(&c.url, Some(&ta));
+    b.start_agent(&c.url, Some(&tb));
+    let na = wait_ready(&c, "a", Duration::from_secs(60)).await;
+    wait_ready(&c, "b", Duration::from_secs(60)).await;
+    // Each node reports the operator's bridge, VLAN filtering on.
+    assert!(
+        na["status"]["bridges"]
+            .as_array()
+            .is_some_and(|bs| bs.contains(&json!({"name": "brsite", "vlanFiltering": vlans}))),
+        "{na}"
+    );
+
+    // kubectl applies the NetworkAttachmentDefinitions and the VMs as a Multus cluster takes
+    // them.
+    let home = c.dir.join("kube");
+    std::fs::create_dir_all(&home).unwrap();
+    let k = Kubectl {
+        bin: std::env::var_os("EDGEVIRT_KUBECTL_NEW")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| "kubectl".into()),
+        config: home.join("config"),
+    };
+    kubeconfig(&c, &c.token, &k.config);
+    let nad = |name: &str, config: Value| {
+        json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": name}, "spec": {"config": config.to_string()}})
+    };
+    let nads = [
+        nad(
+            "site-lan",
+            json!({"cniVersion": "0.3.1", "name": "site-lan", "type": "bridge",
+            "bridge": "brsite", "ipam": {}}),
+        ),
+        nad(
+            "site-vlan100",
+            json!({"cniVersion": "0.3.1", "type": "bridge", "bridge": "brsite",
+            "vlan": 100, "ipam": {}}),
+        ),
+        nad(
+            "elsewhere",
+            json!({"cniVersion": "0.3.1", "type": "bridge", "bridge": "brnone"}),
+        ),
+    ];
+    let file = home.join("nads.yaml");
+    let text: Vec<String> = nads
+        .iter()
+        .map(|n| serde_json::to_string(n).unwrap())
+        .collect();
+    std::fs::write(&file, text.join("\n---\n")).unwrap();
+    let out = k.ok(&["apply", "-f", file.to_str().unwrap()]);
+    assert!(out.contains("site-vlan100"), "{out}");
+    let out = k.ok(&["get", "net-attach-def", "-o", "wide"]);
+    assert!(
+        out.contains("site-vlan100") && out.contains("brsite") && out.contains("100"),
+        "{out}"
+    );
+    // What edgevirt cannot honour is refused naming the key.
+    let bad = home.join("macvlan.yaml");
+    std::fs::write(
+        &bad,
+        serde_json::to_string(&nad("mv", json!({"type": "macvlan", "master": "eth0"}))).unwrap(),
+    )
+    .unwrap();
+    let o = k.run(&["apply", "-f", bad.to_str().unwrap()]);
+    assert!(
+        !o.ok && o.stderr.contains("spec.config.type"),
+        "{}",
+        o.stderr
+    );
+
+    // Three VMs: "lan" on the site LAN and NAT (LAN first, so kubectl's IP column shows it),
+    // "v100" on VLAN 100 only, "lost" on a bridge no node has.
+    let multus = |net: &str, nad: &str| json!({"name": net, "multus": {"networkName": nad}});
+    let lan_vm = Vm::guest("lan")
+        .memory("128Mi")
+        .with(|v| {
+            let t = &mut v["spec"]["template"]["spec"];
+            t["domain"]["devices"]["interfaces"] = json!([
+                {"name": "lan", "bridge": {}},
+                {"name": "default", "masquerade": {}}]);
+            t["networks"] = json!([multus("lan", "site-lan"), {"name": "default", "pod": {}}]);
+        })
+        .yaml();
+    let one_nic = |name: &str, nad: &str| {
+        Vm::guest(name)
+            .memory("128Mi")
+            .with(|v| {
+                let t = &mut v["spec"]["template"]["spec"];
+                t["domain"]["devices"]["interfaces"] = json!([{"name": "office", "bridge": {}}]);
+                t["networks"] = json!([multus("office", nad)]);
+            })
+            .yaml()
+    };
+    for (name, yaml) in [
+        ("lan", lan_vm),
+        ("v100", one_nic("v100", "site-vlan100")),
+        ("lost", one_nic("lost", "elsewhere")),
+    ] {
+        let f = home.join(format!("{name}.yaml"));
+        std::fs::write(&f, yaml).unwrap();
+        k.ok(&["apply", "-f", f.to_str().unwrap()]);
+    }
+    // A VM naming a NetworkAttachmentDefinition that does not exist is refused with its name.
+    let f = home.join("nonad.yaml");
+    std::fs::write(&f, one_nic("nonad", "no-such-net")).unwrap();
+    let o = k.run(&["apply", "-f", f.to_str().unwrap()]);
+    assert!(
+        !o.ok && o.stderr.contains("default/no-such-net does not exist"),
+        "{}",
+        o.stderr
+    );
+
+    // "lost" stays Pending, naming the missing bridge per node.
+    let why = wait_for("lost unschedulable", Duration::from_secs(60), || async {
+        let vmi = c.vmi("lost").await?;
+        let conds = vmi["status"]["conditions"].as_array()?.clone();
+        conds
+            .iter()
+            .find(|c| c["type"] == "PodScheduled" && c["status"] == "False")
+            .map(|c| c["message"].as_str().unwrap_or("").to_string())
+    })
+    .await;
+    for n in ["a", "b"] {
+        assert!(
+            why.contains(&format!("{n}: no bridge brnone (network office)")),
+            "{why}"
+        );
+    }
+    assert_eq!(c.vmi("lost").await.unwrap()["status"]["phase"], "Pending");
+
+    // "lan": both NICs get addresses, the LAN one from the site's DHCP server.
+    c.wait_running("lan", None, BOOT).await;
+    let lan_if = lan_address(&c, "lan", "lan").await;
+    let nat_if = lan_address(&c, "lan", "default").await;
+    let lan_ip = lan_if["ipAddress"].as_str().unwrap().to_string();
+    let lan_mac = lan_if["mac"].as_str().unwrap().to_string();
+    assert!(lan_ip.starts_with("10.213.70."), "{lan_if}");
+    assert!(
+        nat_if["ipAddress"]
+            .as_str()
+            .unwrap()
+            .starts_with(HOST_NAT_PREFIX),
+        "{nat_if}"
+    );
+    assert_ne!(nat_if["mac"], lan_if["mac"]);
+    assert!(
+        lan_if["infoSource"]
+            .as_str()
+            .unwrap()
+            .contains("guest-agent"),
+        "{lan_if}"
+    );
+    let leases = String::from_utf8_lossy(&lan_sh(&["leases"]).stdout).into_owned();
+    assert!(
+        leases.contains(&lan_mac) && leases.contains(&lan_ip),
+        "the site's dnsmasq gave {lan_ip} to {lan_mac}: {leases}"
+    );
+    let out = k.ok(&["get", "vmi", "lan", "-o", "wide"]);
+    assert!(out.contains(&lan_ip), "{out}");
+    // The client reaches the VM and the VM reaches the client.
+    assert!(lan.pings("c1", &lan_ip), "c1 -> lan {lan_ip}");
+    let on = c.vmi("lan").await.unwrap()["status"]["nodeName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let host = |n: &str| if n == "a" { &a } else { &b };
+    let dom = domain_of(host(&on), "lan").unwrap();
+    let reply = host(&on).guest_exec(&dom, "/bin/ping", &["-c", "2", "-W", "2", "10.213.70.50"]);
+    assert!(
+        reply
+            .as_deref()
+            .is_some_and(|r| r.contains("2 packets received")),
+        "lan -> c1: {reply:?}"
+    );
+
+    if !vlans {
+        // No VLAN filtering on any node's bridge: the VLAN VM waits, saying why per node.
+        let why = wait_for("v100 unschedulable", Duration::from_secs(60), || async {
+            let vmi = c.vmi("v100").await?;
+            let conds = vmi["status"]["conditions"].as_array()?.clone();
+            conds
+                .iter()
+                .find(|c| c["type"] == "PodScheduled" && c["status"] == "False")
+                .map(|c| c["message"].as_str().unwrap_or("").to_string())
+        })
+        .await;
+        assert!(
+            why.contains("a: bridge brsite has VLAN filtering off"),
+            "{why}"
+        );
+        k.ok(&["delete", "vm", "v100"]);
+    }
+    // "v100": on VLAN 100, it reaches VLAN 100's client and not VLAN 200's (same subnet).
+    if vlans {
+        c.wait_running("v100", None, BOOT).await;
+        let v_if = lan_address(&c, "v100", "office").await;
+        let v_ip = v_if["ipAddress"].as_str().unwrap().to_string();
+        assert!(v_ip.starts_with("10.213.71."), "{v_if}");
+        assert!(lan.pings("c100", &v_ip), "c100 -> v100 {v_ip}");
+        assert!(
+            !lan.pings("c200", &v_ip),
+            "c200 reached v100 {v_ip} across VLANs"
+        );
+        assert!(
+            !lan.pings("c1", &v_ip),
+            "the untagged LAN reached v100 {v_ip}"
+        );
+    }
+
+    // A NetworkAttachmentDefinition in use is not deleted.
+    let o = k.run(&["delete", "net-attach-def", "site-lan"]);
+    assert!(!o.ok && o.stderr.contains("default/lan"), "{}", o.stderr);
+
+    // Live migration of "lan" while c1 pings it every 50 ms: same MAC and address, answers
+    // on the target, pings lost within libvirt's downtime (plus one interval each side).
+    let pinger = Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/multihost/lan.sh"
+    ))
+    .args(["exec", "c1", "busybox", "ping", "-i", "0.05", &lan_ip])
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // Its first answers, so the count starts with the VM reachable.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (code, m) = migrate(&c, "lan").await;
+    assert_eq!(code, 201, "{m}");
+    let mname = m["metadata"]["name"].as_str().unwrap().to_string();
+    let done = wait_migration_phase(&c, &mname, &["Succeeded"], Duration::from_secs(180)).await;
+    let downtime = done["status"]["migrationState"]["downtimeMs"]
+        .as_u64()
+        .unwrap_or(0);
+    // Until the VM answers on the target, then a little longer.
+    wait_for(
+        "lan answering after the migration",
+        Duration::from_secs(30),
+        || async { lan.pings("c1", &lan_ip).then_some(()) },
+    )
+    .await;
+    unsafe { libc::kill(pinger.id() as i32, libc::SIGINT) };
+    let out = pinger.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stat = text
+        .lines()
+        .find(|l| l.contains("packets transmitted"))
+        .unwrap_or_else(|| panic!("no ping summary: {text}"))
+        .to_string();
+    let nums: Vec<u64> = stat
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    let (sent, got) = (nums[0], nums[1]);
+    let lost = sent - got;
+    println!(
+        "LAN migration: {sent} pings every 50 ms, {lost} lost ({} ms), libvirt downtime {downtime} ms",
+        lost * 50
+    );
+    assert!(
+        lost * 50 <= downtime + 100,
+        "{lost} pings lost ({} ms) for a downtime of {downtime} ms: {stat}",
+        lost * 50
+    );
+    let moved = lan_address(&c, "lan", "lan").await;
+    let now_on = c.vmi("lan").await.unwrap()["status"]["nodeName"].clone();
+    assert_ne!(now_on, json!(on), "lan moved");
+    assert_eq!(moved["mac"], json!(lan_mac));
+    assert_eq!(moved["ipAddress"], json!(lan_ip));
+
+    // "v100" migrates too: its tap gets VLAN 100 on the target.
+    if !vlans {
+        return;
+    }
+    let v_ip = lan_address(&c, "v100", "office").await["ipAddress"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (code, m) = migrate(&c, "v100").await;
+    assert_eq!(code, 201, "{m}");
+    let mname = m["metadata"]["name"].as_str().unwrap().to_string();
+    wait_migration_phase(&c, &mname, &["Succeeded"], Duration::from_secs(180)).await;
+    wait_for(
+        "v100 answering on VLAN 100 after the migration",
+        Duration::from_secs(30),
+        || async { lan.pings("c100", &v_ip).then_some(()) },
+    )
+    .await;
+    assert!(
+        !lan.pings("c200", &v_ip),
+        "c200 reached v100 after the migration"
+    );
+}

@@ -56,6 +56,7 @@ pub const VM: &str = "vm";
 pub const VMIM: &str = "vmim";
 pub const NODE: &str = "node";
 pub const DV: &str = "dv";
+pub const NAD: &str = "nad";
 
 fn key(ns: &str, name: &str) -> String {
     format!("{ns}/{name}")
@@ -278,6 +279,19 @@ impl ControlPlane for FakeControlPlane {
             }
         })
     }
+    fn network<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+    ) -> R<'a, Option<crate::types::cni::NetworkAttachmentDefinition>> {
+        Box::pin(async move {
+            use crate::types::Typed;
+            match self.get(NAD, &key(ns, name)) {
+                Some(v) => Ok(Some(Typed::from_value(v)?)),
+                None => Ok(None),
+            }
+        })
+    }
     fn data_volumes<'a>(&'a self) -> R<'a, Vec<Stored<crate::types::cdi::DataVolume>>> {
         Box::pin(async move { Ok(decode_items(self.list(DV))) })
     }
@@ -419,6 +433,11 @@ impl Launchers for FakeLaunchers {
                 return Ok(None);
             };
             let state = self.hv.state(&l.domain).map_err(hv_err)?;
+            // The guest's eth0 is the domain's first NIC.
+            let mac = self.hv.xml(&l.domain).ok().and_then(|x| {
+                let rest = x.split("<mac address='").nth(1)?;
+                rest.split('\'').next().map(str::to_string)
+            });
             Ok(Some(LauncherStatus {
                 status: Status {
                     state,
@@ -426,7 +445,7 @@ impl Launchers for FakeLaunchers {
                     addresses: state
                         .map(|_| GuestAddress {
                             interface: "eth0".into(),
-                            mac: Some("52:54:00:00:00:01".into()),
+                            mac: mac.clone(),
                             ip: "10.77.0.10".into(),
                         })
                         .into_iter()

@@ -256,9 +256,27 @@ async fn run_target(
     let xml = tokio::fs::read_to_string(&xml_path).await?;
     // For a block migration, QEMU listens here under the paths the source names.
     tokio::fs::create_dir_all(&agent.migration_dir).await?;
+    // Taps on a VLAN get it the moment the incoming QEMU makes them, long before the
+    // guest runs here.
+    let mut taps =
+        crate::hostnet::read_tap_vlans(xml_path.parent().unwrap_or(&agent.migration_dir))?;
+    let vlans = async move {
+        while !taps.is_empty() {
+            taps = tokio::task::spawn_blocking(move || crate::hostnet::set_present(taps))
+                .await
+                .unwrap_or_default();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
     set_phase(agent, ns, name, Mp::TargetReady, Some(xml), |_| {}).await?;
     tracing::info!(migration = %name, vmi = %vmi_name, "migration target ready");
-    // Keep one tunnel side waiting; each paired one goes to the local libvirtd.
+    let (_, r) = tokio::join!(vlans, tunnels(agent, ns, name, mig_uid));
+    r
+}
+
+/// Keep one tunnel side waiting; each paired one goes to the local libvirtd (or, for a
+/// block migration, to the socket of the QEMU stream it names).
+async fn tunnels(agent: &Arc<Agent>, ns: &str, name: &str, mig_uid: &str) -> anyhow::Result<()> {
     for n in 0u32.. {
         let path = format!("/migration-tunnel/{ns}/{name}/{n}?side=target");
         let mut ws = agent.cp.tunnel(&path).await?;

@@ -238,7 +238,18 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     prepare::ensure_network(&agent).await?;
     register(&agent, &facts).await?;
     agent.launchers.adopt_all().await;
-    tokio::spawn(watch_vmis(agent.clone(), cancel.clone()));
+    // This node's VMIs, and every migration (few; each names its nodes in its status).
+    let vmis = format!(
+        "/apis/kubevirt.io/v1/virtualmachineinstances?watch=true&timeoutSeconds=600&fieldSelector=status.nodeName%3D{}",
+        cfg.node_name
+    );
+    tokio::spawn(watch(agent.clone(), cancel.clone(), vmis));
+    tokio::spawn(watch(
+        agent.clone(),
+        cancel.clone(),
+        "/apis/kubevirt.io/v1/virtualmachineinstancemigrations?watch=true&timeoutSeconds=600"
+            .into(),
+    ));
     tokio::spawn(console::run(agent.clone(), cancel.clone()));
     tokio::spawn(datavolume::run(agent.clone(), cancel.clone()));
     tokio::spawn(stats::run(agent.clone(), cancel.clone()));
@@ -281,8 +292,6 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     }
 }
 
-/// Follow the controller's watch of this node's VMIs and wake the sync loop on each change,
-/// so new instances start without waiting for the next tick. Reconnects when it ends.
 /// Make sure an imported image is present in this node's images folder; its local path.
 pub async fn local_image(agent: &Agent, name: &str) -> anyhow::Result<(PathBuf, String)> {
     let img = agent
@@ -348,12 +357,11 @@ pub async fn run_tool<S: AsRef<std::ffi::OsStr>>(cmd: &str, args: &[S]) -> anyho
     Ok(())
 }
 
-async fn watch_vmis(agent: Arc<Agent>, cancel: CancellationToken) {
+/// Follow one of the controller's watches and wake the sync loop on each change, so new
+/// instances start and migrations move on without waiting for the next tick. Reconnects
+/// when it ends.
+async fn watch(agent: Arc<Agent>, cancel: CancellationToken, path: String) {
     use futures::StreamExt;
-    let path = format!(
-        "/apis/kubevirt.io/v1/virtualmachineinstances?watch=true&timeoutSeconds=600&fieldSelector=status.nodeName%3D{}",
-        agent.cfg.node_name
-    );
     loop {
         if let Ok(resp) = agent.api.request(reqwest::Method::GET, &path).send().await
             && resp.status().is_success()
@@ -447,6 +455,7 @@ async fn register(agent: &Agent, facts: &crate::hypervisor::HostFacts) -> anyhow
             .host_disk_dir
             .as_ref()
             .map(|d| d.to_string_lossy().into_owned()),
+        bridges: crate::hostnet::bridges(),
         last_heartbeat_time: Some(now()),
         conditions: vec![agent_ready()],
     });
@@ -468,6 +477,11 @@ async fn heartbeat(agent: &Agent) -> anyhow::Result<()> {
         .is_some_and(|st| condition_true(&st.conditions, &ConditionType::Ready));
     let mut status = serde_json::Map::new();
     status.insert("lastHeartbeatTime".into(), json!(now()));
+    // A bridge the operator made or removed since registration shows at the next beat.
+    let bridges = crate::hostnet::bridges();
+    if node.status.as_ref().map(|s| &s.bridges) != Some(&bridges) {
+        status.insert("bridges".into(), json!(bridges));
+    }
     if !ready {
         status.insert("conditions".into(), json!([agent_ready()]));
     }

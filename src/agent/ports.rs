@@ -23,6 +23,7 @@ use crate::launcher::client::LauncherError;
 use crate::launcher::protocol::{Request, Status};
 use crate::registry::DockerConfig;
 use crate::types::cdi::DataVolume;
+use crate::types::cni::NetworkAttachmentDefinition;
 use crate::types::object::data_files;
 use crate::types::object::{apply_change, empty};
 use crate::types::{Invalid, Kind, Typed, VirtualMachine, VirtualMachineInstance};
@@ -129,6 +130,12 @@ pub trait ControlPlane: Send + Sync {
     ) -> R<'a, Option<Stored<DataVolume>>>;
     /// Every DataVolume (to remove the disks of those that are gone).
     fn data_volumes<'a>(&'a self) -> R<'a, Vec<Stored<DataVolume>>>;
+    /// A NetworkAttachmentDefinition, if it exists.
+    fn network<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+    ) -> R<'a, Option<NetworkAttachmentDefinition>>;
     /// Merge-patch a DataVolume's status (`{"status": {...}}`).
     fn patch_data_volume_status<'a>(
         &'a self,
@@ -360,6 +367,22 @@ impl ControlPlane for Http {
         Box::pin(async move {
             match self.0.get_opt(&dv_path(ns, name)).await? {
                 Some(v) => Ok(Some(Stored::decode(v)?)),
+                None => Ok(None),
+            }
+        })
+    }
+    fn network<'a>(
+        &'a self,
+        ns: &'a str,
+        name: &'a str,
+    ) -> R<'a, Option<NetworkAttachmentDefinition>> {
+        Box::pin(async move {
+            let path = format!(
+                "/apis/{}/v1/namespaces/{ns}/network-attachment-definitions/{name}",
+                crate::types::cni::GROUP
+            );
+            match self.0.get_opt(&path).await? {
+                Some(v) => Ok(Some(NetworkAttachmentDefinition::from_value(v)?)),
                 None => Ok(None),
             }
         })

@@ -12,8 +12,10 @@ use serde_json::json;
 
 use super::ports::Stored;
 use super::{Agent, Config};
+use crate::hostnet::TapVlan;
 use crate::registry::{DockerConfig, PullPolicy, Source};
 use crate::types::annotations::VOLUMES_NODE_ANNOTATION;
+use crate::types::cni::Bridge;
 use crate::types::{Meta, VirtualMachineInstance};
 use crate::virt::convert::{self, ResolvedDisk};
 
@@ -477,6 +479,27 @@ pub async fn prepare(
             ),
         }
     }
+    let bridges = bridges_of(agent, &ns, spec).await?;
+    // The taps whose VLAN is set when they appear (by the launcher at a start, by this
+    // agent on a migration's target).
+    let taps: Vec<TapVlan> = convert::nics(spec, &owner)
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, nic)| {
+            let b = bridges.get(&nic.network?.name)?;
+            Some(TapVlan {
+                dev: convert::tap_name(&uid, i),
+                bridge: b.bridge.clone(),
+                vlan: b.vlan?,
+            })
+        })
+        .collect();
+    let vlans_file = run_dir.join(crate::hostnet::TAP_VLANS_FILE);
+    if taps.is_empty() {
+        let _ = tokio::fs::remove_file(&vlans_file).await;
+    } else {
+        tokio::fs::write(&vlans_file, serde_json::to_vec(&taps)?).await?;
+    }
     let ctx = convert::Context {
         domain_name: domain_name(&ns, &name, &uid),
         domain_uuid: uid.clone(),
@@ -496,11 +519,45 @@ pub async fn prepare(
         initrd,
         cpu,
         pins,
+        bridges,
     };
     let xml = convert::domain_xml(spec, &ctx)?;
     let path = run_dir.join("domain.xml");
     tokio::fs::write(&path, xml).await?;
     Ok(path)
+}
+
+/// The bridge of each of the instance's `multus` networks, from its
+/// NetworkAttachmentDefinition, checked against this host: the bridge must exist, and be
+/// VLAN-filtering for a VLAN (the scheduler placed the instance by the same rule).
+async fn bridges_of(
+    agent: &Agent,
+    ns: &str,
+    spec: &crate::types::kubevirt::VirtualMachineInstanceSpec,
+) -> anyhow::Result<BTreeMap<String, Bridge>> {
+    let host = crate::hostnet::bridges();
+    let mut out = BTreeMap::new();
+    for n in &spec.networks {
+        let Some(m) = &n.multus else { continue };
+        let (nns, nad) = crate::types::cni::reference(ns, &m.network_name);
+        let def = agent.cp.network(nns, nad).await?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "network {}: NetworkAttachmentDefinition {nns}/{nad} does not exist",
+                n.name
+            )
+        })?;
+        let b = crate::types::cni::parse_config(&def.spec.config).map_err(|e| {
+            anyhow::anyhow!(
+                "network {}: NetworkAttachmentDefinition {nns}/{nad}: {e}",
+                n.name
+            )
+        })?;
+        if let Err(why) = crate::rules::network::bridge_fits(&b, &host) {
+            bail!("network {}: {why}", n.name);
+        }
+        out.insert(n.name.clone(), b);
+    }
+    Ok(out)
 }
 
 /// A cloud-init volume's user data (with `keys` added, for NoCloud) and network data,

@@ -275,6 +275,50 @@ async fn start_launcher(agent: &Agent, uid: &str, dom: &str, xml: &std::path::Pa
     }
 }
 
+/// Every NIC of the spec, in device order, with its MAC and the addresses its source (the
+/// guest agent, else libvirt's DHCP leases) reports for that MAC; then the guest's other
+/// interfaces that have addresses (a bridge or VLAN made inside the guest), as KubeVirt
+/// lists them.
+fn interface_statuses(vmi: &VirtualMachineInstance, s: &Status) -> Vec<InterfaceStatus> {
+    let source = s.address_source.as_deref().unwrap_or_default();
+    let mut out: Vec<InterfaceStatus> =
+        crate::virt::convert::nics(&vmi.spec, &super::prepare::owner_uid(vmi))
+            .into_iter()
+            .map(|nic| InterfaceStatus {
+                name: Some(nic.name),
+                mac: Some(nic.mac),
+                info_source: Some("domain".into()),
+                ..Default::default()
+            })
+            .collect();
+    for a in &s.addresses {
+        let mac = a.mac.as_deref().map(crate::virt::convert::normal_mac);
+        let i = match out.iter().position(|x| mac.is_some() && x.mac == mac) {
+            Some(i) => i,
+            None => {
+                out.push(InterfaceStatus {
+                    mac: mac.clone(),
+                    info_source: Some(source.to_string()),
+                    ..Default::default()
+                });
+                out.len() - 1
+            }
+        };
+        let x = &mut out[i];
+        if x.ip_addresses.is_empty() {
+            x.interface_name = Some(a.interface.clone());
+            if x.name.is_some() {
+                x.info_source = Some(format!("domain, {source}"));
+            }
+        }
+        if !x.ip_addresses.contains(&a.ip) {
+            x.ip_addresses.push(a.ip.clone());
+        }
+        x.ip_address = x.ip_addresses.first().cloned();
+    }
+    out
+}
+
 /// The status of a VMI whose launcher reports its domain.
 fn running_status(
     agent: &Agent,
@@ -290,34 +334,7 @@ fn running_status(
     st.reason = None;
     st.node_name = Some(agent.cfg.node_name.clone());
     st.domain_name = Some(domain_name(vmi.namespace(), vmi.name(), vmi.uid()));
-    let mut by_mac: Vec<(Option<String>, String, Vec<String>)> = Vec::new();
-    for a in &s.addresses {
-        match by_mac.iter_mut().find(|(m, _, _)| *m == a.mac) {
-            Some(e) => e.2.push(a.ip.clone()),
-            None => by_mac.push((a.mac.clone(), a.interface.clone(), vec![a.ip.clone()])),
-        }
-    }
-    let spec_ifaces = &vmi.spec.domain.devices.interfaces;
-    let ifaces: Vec<InterfaceStatus> = by_mac
-        .into_iter()
-        .enumerate()
-        .map(|(i, (mac, iname, ips))| InterfaceStatus {
-            name: Some(
-                spec_ifaces
-                    .get(i)
-                    .map_or("default", |x| x.name.as_str())
-                    .to_string(),
-            ),
-            ip_address: Some(ips[0].clone()),
-            ip_addresses: ips,
-            mac,
-            interface_name: Some(iname),
-            info_source: Some(s.address_source.clone().unwrap_or_default()),
-        })
-        .collect();
-    if !ifaces.is_empty() {
-        st.interfaces = ifaces;
-    }
+    st.interfaces = interface_statuses(vmi, s);
     if let Some(g) = &s.guest {
         st.guest_os_info = Some(g.os.clone());
         st.guest_agent_info = Some(g.clone());

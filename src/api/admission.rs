@@ -9,6 +9,7 @@ use crate::http::error::{ApiError, ApiResult};
 use crate::registry::{self, PullPolicy, Source};
 use crate::store::Store;
 use crate::types::cdi::{DataVolume, DataVolumeSpec, Fill};
+use crate::types::cni::NetworkAttachmentDefinitionSpec;
 use crate::types::instancetype::{InstancetypeSpec, PreferenceSpec};
 use crate::types::kubevirt::{
     VirtualMachineInstanceMigrationSpec, VirtualMachineInstanceSpec, VirtualMachineSpec,
@@ -278,6 +279,12 @@ pub async fn admit(
         Kind::Secret => check_secret(&mut obj)?,
         Kind::ConfigMap => check_config_map(&mut obj)?,
         Kind::Event => check_event(&mut obj)?,
+        Kind::NetworkAttachmentDefinition => {
+            let nad: NetworkAttachmentDefinitionSpec =
+                decode(kind.name(), spec).map_err(refused)?;
+            crate::types::cni::parse_config(&nad.config).map_err(ApiError::invalid)?;
+            obj["spec"] = serde_json::to_value(&nad).map_err(ApiError::internal)?;
+        }
         Kind::Namespace => {
             if let Some(o) = obj.as_object_mut() {
                 o.remove("spec");
@@ -844,6 +851,24 @@ async fn check_vmi_spec(
                     dirs.join(", ")
                 }
             )));
+        }
+    }
+    // A multus network names a NetworkAttachmentDefinition that exists (its bridge may come
+    // to a node later: the scheduler waits for one, saying which bridge it lacks).
+    for n in &spec.networks {
+        if let Some(m) = &n.multus {
+            let (nns, nad) = crate::types::cni::reference(ns, &m.network_name);
+            if store
+                .get(Kind::NetworkAttachmentDefinition, nns, nad)
+                .await?
+                .is_none()
+            {
+                return Err(ApiError::invalid(format!(
+                    "{at}.networks: network {:?}: NetworkAttachmentDefinition {nns}/{nad} does \
+                     not exist; create it first (a `bridge` CNI config naming the host bridge)",
+                    n.name
+                )));
+            }
         }
     }
     // A registry reference is pulled by the node at start: here only its syntax and pull

@@ -65,7 +65,7 @@ fn resource(kind: Kind) -> Resource {
 }
 
 /// The groups edgevirt serves, each at one version ([`version_of`]): the core group is "".
-pub const GROUPS: [&str; 8] = [
+pub const GROUPS: [&str; 9] = [
     "",
     "kubevirt.io",
     "edgevirt.io",
@@ -74,6 +74,7 @@ pub const GROUPS: [&str; 8] = [
     crate::types::cdi::GROUP,
     "storage.k8s.io",
     EVENTS_GROUP,
+    crate::types::cni::GROUP,
 ];
 
 fn resources_of(group: &str) -> Vec<Resource> {

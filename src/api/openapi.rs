@@ -122,6 +122,12 @@ fn description(kind: Kind) -> &'static str {
              class per shared pool a node mounts, named after it (bound at once; its VMs \
              live-migrate without a copy)."
         }
+        Kind::NetworkAttachmentDefinition => {
+            "NetworkAttachmentDefinition is a network VMs join (Multus' kind): the CNI \
+             configuration of a `bridge` plugin naming a host bridge the operator made, with \
+             an optional VLAN. A VM names it in a `multus` network with a `bridge` interface; \
+             it runs only on nodes that have the bridge."
+        }
         Kind::ControllerRevision => {
             "ControllerRevision is the copy of an instancetype or preference a VM keeps using, \
              so changing the object does not change the VM."

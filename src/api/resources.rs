@@ -982,6 +982,9 @@ async fn delete(
     if kind == Kind::Namespace {
         check_namespace_empty(&st, &name).await?;
     }
+    if kind == Kind::NetworkAttachmentDefinition {
+        check_network_unused(&st, &ns, &name).await?;
+    }
     if kind == Kind::Node {
         crate::controller::release_node(&st.store, &name, q.force == Some(true), dry_run(&q))
             .await
@@ -1026,6 +1029,33 @@ async fn delete(
     }
     tracing::info!(kind = kind.name(), namespace = %ns, %name, user = %p.user, "deleted");
     Ok(Json(out))
+}
+
+/// A NetworkAttachmentDefinition goes only when no instance that has not finished uses it
+/// (its VMs' next start would fail; a running VM would lose what its LAN is on record).
+async fn check_network_unused(st: &AppState, ns: &str, name: &str) -> ApiResult<()> {
+    use crate::types::Meta;
+    let vmis: Vec<crate::types::VirtualMachineInstance> = st.store.all().await?;
+    let users: Vec<String> = vmis
+        .iter()
+        .filter(|v| !v.phase().is_final())
+        .filter(|v| {
+            v.spec.networks.iter().any(|n| {
+                n.multus.as_ref().is_some_and(|m| {
+                    crate::types::cni::reference(v.namespace(), &m.network_name) == (ns, name)
+                })
+            })
+        })
+        .map(|v| format!("{}/{}", v.namespace(), v.name()))
+        .collect();
+    if users.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::conflict(format!(
+        "NetworkAttachmentDefinition {ns}/{name} is used by running VMs: {}; stop them (or \
+         move them to another network) first",
+        users.join(", ")
+    )))
 }
 
 /// A namespace goes only when nothing is left in it (Kubernetes would delete its contents; for

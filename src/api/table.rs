@@ -135,6 +135,28 @@ fn make_columns(kind: Kind) -> Vec<Column> {
                 col("Name", "string", ".metadata.name", 1),
             ];
         }
+        // Multus defines none (kubectl shows the name and age); `-o wide` adds what the
+        // config says.
+        Kind::NetworkAttachmentDefinition => {
+            fn bridge(o: &Value) -> Option<crate::types::cni::Bridge> {
+                crate::types::cni::parse_config(o["spec"]["config"].as_str().unwrap_or("")).ok()
+            }
+            return vec![
+                col("Age", "date", ".metadata.creationTimestamp", 0),
+                Column {
+                    compute: Some(|o| bridge(o).map_or(Value::Null, |b| json!(b.bridge))),
+                    ..col("Bridge", "string", "", 1)
+                },
+                Column {
+                    compute: Some(|o| {
+                        bridge(o)
+                            .and_then(|b| b.vlan)
+                            .map_or(Value::Null, |v| json!(v))
+                    }),
+                    ..col("VLAN", "integer", "", 1)
+                },
+            ];
+        }
         // KubeVirt defines no columns for these (nor edgevirt a data count for ConfigMaps):
         // kubectl shows the name and age.
         Kind::ConfigMap

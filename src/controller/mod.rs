@@ -176,7 +176,8 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                         | Kind::VirtualMachineClusterPreference
                         | Kind::ControllerRevision
                         | Kind::StorageClass
-                        | Kind::Event => {}
+                        | Kind::Event
+                        | Kind::NetworkAttachmentDefinition => {}
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => resync(&ctx, &queue).await,

@@ -5,7 +5,9 @@
 //! tenth of a host CPU), but one VM never gets more vCPUs than its node has CPUs. Node
 //! leases mark silent nodes NotReady and their instances Unknown, never deleting them.
 //! Instances with `persistentVolumeClaim` volumes go only to nodes that mount a shared
-//! storage pool, and migrate only between nodes that mount the same one.
+//! storage pool, and migrate only between nodes that mount the same one. Instances on
+//! `multus` networks go only to nodes that have each network's bridge (VLAN-filtering for a
+//! VLAN), and migrate only among them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -117,6 +119,32 @@ pub async fn pick_node(
             _ => None,
         })
         .collect();
+    // The bridges its multus networks name; a NetworkAttachmentDefinition gone since
+    // admission leaves it unschedulable, saying which.
+    let mut bridges = Vec::new();
+    for n in &vmi.spec.networks {
+        let Some(m) = &n.multus else { continue };
+        let (ns, name) = crate::types::cni::reference(vmi.namespace(), &m.network_name);
+        let def = ctx
+            .store
+            .get_typed::<crate::types::cni::NetworkAttachmentDefinition>(ns, name)
+            .await?;
+        match def.map(|d| crate::types::cni::parse_config(&d.spec.config)) {
+            Some(Ok(b)) => bridges.push((n.name.clone(), b)),
+            Some(Err(e)) => {
+                return Ok(Err(format!(
+                    "network {}: NetworkAttachmentDefinition {ns}/{name}: {e}",
+                    n.name
+                )));
+            }
+            None => {
+                return Ok(Err(format!(
+                    "network {}: NetworkAttachmentDefinition {ns}/{name} does not exist",
+                    n.name
+                )));
+            }
+        }
+    }
     let running_cpu: Option<GuestCpu> = vmi
         .annotation(crate::cpu::policy::GUEST_CPU_ANNOTATION)
         .and_then(|s| serde_json::from_str(s).ok());
@@ -228,6 +256,15 @@ pub async fn pick_node(
             reasons.push(format!(
                 "{name}: DataVolume {dv} lives on node {there} (local storage)"
             ));
+            continue;
+        }
+        let host_bridges = n.status.as_ref().map_or(&[][..], |s| &s.bridges[..]);
+        if let Some(why) = bridges.iter().find_map(|(net, b)| {
+            crate::rules::network::bridge_fits(b, host_bridges)
+                .err()
+                .map(|why| format!("{why} (network {net})"))
+        }) {
+            reasons.push(format!("{name}: {why}"));
             continue;
         }
         let host_disk_dir = n.status.as_ref().and_then(|s| s.host_disk_dir.as_deref());

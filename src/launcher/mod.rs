@@ -74,14 +74,27 @@ pub async fn run_with(cfg: Config, hv: Arc<dyn Hypervisor>) -> anyhow::Result<()
             let xml = std::fs::read_to_string(&cfg.xml_file)?;
             // startStrategy Paused: the agent leaves this file beside the XML.
             let paused = cfg.xml_file.with_file_name(START_PAUSED_FILE).exists();
-            tracing::info!(domain = %cfg.domain_name, paused, "creating domain");
+            // Taps on a VLAN get it before the guest's first frame: the domain starts paused
+            // until they have it.
+            let dir = cfg.xml_file.parent().unwrap_or(Path::new("."));
+            let taps = crate::hostnet::read_tap_vlans(dir)?;
+            tracing::info!(domain = %cfg.domain_name, paused, vlans = taps.len(), "creating domain");
             let hv = l.hv.clone();
-            tokio::task::spawn_blocking(move || {
-                if paused {
-                    hv.create_paused(&xml)
-                } else {
-                    hv.create(&xml)
+            let name = cfg.domain_name.clone();
+            tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+                if !paused && taps.is_empty() {
+                    return Ok(hv.create(&xml)?);
                 }
+                hv.create_paused(&xml)?;
+                if let Some(e) = taps.iter().find_map(|t| crate::hostnet::set_vlan(t).err()) {
+                    // Never let the guest run on the bridge's default VLAN instead.
+                    let _ = hv.destroy(&name);
+                    return Err(e.context("the domain was destroyed: its tap has no VLAN"));
+                }
+                if !paused {
+                    hv.resume(&name)?;
+                }
+                Ok(())
             })
             .await??;
         }

@@ -36,8 +36,16 @@ pub struct Migratability {
 /// edgevirt has no disk hotplug yet, so HotplugNotLiveMigratable does not arise.
 pub fn live_migratable(vmi: &VirtualMachineInstance) -> Migratability {
     let block = vmi.annotation(BLOCK_MIGRATION_ANNOTATION) == Some("true");
+    // As KubeVirt: a bridge on the pod network cannot move; one on a multus network's host
+    // bridge can (the target has the same bridge, which the scheduler checks).
+    let on_pod = |name: &str| {
+        vmi.spec
+            .networks
+            .iter()
+            .any(|n| n.name == name && n.pod.is_some())
+    };
     for i in &vmi.spec.domain.devices.interfaces {
-        if i.bridge.is_some() {
+        if i.bridge.is_some() && on_pod(&i.name) {
             return Migratability {
                 ok: false,
                 reason: "InterfaceNotLiveMigratable".into(),
@@ -297,10 +305,14 @@ mod tests {
         // Asking for block migration does not move a bridge interface.
         let mut bridged = vmi(json!({}), cloud);
         bridged["spec"]["domain"]["devices"]["interfaces"] = json!([{"name": "br", "bridge": {}}]);
+        bridged["spec"]["networks"] = json!([{"name": "br", "pod": {}}]);
         assert_eq!(
             migration_method(&bridged, &asked).unwrap_err().reason,
             "InterfaceNotLiveMigratable"
         );
+        // A bridge on a multus network's host bridge moves, as in KubeVirt.
+        bridged["spec"]["networks"] = json!([{"name": "br", "multus": {"networkName": "lan"}}]);
+        assert!(migration_method(&bridged, &plain).is_ok());
     }
 
     #[test]

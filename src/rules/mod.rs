@@ -12,6 +12,7 @@ pub mod cpus;
 pub mod guest;
 pub mod join;
 pub mod migration;
+pub mod network;
 pub mod node;
 pub mod paths;
 pub mod placement;

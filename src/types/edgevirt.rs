@@ -83,6 +83,21 @@ pub struct NodeStatus {
     /// (`serve --host-disk-dir`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_disk_dir: Option<String>,
+    /// The host's Linux bridges, which `multus` networks (NetworkAttachmentDefinitions)
+    /// name: a VM on one runs only on nodes that have it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bridges: Vec<HostBridge>,
+}
+
+/// A Linux bridge on a node, made by its operator.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HostBridge {
+    /// The bridge's interface name (`br0`, `vmbr0`).
+    pub name: String,
+    /// VLAN filtering is on (`vlan_filtering 1`): a VM's port can be put on one VLAN.
+    #[serde(default)]
+    pub vlan_filtering: bool,
 }
 
 /// A storage pool on a filesystem every node that names it mounts (NFS, CephFS, ...):

@@ -1306,7 +1306,8 @@ pub struct Interface {
     /// NAT through the node's libvirt network, the binding edgevirt supports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub masquerade: Option<Empty>,
-    /// Bridge binding: refused on a pod network (use `masquerade`).
+    /// Bridge binding: the NIC joins the host bridge of a `multus` network (refused on a
+    /// `pod` network: use `masquerade` there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bridge: Option<Empty>,
     /// The interface's MAC address; by default one derived from the VM, stable across
@@ -1798,6 +1799,24 @@ pub struct Network {
     /// The NAT network of the node (its subnet is a node setting, `--nat-prefix`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<Empty>,
+    /// A NetworkAttachmentDefinition's network (a host bridge, maybe a VLAN), joined with a
+    /// `bridge` interface.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multus: Option<MultusNetwork>,
+}
+
+/// A network defined by a NetworkAttachmentDefinition, as KubeVirt names it through Multus.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct MultusNetwork {
+    /// The NetworkAttachmentDefinition: `name` (in the instance's namespace) or
+    /// `namespace/name`.
+    pub network_name: String,
+    /// Multus' default network of the pod; here it only makes this the first interface's
+    /// network when the instance has no `pod` network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<bool>,
 }
 
 /// What the controller and the node's agent last observed about the instance.

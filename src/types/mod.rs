@@ -2,6 +2,7 @@
 //! names, the KubeVirt fields edgevirt does not support yet, quantities.
 
 pub mod cdi;
+pub mod cni;
 pub mod edgevirt;
 pub mod instancetype;
 pub mod object;
@@ -123,10 +124,13 @@ pub enum Kind {
     /// Core `v1` events: what happened to an object, recorded by the controller as KubeVirt
     /// records them, deduplicated with a count and pruned by age.
     Event,
+    /// Multus' `k8s.cni.cncf.io/v1`: a host bridge (and VLAN) VMs join with a `multus`
+    /// network and a `bridge` interface.
+    NetworkAttachmentDefinition,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 16] = [
+    pub const ALL: [Kind; 17] = [
         Kind::VirtualMachine,
         Kind::VirtualMachineInstance,
         Kind::VirtualMachineInstanceMigration,
@@ -143,6 +147,7 @@ impl Kind {
         Kind::DataVolume,
         Kind::StorageClass,
         Kind::Event,
+        Kind::NetworkAttachmentDefinition,
     ];
 
     pub fn name(self) -> &'static str {
@@ -163,6 +168,7 @@ impl Kind {
             Kind::DataVolume => "DataVolume",
             Kind::StorageClass => "StorageClass",
             Kind::Event => "Event",
+            Kind::NetworkAttachmentDefinition => "NetworkAttachmentDefinition",
         }
     }
 
@@ -184,6 +190,7 @@ impl Kind {
             Kind::DataVolume => "datavolumes",
             Kind::StorageClass => "storageclasses",
             Kind::Event => "events",
+            Kind::NetworkAttachmentDefinition => "network-attachment-definitions",
         }
     }
 
@@ -201,6 +208,7 @@ impl Kind {
             Kind::ControllerRevision => "apps",
             Kind::DataVolume => cdi::GROUP,
             Kind::StorageClass => "storage.k8s.io",
+            Kind::NetworkAttachmentDefinition => cni::GROUP,
         }
     }
 
@@ -238,6 +246,7 @@ impl Kind {
                 | Kind::ControllerRevision
                 | Kind::DataVolume
                 | Kind::Event
+                | Kind::NetworkAttachmentDefinition
         )
     }
 
@@ -265,6 +274,7 @@ impl Kind {
                 instancetype::VirtualMachineClusterPreference::crd()
             }
             Kind::DataVolume => cdi::DataVolume::crd(),
+            Kind::NetworkAttachmentDefinition => cni::NetworkAttachmentDefinition::crd(),
             Kind::Namespace
             | Kind::Secret
             | Kind::ConfigMap

@@ -76,6 +76,9 @@ impl Typed for k8s_openapi::api::apps::v1::ControllerRevision {
 impl Typed for k8s_openapi::api::core::v1::Event {
     const KIND: Kind = Kind::Event;
 }
+impl Typed for super::cni::NetworkAttachmentDefinition {
+    const KIND: Kind = Kind::NetworkAttachmentDefinition;
+}
 
 /// Check a status written through a `status` subresource against its kind's typed status,
 /// naming the field that does not fit (`status.phase: invalid type: integer `3`, ...`).
@@ -116,7 +119,8 @@ pub fn check_status(kind: Kind, status: &Value) -> Result<(), Invalid> {
         | Kind::VirtualMachineClusterPreference
         | Kind::ControllerRevision
         | Kind::StorageClass
-        | Kind::Event => Ok(()),
+        | Kind::Event
+        | Kind::NetworkAttachmentDefinition => Ok(()),
     }
 }
 

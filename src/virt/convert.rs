@@ -53,6 +53,8 @@ pub struct Context {
     pub cpu: GuestCpu,
     /// Dedicated host CPUs (`dedicatedCpuPlacement`), as the scheduler gave them.
     pub pins: Option<crate::rules::cpus::Pins>,
+    /// Network name → the bridge its NetworkAttachmentDefinition names (`multus` networks).
+    pub bridges: BTreeMap<String, crate::types::cni::Bridge>,
 }
 
 struct CpuModelXml {
@@ -116,7 +118,11 @@ struct FilesystemXml {
 }
 
 struct NicXml {
+    /// The libvirt network (`pod`), when not on a bridge.
     network: String,
+    /// `<interface type='bridge'>`: the host bridge, the tap's name, the MTU, and whether
+    /// libvirt's `no-mac-spoofing` filter applies.
+    bridge: Option<BridgeNicXml>,
     mac: String,
     model: String,
     alias: String,
@@ -128,6 +134,81 @@ struct NicXml {
     /// Domain, bus, slot and function of `<address type='pci'>`.
     pci: Option<(u16, u8, u8, u8)>,
     acpi_index: Option<u32>,
+}
+
+struct BridgeNicXml {
+    bridge: String,
+    dev: String,
+    mtu: Option<u32>,
+    no_spoof: bool,
+}
+
+/// One guest NIC as the spec gives it: its interface name (KubeVirt's `default` for the
+/// implicit one), its network, its position in the spec and its MAC address.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Nic<'a> {
+    pub name: String,
+    pub network: Option<&'a crate::types::kubevirt::Network>,
+    pub iface: Option<&'a crate::types::kubevirt::Interface>,
+    pub mac: String,
+}
+
+/// The guest's NICs in device order: the spec's interfaces, or KubeVirt's default one (a
+/// lone network without an interface, or, unless `autoattachPodInterface` is false, no
+/// networks at all). A MAC the spec does not give is derived from `mac_seed` and the
+/// position, so it is the same at every start and on every node.
+pub fn nics<'a>(spec: &'a VirtualMachineInstanceSpec, mac_seed: &str) -> Vec<Nic<'a>> {
+    let ifaces = &spec.domain.devices.interfaces;
+    let network = |name: &str| spec.networks.iter().find(|n| n.name == name);
+    if ifaces.is_empty() {
+        let default = match spec.networks.as_slice() {
+            [n] => Some(n.name.clone()),
+            [] if spec.domain.devices.autoattach_pod_interface != Some(false) => {
+                Some("default".to_string())
+            }
+            _ => None,
+        };
+        return default
+            .map(|name| Nic {
+                network: network(&name),
+                name,
+                iface: None,
+                mac: mac_for(mac_seed, 0),
+            })
+            .into_iter()
+            .collect();
+    }
+    ifaces
+        .iter()
+        .enumerate()
+        .map(|(i, iface)| Nic {
+            name: iface.name.clone(),
+            network: network(&iface.name),
+            iface: Some(iface),
+            mac: iface
+                .mac_address
+                .as_deref()
+                .map(normal_mac)
+                .unwrap_or_else(|| mac_for(mac_seed, i)),
+        })
+        .collect()
+}
+
+/// A MAC address as libvirt and the guest agent write it: lowercase, colon-separated.
+pub fn normal_mac(mac: &str) -> String {
+    mac.to_ascii_lowercase().replace('-', ":")
+}
+
+/// The host name of the tap of an instance's NIC at `index` on a bridge: fixed, so the
+/// agent can find it (to set its VLAN) on whichever node the instance runs, and at most 15
+/// bytes as Linux allows.
+pub fn tap_name(vmi_uid: &str, index: usize) -> String {
+    let id: String = vmi_uid
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(10)
+        .collect();
+    format!("ev{id}{index}")
 }
 
 /// The first value that stands twice in `list`.
@@ -606,18 +687,84 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
         }
     }
     let nets: Vec<&str> = spec.networks.iter().map(|n| n.name.as_str()).collect();
+    if let Some(dup) = first_duplicate(&nets) {
+        return Err(Invalid(format!(
+            "network {dup:?} is named twice; network names are unique"
+        )));
+    }
+    let names: Vec<&str> = spec
+        .domain
+        .devices
+        .interfaces
+        .iter()
+        .map(|i| i.name.as_str())
+        .collect();
+    if let Some(dup) = first_duplicate(&names) {
+        return Err(Invalid(format!(
+            "interface {dup:?} is named twice; each interface joins its own network"
+        )));
+    }
     for n in &spec.networks {
-        if n.pod.is_none() {
-            return Err(Invalid(format!(
-                "network {:?}: only `pod: {{}}` networks are supported",
-                n.name
-            )));
+        match (&n.pod, &n.multus) {
+            (Some(_), None) => {}
+            (None, Some(m)) => {
+                let (ns, name) = crate::types::cni::reference("default", &m.network_name);
+                for (what, v) in [("namespace", ns), ("name", name)] {
+                    crate::types::check_name(what, v).map_err(|e| {
+                        Invalid(format!(
+                            "network {:?}: multus.networkName {:?}: {e} (it is NAME or \
+                             NAMESPACE/NAME of a NetworkAttachmentDefinition)",
+                            n.name, m.network_name
+                        ))
+                    })?;
+                }
+            }
+            (Some(_), Some(_)) => {
+                return Err(Invalid(format!(
+                    "network {:?}: pod and multus exclude each other; give one",
+                    n.name
+                )));
+            }
+            (None, None) => {
+                return Err(Invalid(format!(
+                    "network {:?}: give `pod: {{}}` (the node's NAT) or `multus: {{networkName: \
+                     NAME}}` (a NetworkAttachmentDefinition's bridge)",
+                    n.name
+                )));
+            }
         }
     }
+    if spec.networks.iter().filter(|n| n.pod.is_some()).count() > 1 {
+        return Err(Invalid(
+            "only one network may be the pod network (`pod: {}`)".into(),
+        ));
+    }
     for i in &spec.domain.devices.interfaces {
-        if !nets.contains(&i.name.as_str()) {
+        let Some(net) = spec.networks.iter().find(|n| n.name == i.name) else {
             return Err(Invalid(format!(
                 "interface {:?}: no network of that name",
+                i.name
+            )));
+        };
+        if net.multus.is_some() {
+            if i.masquerade.is_some() {
+                return Err(Invalid(format!(
+                    "interface {:?}: masquerade binds only to the pod network; a multus \
+                     network takes `bridge: {{}}`",
+                    i.name
+                )));
+            }
+            if !i.ports.is_empty() {
+                return Err(Invalid(format!(
+                    "interface {:?}: ports apply to masquerade only; a bridged NIC is on the \
+                     LAN with all its ports",
+                    i.name
+                )));
+            }
+        } else if i.bridge.is_some() {
+            return Err(Invalid(format!(
+                "interface {:?}: bridge binding on a pod network is not supported; use \
+                 masquerade (or a multus network for a host bridge)",
                 i.name
             )));
         }
@@ -634,12 +781,6 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
                     p.protocol.as_deref().unwrap_or("TCP")
                 )));
             }
-        }
-        if i.bridge.is_some() {
-            return Err(Invalid(format!(
-                "interface {:?}: bridge binding on a pod network is not supported; use masquerade",
-                i.name
-            )));
         }
         if let Some(a) = i.pci_address.as_deref()
             && pci_address(a).is_none()
@@ -730,6 +871,18 @@ pub fn validate(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
         if what == "bootOrder" && list.contains(&0) {
             return Err(Invalid("bootOrder 0: boot orders start at 1".into()));
         }
+    }
+    let macs: Vec<String> = spec
+        .domain
+        .devices
+        .interfaces
+        .iter()
+        .filter_map(|i| i.mac_address.as_deref().map(normal_mac))
+        .collect();
+    if let Some(dup) = first_duplicate(&macs) {
+        return Err(Invalid(format!(
+            "macAddress {dup} is given to two interfaces; each must be unique"
+        )));
     }
     let pcis: Vec<&str> = spec
         .domain
@@ -1405,45 +1558,39 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
     }
 
     let mut nics = Vec::new();
-    let ifaces = &spec.domain.devices.interfaces;
-    // KubeVirt's default interface: a lone network without one, or (unless
-    // autoattachPodInterface is false) no networks at all.
-    let default_nic = match spec.networks.as_slice() {
-        [n] => Some(n.name.clone()),
-        [] if spec.domain.devices.autoattach_pod_interface != Some(false) => {
-            Some("default".to_string())
-        }
-        _ => None,
-    };
-    if ifaces.is_empty()
-        && let Some(alias) = default_nic
-    {
+    for (i, nic) in self::nics(spec, &ctx.mac_seed).into_iter().enumerate() {
+        let bridge = match nic.network.and_then(|n| n.multus.as_ref().map(|_| &n.name)) {
+            None => None,
+            Some(net) => {
+                let b = ctx.bridges.get(net).ok_or_else(|| {
+                    Invalid(format!(
+                        "network {net:?}: its NetworkAttachmentDefinition was not found"
+                    ))
+                })?;
+                Some(BridgeNicXml {
+                    bridge: b.bridge.clone(),
+                    dev: tap_name(&ctx.vmi_uid, i),
+                    mtu: b.mtu,
+                    no_spoof: b.mac_spoof_check,
+                })
+            }
+        };
+        let iface = nic.iface;
         nics.push(NicXml {
             network: ctx.nat_network.clone(),
-            mac: mac_for(&ctx.mac_seed, 0),
-            model: "virtio".into(),
-            alias,
+            bridge,
+            mac: nic.mac,
+            model: iface
+                .and_then(|x| x.model.clone())
+                .unwrap_or_else(|| "virtio".into()),
+            alias: nic.name,
             queues: None,
-            boot_order: None,
-            link_down: false,
-            pci: None,
-            acpi_index: None,
-        });
-    }
-    for (i, iface) in ifaces.iter().enumerate() {
-        nics.push(NicXml {
-            network: ctx.nat_network.clone(),
-            mac: iface
-                .mac_address
-                .clone()
-                .unwrap_or_else(|| mac_for(&ctx.mac_seed, i)),
-            model: iface.model.clone().unwrap_or_else(|| "virtio".into()),
-            alias: iface.name.clone(),
-            queues: None,
-            boot_order: iface.boot_order,
-            link_down: iface.state.as_deref() == Some("down"),
-            pci: iface.pci_address.as_deref().and_then(pci_address),
-            acpi_index: iface.acpi_index,
+            boot_order: iface.and_then(|x| x.boot_order),
+            link_down: iface.is_some_and(|x| x.state.as_deref() == Some("down")),
+            pci: iface
+                .and_then(|x| x.pci_address.as_deref())
+                .and_then(pci_address),
+            acpi_index: iface.and_then(|x| x.acpi_index),
         });
     }
     for n in &mut nics {
@@ -1527,7 +1674,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             .disks
             .iter()
             .any(|d| d.boot_order.is_some())
-            || ifaces.iter().any(|i| i.boot_order.is_some()),
+            || devs.interfaces.iter().any(|i| i.boot_order.is_some()),
         disks,
         filesystems,
         nics,

@@ -1310,6 +1310,123 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
     ] {
         c.push(datavolume(name, spec).expect(&[400, 422]).msg(needle));
     }
+    // ---- NetworkAttachmentDefinitions: configs that would mean more on a Multus cluster than
+    // edgevirt does (other plugins, IPAM), bridge names that are paths, and VMs whose
+    // networks point nowhere or whose MACs collide.
+    let nad_path =
+        format!("/apis/k8s.cni.cncf.io/v1/namespaces/{NS}/network-attachment-definitions");
+    let nad = |name: &str, config: Value| {
+        Case::new(name, Method::POST, nad_path.clone()).json(&json!({
+            "apiVersion": "k8s.cni.cncf.io/v1",
+            "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": format!("hostile-{}", name.to_lowercase())},
+            "spec": {"config": config},
+        }))
+    };
+    let cfg = |v: Value| json!(v.to_string());
+    for (name, config, needle) in [
+        (
+            "nad-macvlan",
+            cfg(json!({"type": "macvlan", "master": "eth0"})),
+            "spec.config.type",
+        ),
+        (
+            "nad-ipam",
+            cfg(json!({"type": "bridge", "bridge": "br0", "ipam": {"type": "host-local"}})),
+            "spec.config.ipam.type",
+        ),
+        (
+            "nad-bridge-path",
+            cfg(json!({"type": "bridge", "bridge": "../../etc"})),
+            "spec.config.bridge",
+        ),
+        (
+            "nad-bridge-xml",
+            cfg(json!({"type": "bridge", "bridge": "b'/><x"})),
+            "spec.config.bridge",
+        ),
+        (
+            "nad-vlan-4096",
+            cfg(json!({"type": "bridge", "vlan": 4096})),
+            "spec.config.vlan",
+        ),
+        (
+            "nad-vlan-negative",
+            cfg(json!({"type": "bridge", "vlan": -1})),
+            "spec.config.vlan",
+        ),
+        (
+            "nad-ip-masq",
+            cfg(json!({"type": "bridge", "ipMasq": true})),
+            "spec.config.ipMasq",
+        ),
+        (
+            "nad-plugin-list",
+            cfg(json!({"plugins": [{"type": "bridge"}]})),
+            "spec.config.plugins",
+        ),
+        (
+            "nad-config-not-json",
+            json!("{\"type\": bridge"),
+            "not JSON",
+        ),
+        ("nad-config-number", json!(7), "config"),
+        (
+            "nad-config-deep",
+            json!(String::from_utf8(json_array_nesting(100_000)).unwrap()),
+            "spec.config",
+        ),
+    ] {
+        c.push(nad(name, config).expect(&[400, 422]).msg(needle));
+    }
+    let lan_vm = |nets: Value, ifaces: Value| {
+        vm("hostile-lan", |v| {
+            v["spec"]["template"]["spec"]["networks"] = nets;
+            domain(v)["devices"]["interfaces"] = ifaces;
+        })
+    };
+    for (name, body, needle) in [
+        (
+            "vm-missing-nad",
+            lan_vm(
+                json!([{"name": "lan", "multus": {"networkName": "no-such-lan"}}]),
+                json!([{"name": "lan", "bridge": {}}]),
+            ),
+            "default/no-such-lan does not exist",
+        ),
+        (
+            "vm-nad-name-traversal",
+            lan_vm(
+                json!([{"name": "lan", "multus": {"networkName": "../../etc/passwd"}}]),
+                json!([{"name": "lan", "bridge": {}}]),
+            ),
+            "networkName",
+        ),
+        (
+            "vm-two-nics-one-mac",
+            lan_vm(
+                json!([{"name": "a", "pod": {}}, {"name": "b", "multus": {"networkName": "x"}}]),
+                json!([{"name": "a", "masquerade": {}, "macAddress": "02:00:00:00:00:09"},
+                       {"name": "b", "bridge": {}, "macAddress": "02:00:00:00:00:09"}]),
+            ),
+            "given to two interfaces",
+        ),
+        (
+            "vm-multicast-mac-on-lan",
+            lan_vm(
+                json!([{"name": "lan", "multus": {"networkName": "x"}}]),
+                json!([{"name": "lan", "bridge": {}, "macAddress": "01:00:5e:00:00:01"}]),
+            ),
+            "multicast",
+        ),
+    ] {
+        c.push(
+            Case::new(name, Method::POST, VMS.to_string())
+                .json(&body)
+                .expect(&[422])
+                .msg(needle),
+        );
+    }
     c.push(
         Case::new("dv-template-bad-name", Method::POST, VMS.to_string())
             .json(&json!({

@@ -15,7 +15,7 @@
 #
 # Guest behaviour (see the /init written below):
 # - kernel cmdline `edgevirt.hostname=NAME` sets the hostname (default evguest);
-# - DHCP on eth0 with busybox udhcpc (sends the hostname to the DHCP server);
+# - DHCP on every ethN with busybox udhcpc (sends the hostname to the DHCP server);
 # - qemu-ga on the virtio-serial port named org.qemu.guest_agent.0;
 # - prints EDGEVIRT-GUEST-READY on the console once qemu-ga is started;
 # - with edgevirt.diskroot=/dev/vdX, runs from an ext2 copy of itself on that disk (made at
@@ -234,11 +234,15 @@ ip link set lo up
 i=0
 while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
 if [ -e /sys/class/net/eth0 ]; then
-    ip link set eth0 up
-    # -T 1: resend DISCOVER every second. libvirt's dnsmasq pings an address
-    # (about 3 s) before it offers it, so the first DISCOVERs go unanswered.
-    udhcpc -i eth0 -f -t 10 -T 1 -A 3 -x "hostname:$HN" \
-        -s /usr/share/udhcpc/default.script -p /run/udhcpc.eth0.pid >/dev/null 2>&1 &
+    # Every NIC asks for an address (a VM on NAT and a site LAN has two).
+    for dev in /sys/class/net/eth*; do
+        dev=${dev##*/}
+        ip link set "$dev" up
+        # -T 1: resend DISCOVER every second. libvirt's dnsmasq pings an address
+        # (about 3 s) before it offers it, so the first DISCOVERs go unanswered.
+        udhcpc -i "$dev" -f -t 10 -T 1 -A 3 -x "hostname:$HN" \
+            -s /usr/share/udhcpc/default.script -p "/run/udhcpc.$dev.pid" >/dev/null 2>&1 &
+    done
 else
     echo "edgevirt-guest: no eth0"
 fi
@@ -303,7 +307,7 @@ cat >"$R/etc/rc.shutdown" <<'EOF'
 #!/bin/sh
 echo "edgevirt-guest: shutting down"
 [ -s /run/qemu-ga.pid ] && kill "$(cat /run/qemu-ga.pid)" 2>/dev/null
-[ -s /run/udhcpc.eth0.pid ] && kill "$(cat /run/udhcpc.eth0.pid)" 2>/dev/null
+for p in /run/udhcpc.*.pid; do [ -s "$p" ] && kill "$(cat "$p")" 2>/dev/null; done
 sync
 EOF
 chmod 0755 "$R/etc/rc.shutdown"

@@ -72,6 +72,26 @@ fn ctx(accel: &str) -> Context {
         )
         .unwrap(),
         pins: None,
+        bridges: BTreeMap::from([
+            (
+                "lan".to_string(),
+                crate::types::cni::Bridge {
+                    bridge: "br0".into(),
+                    vlan: None,
+                    mtu: None,
+                    mac_spoof_check: false,
+                },
+            ),
+            (
+                "office".to_string(),
+                crate::types::cni::Bridge {
+                    bridge: "trunk".into(),
+                    vlan: Some(100),
+                    mtu: Some(1400),
+                    mac_spoof_check: true,
+                },
+            ),
+        ]),
     }
 }
 
@@ -731,4 +751,83 @@ fn interfaces_take_boot_order_pci_address_and_acpi_index() {
         let e = validate(&spec).unwrap_err().0;
         assert!(e.contains(needle), "{iface}: {e}");
     }
+}
+
+/// NAT plus two LANs: bridge NICs on the NetworkAttachmentDefinitions' bridges, with fixed
+/// tap names, MTU and the MAC spoofing filter.
+#[test]
+fn lan_nics_tcg() {
+    golden("lan-nics-tcg", "qemu");
+}
+
+#[test]
+fn networks_and_bindings_that_do_not_fit_are_refused() {
+    let spec = |ifaces: &str, nets: &str| -> VirtualMachineInstanceSpec {
+        serde_yaml_ng::from_str(&format!(
+            "domain: {{memory: {{guest: 64Mi}}, devices: {{interfaces: [{ifaces}]}}}}\nnetworks: [{nets}]"
+        ))
+        .unwrap()
+    };
+    let lan = "{name: lan, multus: {networkName: site-lan}}";
+    let pod = "{name: default, pod: {}}";
+    for (ifaces, nets, needle) in [
+        (
+            "{name: lan, masquerade: {}}",
+            lan,
+            "masquerade binds only to the pod network",
+        ),
+        (
+            "{name: default, bridge: {}}",
+            pod,
+            "bridge binding on a pod network",
+        ),
+        (
+            "{name: lan, bridge: {}, ports: [{port: 80}]}",
+            lan,
+            "ports apply to masquerade only",
+        ),
+        (
+            "{name: lan, bridge: {}, macAddress: '02:00:00:00:00:01'}, \
+             {name: default, masquerade: {}, macAddress: '02-00-00-00-00-01'}",
+            &format!("{lan}, {pod}"),
+            "macAddress 02:00:00:00:00:01 is given to two",
+        ),
+        ("{name: lan, bridge: {}}", "{name: lan}", "give `pod: {}`"),
+        (
+            "{name: lan, bridge: {}}",
+            "{name: lan, pod: {}, multus: {networkName: x}}",
+            "exclude each other",
+        ),
+        (
+            "{name: lan, bridge: {}}",
+            "{name: lan, multus: {networkName: 'a/b/c'}}",
+            "networkName",
+        ),
+        (
+            "{name: lan, bridge: {}}",
+            &format!("{lan}, {lan}"),
+            "named twice",
+        ),
+        (
+            "{name: lan, bridge: {}}, {name: lan, bridge: {}}",
+            lan,
+            "interface \"lan\" is named twice",
+        ),
+    ] {
+        let e = validate(&spec(ifaces, nets)).unwrap_err().0;
+        assert!(e.contains(needle), "{ifaces} / {nets}: {e}");
+    }
+    // Without its NetworkAttachmentDefinition resolved, no XML.
+    let mut c = ctx("qemu");
+    c.bridges.clear();
+    let e = domain_xml(&spec("{name: lan, bridge: {}}", lan), &c)
+        .unwrap_err()
+        .0;
+    assert!(
+        e.contains("NetworkAttachmentDefinition was not found"),
+        "{e}"
+    );
+    // A lone multus network with no interface gets KubeVirt's default NIC, bridged.
+    let xml = domain_xml(&spec("", lan), &ctx("qemu")).unwrap();
+    assert!(xml.contains("<source bridge='br0'/>"), "{xml}");
 }

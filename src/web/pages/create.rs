@@ -217,6 +217,7 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, String> {
         spec.networks = vec![Network {
             name: "default".into(),
             pod: Some(Empty {}),
+            ..Default::default()
         }];
     }
     if !f.kernel.is_empty() {

@@ -107,8 +107,11 @@ const EXPECT: &[(&str, Outcome)] = &[
     ("vmi-kernel-boot.yaml", Runs),
     ("vmi-masquerade.yaml", Runs),
     ("vmi-migratable.yaml", Runs),
-    ("vmi-multus-multiple-net.yaml", Refused("multus")),
-    ("vmi-multus-ptp.yaml", Refused("multus")),
+    (
+        "vmi-multus-multiple-net.yaml",
+        Refused("ptp-conf does not exist"),
+    ),
+    ("vmi-multus-ptp.yaml", Refused("ptp-conf does not exist")),
     ("vmi-nocloud.yaml", Runs),
     ("vmi-pvc.yaml", Runs),
     ("vmi-sata.yaml", Runs),

@@ -1356,6 +1356,34 @@ async fn vms_join_the_site_lan_and_its_vlans_and_keep_them_across_migration() {
         o.stderr
     );
 
+    // The CLI lists the networks with their bridges, nodes and VMs; `export` gives back the
+    // NetworkAttachmentDefinitions (first) and VMs as applied: applying it changes nothing.
+    let (ok, out) = cli(&c, &["network", "list"]);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("site-lan "))
+        .unwrap_or("");
+    assert!(
+        ok && row.contains("brsite") && row.contains("a,b") && row.contains(" lan "),
+        "{out}"
+    );
+    let (ok, exported) = cli(&c, &["export"]);
+    assert!(ok, "{exported}");
+    let nad_at = exported.find("name: site-lan").expect("site-lan exported");
+    assert!(
+        nad_at < exported.find("kind: VirtualMachine").unwrap(),
+        "{exported}"
+    );
+    let f = home.join("export.yaml");
+    std::fs::write(&f, &exported).unwrap();
+    let (ok, out) = cli(&c, &["vm", "apply", "-f", f.to_str().unwrap()]);
+    assert!(
+        ok && out.contains("networkattachmentdefinition/site-lan unchanged")
+            && out.contains("virtualmachine/lan unchanged")
+            && !out.contains("configured"),
+        "{out}"
+    );
+
     // "lost" stays Pending, naming the missing bridge per node.
     let why = wait_for("lost unschedulable", Duration::from_secs(60), || async {
         let vmi = c.vmi("lost").await?;

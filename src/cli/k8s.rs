@@ -1,5 +1,6 @@
 //! The way to a Kubernetes cluster: `edgevirt crds` (CRDs generated from the Rust types),
-//! `edgevirt export` (a site's VMs as clean KubeVirt manifests) and `edgevirt kubeconfig`
+//! `edgevirt export` (a site's VMs as clean KubeVirt manifests, with the Multus networks
+//! they name) and `edgevirt kubeconfig`
 //! (so `kubectl` talks to edgevirt today).
 
 use anyhow::Context as _;
@@ -61,9 +62,10 @@ fn local_annotation(key: &str) -> bool {
     key.starts_with("edgevirt.io/") || key == "kubectl.kubernetes.io/last-applied-configuration"
 }
 
-/// A VM as a KubeVirt manifest: kind, name, namespace, labels, annotations and spec; no
-/// status, server-set metadata or edgevirt bookkeeping. The metadata is read typed; the spec
-/// is exported as the server has it, fields this release does not model included.
+/// An object (a VM, a NetworkAttachmentDefinition) as a manifest for a cluster: kind, name,
+/// namespace, labels, annotations and spec; no status, server-set metadata or edgevirt
+/// bookkeeping. The metadata is read typed; the spec is exported as the server has it,
+/// fields this release does not model included.
 pub fn clean_manifest(vm: &Value) -> anyhow::Result<Value> {
     let m: ObjectMeta = match vm.get("metadata") {
         Some(m) => serde_json::from_value(m.clone()).context("metadata")?,
@@ -84,8 +86,8 @@ pub fn clean_manifest(vm: &Value) -> anyhow::Result<Value> {
         ..Default::default()
     };
     Ok(json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachine",
+        "apiVersion": vm["apiVersion"].as_str().unwrap_or("kubevirt.io/v1"),
+        "kind": vm["kind"].as_str().unwrap_or("VirtualMachine"),
         "metadata": meta,
         "spec": vm.get("spec").cloned().unwrap_or(Value::Null),
     }))
@@ -98,11 +100,37 @@ pub async fn export(a: ExportArgs) -> anyhow::Result<()> {
         None => "/apis/kubevirt.io/v1/virtualmachines".to_string(),
     };
     let list = c.get(&path).await?;
-    let docs: Vec<Value> = list["items"]
-        .as_array()
-        .map(|items| items.iter().map(clean_manifest).collect())
-        .transpose()?
-        .unwrap_or_default();
+    let vms: Vec<Value> = list["items"].as_array().cloned().unwrap_or_default();
+    // The NetworkAttachmentDefinitions the VMs' multus networks name come first: a cluster
+    // (and edgevirt) refuses a VM whose network does not exist yet.
+    let mut nads: Vec<(String, String)> = Vec::new();
+    for vm in &vms {
+        let ns = vm["metadata"]["namespace"].as_str().unwrap_or("default");
+        let nets = vm["spec"]["template"]["spec"]["networks"].as_array();
+        for n in nets.into_iter().flatten() {
+            if let Some(name) = n["multus"]["networkName"].as_str() {
+                let (nns, nad) = crate::types::cni::reference(ns, name);
+                let key = (nns.to_string(), nad.to_string());
+                if !nads.contains(&key) {
+                    nads.push(key);
+                }
+            }
+        }
+    }
+    let mut docs = Vec::new();
+    for (ns, name) in &nads {
+        let path = format!(
+            "/apis/{}/v1/namespaces/{ns}/network-attachment-definitions/{name}",
+            crate::types::cni::GROUP
+        );
+        match c.get_opt(&path).await? {
+            Some(nad) => docs.push(clean_manifest(&nad)?),
+            None => eprintln!("NetworkAttachmentDefinition {ns}/{name} is gone; not exported"),
+        }
+    }
+    for vm in &vms {
+        docs.push(clean_manifest(vm)?);
+    }
     print_yaml_docs(&docs)
 }
 

@@ -6,6 +6,7 @@ mod console;
 mod cpu;
 mod k8s;
 mod lockout;
+mod network;
 mod node;
 mod output;
 mod strategy;
@@ -50,11 +51,14 @@ enum Command {
     Image(vm::ImageArgs),
     /// The hosts: list, inspect, cordon, delete; join tokens for adding hosts.
     Node(node::NodeArgs),
+    /// Site networks (LAN, VLANs): NetworkAttachmentDefinitions naming a host bridge.
+    Network(network::NetworkArgs),
     /// Host CPUs of the nodes, the cluster's baseline CPU model, and CPU checks.
     Cpu(cpu::CpuArgs),
     /// Print the CustomResourceDefinitions of the kinds edgevirt serves, for a Kubernetes cluster.
     Crds(k8s::CrdsArgs),
-    /// Print the VMs as clean KubeVirt manifests (no status, no edgevirt-only fields).
+    /// Print the VMs as clean KubeVirt manifests (no status, no edgevirt-only fields), after
+    /// the NetworkAttachmentDefinitions they name.
     Export(k8s::ExportArgs),
     /// Print a kubeconfig for kubectl and other Kubernetes clients.
     Kubeconfig(k8s::KubeconfigArgs),
@@ -449,6 +453,7 @@ pub fn main() -> ExitCode {
             Command::Image(a) => vm::run_image(a).await,
             Command::Node(a) => node::run_node(a).await,
             Command::Cpu(a) => cpu::run(a).await,
+            Command::Network(a) => network::run(a).await,
             Command::Crds(a) => k8s::crds(a),
             Command::Export(a) => k8s::export(a).await,
             Command::Kubeconfig(a) => k8s::kubeconfig(a),

@@ -45,7 +45,8 @@ enum VmCmd {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Format,
     },
-    /// Create or update VMs from a KubeVirt YAML (or JSON) file; `-` reads stdin.
+    /// Create or update VMs from a KubeVirt YAML (or JSON) file, and the
+    /// NetworkAttachmentDefinitions in it (`edgevirt export` output applies); `-` reads stdin.
     Apply {
         #[arg(short, long)]
         file: PathBuf,
@@ -311,49 +312,7 @@ pub async fn run_vm(a: VmArgs) -> anyhow::Result<()> {
                 }
             }
         }
-        VmCmd::Apply { file } => {
-            for mut doc in read_docs(&file)? {
-                let kind = doc["kind"].as_str().unwrap_or("").to_string();
-                let plural = match kind.as_str() {
-                    "VirtualMachine" => "virtualmachines",
-                    "VirtualMachineInstance" => "virtualmachineinstances",
-                    other => bail!(
-                        "{}: kind {other:?} cannot be applied here (VirtualMachine or VirtualMachineInstance)",
-                        file.display()
-                    ),
-                };
-                // The document goes to the server as written (the server checks it, and a
-                // spec is compared as written); its metadata is read typed.
-                let meta = meta_of(&doc).with_context(|| format!("{}", file.display()))?;
-                let name = meta.name.clone().context("metadata.name is missing")?;
-                let dns = meta.namespace.clone().unwrap_or(ns.to_string());
-                let base = format!("/apis/kubevirt.io/v1/namespaces/{dns}/{plural}");
-                match c.get_opt(&format!("{base}/{name}")).await? {
-                    None => {
-                        c.post(&base, &doc).await?;
-                        println!("{}/{name} created", plural.trim_end_matches('s'));
-                    }
-                    Some(cur) => {
-                        let cur_meta = meta_of(&cur)?;
-                        if spec_of(&cur) == spec_of(&doc) && cur_meta.labels == meta.labels {
-                            println!("{}/{name} unchanged", plural.trim_end_matches('s'));
-                            continue;
-                        }
-                        let rv = cur_meta.resource_version.clone();
-                        if let Some(m) = doc.get_mut("metadata").and_then(Value::as_object_mut) {
-                            m.insert("resourceVersion".into(), json!(rv));
-                        }
-                        let after = meta_of(&c.put(&format!("{base}/{name}"), &doc).await?)?;
-                        let changed = after.resource_version != rv;
-                        println!(
-                            "{}/{name} {}",
-                            plural.trim_end_matches('s'),
-                            if changed { "configured" } else { "unchanged" }
-                        );
-                    }
-                }
-            }
-        }
+        VmCmd::Apply { file } => apply(&c, ns, &file).await?,
         VmCmd::Start { name } => act(&c, &sub(&name, "start"), &name, "start").await?,
         VmCmd::Stop { name } => act(&c, &sub(&name, "stop"), &name, "stop").await?,
         VmCmd::Restart { name } => act(&c, &sub(&name, "restart"), &name, "restart").await?,
@@ -398,6 +357,58 @@ pub async fn run_vm(a: VmArgs) -> anyhow::Result<()> {
         }
         VmCmd::Console { name } => super::console::serial(&c, ns, &name).await?,
         VmCmd::Vnc { name, listen } => super::console::vnc(&c, ns, &name, listen).await?,
+    }
+    Ok(())
+}
+
+/// Create or update each document of `file` (`-`: stdin): VMs, VMIs and the
+/// NetworkAttachmentDefinitions they name, as `edgevirt export` prints them. A document goes
+/// to the server as written (the server checks it, and a spec is compared as written); its
+/// metadata is read typed.
+pub async fn apply(c: &crate::client::Client, ns: &str, file: &PathBuf) -> anyhow::Result<()> {
+    use crate::types::Kind;
+    const KINDS: [Kind; 3] = [
+        Kind::NetworkAttachmentDefinition,
+        Kind::VirtualMachine,
+        Kind::VirtualMachineInstance,
+    ];
+    for mut doc in read_docs(file)? {
+        let kind_name = doc["kind"].as_str().unwrap_or("").to_string();
+        let Some(kind) = KINDS.into_iter().find(|k| k.name() == kind_name) else {
+            bail!(
+                "{}: kind {kind_name:?} cannot be applied here ({})",
+                file.display(),
+                KINDS.map(Kind::name).join(", ")
+            );
+        };
+        let what = kind.name().to_ascii_lowercase();
+        let meta = meta_of(&doc).with_context(|| format!("{}", file.display()))?;
+        let name = meta.name.clone().context("metadata.name is missing")?;
+        let dns = meta.namespace.clone().unwrap_or(ns.to_string());
+        let base = format!("{}/namespaces/{dns}/{}", kind.path_prefix(), kind.plural());
+        match c.get_opt(&format!("{base}/{name}")).await? {
+            None => {
+                c.post(&base, &doc).await?;
+                println!("{what}/{name} created");
+            }
+            Some(cur) => {
+                let cur_meta = meta_of(&cur)?;
+                if spec_of(&cur) == spec_of(&doc) && cur_meta.labels == meta.labels {
+                    println!("{what}/{name} unchanged");
+                    continue;
+                }
+                let rv = cur_meta.resource_version.clone();
+                if let Some(m) = doc.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.insert("resourceVersion".into(), json!(rv));
+                }
+                let after = meta_of(&c.put(&format!("{base}/{name}"), &doc).await?)?;
+                let changed = after.resource_version != rv;
+                println!(
+                    "{what}/{name} {}",
+                    if changed { "configured" } else { "unchanged" }
+                );
+            }
+        }
     }
     Ok(())
 }

@@ -17,6 +17,7 @@
 # domjobinfo --completed` for the bare run; for edgevirt, the target agent reads the same
 # statistics into the migration's `migrationState.downtimeMs`).
 # Rounds alternate a -> b and b -> a. Needs root, libvirtd's packages and the test guest.
+# BENCH_KEEP=1 keeps the controller's and agents' logs (their folder is printed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +37,7 @@ cleanup() {
     $HOST down a >/dev/null 2>&1 || true
     $HOST down b >/dev/null 2>&1 || true
     $HOST bridge-down >/dev/null 2>&1 || true
-    rm -rf "$WORK"
+    if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "logs kept in $WORK" >&2; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
 

@@ -1431,6 +1431,39 @@ async fn vms_join_the_site_lan_and_its_vlans_and_keep_them_across_migration() {
     );
     let out = k.ok(&["get", "vmi", "lan", "-o", "wide"]);
     assert!(out.contains(&lan_ip), "{out}");
+    // The dashboard shows the NICs on the VM page, and the network with its nodes and VMs.
+    let http = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let (session, _) =
+        testkit::hostile::dashboard_session(&http, &c.url, &testkit::hostile::admin_password(&c))
+            .await
+            .unwrap();
+    let page = |path: &str| {
+        let req = http
+            .get(format!("{}{path}", c.url))
+            .header("cookie", format!("edgevirt_session={session}"));
+        async move { req.send().await.unwrap().text().await.unwrap() }
+    };
+    let vm_page = page("/ui/vms/default/lan").await;
+    assert!(
+        vm_page.contains(&format!("lan (network site-lan): {lan_mac}, {lan_ip}")),
+        "{vm_page}"
+    );
+    let nets_page = page("/ui/networks").await;
+    let row = nets_page
+        .split("<tr>")
+        .find(|r| r.contains("default/site-lan"))
+        .unwrap_or("");
+    assert!(
+        row.contains("brsite")
+            && row.contains(">a<")
+            && row.contains(">b<")
+            && row.contains(">lan<"),
+        "{nets_page}"
+    );
     // The client reaches the VM and the VM reaches the client.
     assert!(lan.pings("c1", &lan_ip), "c1 -> lan {lan_ip}");
     let on = c.vmi("lan").await.unwrap()["status"]["nodeName"]

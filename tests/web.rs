@@ -184,6 +184,17 @@ async fn login_sessions_csrf_escaping_and_roles() {
     assert_eq!(r.headers()["location"], "/ui/login?next=%2Fui%2Fvms");
     let r = s
         .http
+        .get(format!("{}/ui/networks", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::SEE_OTHER,
+        "the networks page needs a session"
+    );
+    let r = s
+        .http
         .post(format!("{}/ui/login", s.url))
         .form(&[("username", "admin"), ("password", password.as_str())])
         .send()

@@ -100,6 +100,7 @@ where
         .route("/ui/nodes/{name}", get(pages::node_page))
         .route("/ui/nodes/{name}/graphs", get(pages::node_graphs))
         .route("/ui/activity", get(pages::activity))
+        .route("/ui/networks", get(pages::networks))
         .route(
             "/ui/vms/{ns}/{name}/edit",
             get(pages::edit_vm).post(pages::save_vm),

@@ -1663,6 +1663,7 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                 "/ui/vms/default/nosuch/graphs?range=hour",
                 404,
             ),
+            ("dashboard-networks", "/ui/networks", 200),
             (
                 "dashboard-activity-odd-filter",
                 "/ui/activity?vm=%00%2F..&node=%FF",

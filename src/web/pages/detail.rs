@@ -28,6 +28,8 @@ pub struct StatusView {
     users: String,
     /// The guest's filesystems: `mount (type, device): used of total`.
     filesystems: Vec<String>,
+    /// Each NIC: `name (network): MAC, addresses`.
+    nics: Vec<String>,
     viewers: String,
     conditions: Vec<(String, String, String, String)>,
 }
@@ -68,6 +70,41 @@ struct StatusTpl {
     st: StatusView,
 }
 
+/// The instance's NICs in words: which network each is on, its MAC and its addresses.
+fn nic_lines(vmi: &VirtualMachineInstance) -> Vec<String> {
+    vmi_status(vmi)
+        .interfaces
+        .iter()
+        .map(|i| {
+            let name = i.name.as_deref().unwrap_or("(in the guest)");
+            let net = vmi
+                .spec
+                .networks
+                .iter()
+                .find(|n| Some(n.name.as_str()) == i.name.as_deref());
+            let on = match net {
+                Some(n) if n.pod.is_some() => "NAT".to_string(),
+                Some(n) => n
+                    .multus
+                    .as_ref()
+                    .map_or(String::new(), |m| format!("network {}", m.network_name)),
+                None => String::new(),
+            };
+            let addrs = if i.ip_addresses.is_empty() {
+                "no address yet".to_string()
+            } else {
+                i.ip_addresses.join(", ")
+            };
+            let mac = i.mac.as_deref().unwrap_or("?");
+            if on.is_empty() {
+                format!("{name}: {mac}, {addrs}")
+            } else {
+                format!("{name} ({on}): {mac}, {addrs}")
+            }
+        })
+        .collect()
+}
+
 fn status_view(
     st: &VncState,
     vm: &VirtualMachine,
@@ -105,6 +142,7 @@ fn status_view(
             .map(|s| or_dash(s.node_name.as_deref().unwrap_or_default()))
             .unwrap_or("-".into()),
         ip: vmi.map(vmi_ip).map(|x| or_dash(&x)).unwrap_or("-".into()),
+        nics: vmi.map(nic_lines).unwrap_or_default(),
         ready: status
             .and_then(|s| condition_status(&s.conditions, ConditionType::Ready))
             .unwrap_or("-".into()),

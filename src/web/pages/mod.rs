@@ -30,6 +30,7 @@ mod detail;
 mod edit;
 mod login;
 mod monitoring;
+mod networks;
 mod overview;
 mod vm_list;
 
@@ -40,6 +41,7 @@ pub use detail::{vm_detail, vm_status};
 pub use edit::{edit_vm, save_vm, vm_action};
 pub use login::{login, login_page, logout};
 pub use monitoring::{activity, node_graphs, node_page, vm_graphs};
+pub use networks::networks;
 pub use overview::overview;
 pub use vm_list::{vm_list, vm_rows};
 

@@ -238,6 +238,22 @@ pub async fn node_page(
         ("CPUs", s.cpu.count.to_string()),
         ("Memory", human_bytes(s.memory_bytes)),
         ("Accelerator", or_dash(&s.accelerator)),
+        (
+            "Bridges",
+            or_dash(
+                &s.bridges
+                    .iter()
+                    .map(|b| {
+                        if b.vlan_filtering {
+                            format!("{} (VLAN filtering)", b.name)
+                        } else {
+                            b.name.clone()
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+        ),
         ("Version", or_dash(&s.version)),
     ];
     let events: Vec<Event> = st.store.all().await.unwrap_or_default();

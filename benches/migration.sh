@@ -34,6 +34,7 @@ PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     pkill -9 -f "launcher --socket $WORK" 2>/dev/null || true
+    tests/multihost/lan.sh down a b >/dev/null 2>&1 || true
     $HOST down a >/dev/null 2>&1 || true
     $HOST down b >/dev/null 2>&1 || true
     $HOST bridge-down >/dev/null 2>&1 || true
@@ -157,6 +158,68 @@ for _ in $(seq 1 600); do
     sleep 0.1
 done
 
+# A VM on the site LAN (tests/multihost/lan.sh: a bridge on each host, the site's own
+# dnsmasq, a client), migrated while the client pings it every 50 ms: the pings lost.
+LAN=tests/multihost/lan.sh
+$LAN down a b >/dev/null 2>&1 || true
+$LAN up a b >/dev/null
+api -X POST -H 'content-type: application/json' \
+    -d '{"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition","metadata":{"name":"site-lan"},"spec":{"config":"{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\",\"bridge\":\"brsite\",\"ipam\":{}}"}}' \
+    "$URL/apis/k8s.cni.cncf.io/v1/namespaces/default/network-attachment-definitions" >/dev/null
+api -X POST -H 'content-type: application/yaml' --data-binary @- "$VMS/virtualmachines" >/dev/null <<'YAML'
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: bench-lan}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        cpu: {cores: 1}
+        memory: {guest: 128Mi}
+        devices:
+          autoattachGraphicsDevice: false
+          autoattachSerialConsole: false
+          interfaces: [{name: lan, bridge: {}}]
+        firmware:
+          kernelBoot:
+            kernelArgs: console=ttyS0 edgevirt.hostname=bench-lan
+            container: {image: test-guest, kernelPath: test-kernel, initrdPath: test-initrd}
+      networks: [{name: lan, multus: {networkName: site-lan}}]
+YAML
+lan_ip() { api "$VMS/virtualmachineinstances/bench-lan" | python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+print(next((i.get("ipAddress", "") for i in v.get("status", {}).get("interfaces", []) if i.get("name") == "lan"), ""))'; }
+IP=
+for _ in $(seq 1 900); do IP=$(lan_ip 2>/dev/null); [ -n "$IP" ] && break; sleep 0.2; done
+[ -n "$IP" ] || { echo "bench-lan got no LAN address" >&2; exit 1; }
+$LAN exec c1 busybox ping -i 0.05 "$IP" >"$WORK/lan.ping" 2>&1 &
+PINGER=$!
+sleep 0.5
+m=$(api -X PUT -H 'content-type: application/json' -d '{}' \
+    "$URL/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/bench-lan/migrate" \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["metadata"]["name"])')
+lan_down=
+for _ in $(seq 1 1800); do
+    read -r p lan_down < <(api "$VMS/virtualmachineinstancemigrations/$m" | python3 -c '
+import json, sys
+s = json.load(sys.stdin).get("status", {})
+print(s.get("phase", ""), s.get("migrationState", {}).get("downtimeMs", ""))')
+    [ "$p" = Failed ] && { echo "the LAN VM's migration failed" >&2; exit 1; }
+    [ "$p" = Succeeded ] && [ -n "$lan_down" ] && break
+    sleep 0.1
+done
+for _ in $(seq 1 300); do $LAN exec c1 busybox ping -c 1 -W 1 "$IP" >/dev/null 2>&1 && break; done
+kill -INT "$PINGER"; wait "$PINGER" || true
+LAN_STAT=$(grep "packets transmitted" "$WORK/lan.ping" || echo "no ping summary")
+api -X DELETE "$VMS/virtualmachines/bench-lan" >/dev/null
+for _ in $(seq 1 600); do
+    [ -z "$($HOST exec a virsh -c qemu:///system list --name; $HOST exec b virsh -c qemu:///system list --name)" ] && break
+    sleep 0.1
+done
+$LAN down a b >/dev/null 2>&1 || true
+
 # The bare baseline: the same XML under another name, migrated by virsh directly.
 BARE=bench-bare-$$
 echo "$XML" | python3 -c "
@@ -193,3 +256,7 @@ printf '  %-44s %8s ms  (rounds: %s)\n' "bare: virsh migrate --live --p2p --tunn
 printf '  %-44s %8s\n' "time ratio edgevirt / bare" "$(python3 -c "print(f'{$ev_t/$bare_t:.2f}x')")"
 printf '  %-44s %8s ms  (rounds: %s)\n' "downtime, edgevirt (libvirt's figure)" "$ev_d" "$(paste -sd' ' "$WORK/ev.down")"
 printf '  %-44s %8s ms  (rounds: %s)\n' "downtime, bare (libvirt's figure)" "$bare_d" "$(paste -sd' ' "$WORK/bare.down")"
+lan_sent=$(echo "$LAN_STAT" | awk '{print $1}'); lan_got=$(echo "$LAN_STAT" | awk '{print $4}')
+printf '  %-44s %8s     (%s of %s pings every 50 ms lost: %s ms; downtime %s ms)\n' \
+    "LAN VM migrated while a client pings it" "$((lan_sent - lan_got)) lost" \
+    "$((lan_sent - lan_got))" "$lan_sent" "$(( (lan_sent - lan_got) * 50 ))" "$lan_down"

@@ -47,6 +47,12 @@ pub struct VmForm {
     user_data: String,
     #[serde(default)]
     network: String,
+    /// Up to two site networks (`namespace/name` of a NetworkAttachmentDefinition), each a
+    /// bridged NIC after the NAT one.
+    #[serde(default)]
+    lan1: String,
+    #[serde(default)]
+    lan2: String,
     #[serde(default)]
     labels: String,
     #[serde(default)]
@@ -65,6 +71,8 @@ pub struct FormValues {
     kernel_args: String,
     user_data: String,
     network: String,
+    lan1: String,
+    lan2: String,
     labels: String,
     start: bool,
 }
@@ -98,6 +106,8 @@ impl From<VmForm> for FormValues {
             } else {
                 f.network
             },
+            lan1: f.lan1,
+            lan2: f.lan2,
             labels: f.labels,
             start: f.start.is_some(),
         }
@@ -110,7 +120,18 @@ struct NewVmTpl {
     c: Chrome,
     f: FormValues,
     images: Vec<String>,
+    /// The site networks (`namespace/name`) a NIC may join.
+    networks: Vec<String>,
     yaml: String,
+}
+
+async fn network_names(st: &AppState) -> Vec<String> {
+    all::<crate::types::cni::NetworkAttachmentDefinition>(st)
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(|n| format!("{}/{}", n.namespace(), n.name()))
+        .collect()
 }
 
 async fn image_names(st: &AppState) -> Vec<String> {
@@ -131,6 +152,7 @@ pub async fn new_vm(State(st): S, Extension(u): Extension<WebUser>) -> Response 
         c: Chrome::new(&u, "New VM"),
         f: blank.into(),
         images: image_names(&st).await,
+        networks: network_names(&st).await,
         yaml: String::new(),
     })
 }
@@ -220,6 +242,30 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, String> {
             ..Default::default()
         }];
     }
+    // Site networks: a bridged NIC each, named lan1 and lan2.
+    for (nic, chosen) in [("lan1", &f.lan1), ("lan2", &f.lan2)] {
+        if chosen.is_empty() {
+            continue;
+        }
+        // In the VM's own namespace the plain name, as KubeVirt users write it.
+        let network_name = match chosen.split_once('/') {
+            Some((ns, name)) if ns == f.namespace.trim() => name.to_string(),
+            _ => chosen.clone(),
+        };
+        spec.domain.devices.interfaces.push(Interface {
+            name: nic.into(),
+            bridge: Some(Empty {}),
+            ..Default::default()
+        });
+        spec.networks.push(Network {
+            name: nic.into(),
+            multus: Some(crate::types::kubevirt::MultusNetwork {
+                network_name,
+                default: None,
+            }),
+            ..Default::default()
+        });
+    }
     if !f.kernel.is_empty() {
         let args = f.kernel_args.trim();
         spec.domain.firmware = Some(Firmware {
@@ -303,6 +349,7 @@ pub async fn create_from_form(
             c,
             f,
             images: image_names(&st).await,
+            networks: network_names(&st).await,
             yaml: String::new(),
         },
     )
@@ -356,6 +403,7 @@ pub async fn create_from_yaml(
             c,
             f: blank,
             images: image_names(&st).await,
+            networks: network_names(&st).await,
             yaml: form.yaml,
         },
     )
@@ -423,6 +471,26 @@ mod tests {
                     }},
                 },
             })
+        );
+    }
+
+    #[test]
+    fn site_networks_become_bridged_nics_after_the_nat_one() {
+        let mut f = form("debian", "");
+        f.lan1 = "prod/site-lan".into();
+        f.lan2 = "shared/cameras".into();
+        let vm = vm_from_form(&f).unwrap().to_value();
+        let spec = &vm["spec"]["template"]["spec"];
+        assert_eq!(
+            spec["domain"]["devices"]["interfaces"],
+            json!([{"name": "default", "masquerade": {}},
+                   {"name": "lan1", "bridge": {}}, {"name": "lan2", "bridge": {}}])
+        );
+        assert_eq!(
+            spec["networks"],
+            json!([{"name": "default", "pod": {}},
+                   {"name": "lan1", "multus": {"networkName": "site-lan"}},
+                   {"name": "lan2", "multus": {"networkName": "shared/cameras"}}])
         );
     }
 

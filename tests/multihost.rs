@@ -1209,6 +1209,23 @@ impl Drop for Lan {
     }
 }
 
+/// Why the scheduler cannot place the VM's instance (its PodScheduled condition).
+async fn unschedulable(c: &Appliance, vm: &str) -> String {
+    wait_for(
+        &format!("{vm} unschedulable"),
+        Duration::from_secs(60),
+        || async {
+            let vmi = c.vmi(vm).await?;
+            let conds = vmi["status"]["conditions"].as_array()?.clone();
+            conds
+                .iter()
+                .find(|c| c["type"] == "PodScheduled" && c["status"] == "False")
+                .map(|c| c["message"].as_str().unwrap_or("").to_string())
+        },
+    )
+    .await
+}
+
 /// The VMI's status interface named `name`, once it has an IPv4 address.
 async fn lan_address(c: &Appliance, vm: &str, name: &str) -> Value {
     wait_for(
@@ -1385,15 +1402,7 @@ async fn vms_join_the_site_lan_and_its_vlans_and_keep_them_across_migration() {
     );
 
     // "lost" stays Pending, naming the missing bridge per node.
-    let why = wait_for("lost unschedulable", Duration::from_secs(60), || async {
-        let vmi = c.vmi("lost").await?;
-        let conds = vmi["status"]["conditions"].as_array()?.clone();
-        conds
-            .iter()
-            .find(|c| c["type"] == "PodScheduled" && c["status"] == "False")
-            .map(|c| c["message"].as_str().unwrap_or("").to_string())
-    })
-    .await;
+    let why = unschedulable(&c, "lost").await;
     for n in ["a", "b"] {
         assert!(
             why.contains(&format!("{n}: no bridge brnone (network office)")),
@@ -1482,15 +1491,7 @@ async fn vms_join_the_site_lan_and_its_vlans_and_keep_them_across_migration() {
 
     if !vlans {
         // No VLAN filtering on any node's bridge: the VLAN VM waits, saying why per node.
-        let why = wait_for("v100 unschedulable", Duration::from_secs(60), || async {
-            let vmi = c.vmi("v100").await?;
-            let conds = vmi["status"]["conditions"].as_array()?.clone();
-            conds
-                .iter()
-                .find(|c| c["type"] == "PodScheduled" && c["status"] == "False")
-                .map(|c| c["message"].as_str().unwrap_or("").to_string())
-        })
-        .await;
+        let why = unschedulable(&c, "v100").await;
         assert!(
             why.contains("a: bridge brsite has VLAN filtering off"),
             "{why}"

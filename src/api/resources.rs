@@ -1039,13 +1039,7 @@ async fn check_network_unused(st: &AppState, ns: &str, name: &str) -> ApiResult<
     let users: Vec<String> = vmis
         .iter()
         .filter(|v| !v.phase().is_final())
-        .filter(|v| {
-            v.spec.networks.iter().any(|n| {
-                n.multus.as_ref().is_some_and(|m| {
-                    crate::types::cni::reference(v.namespace(), &m.network_name) == (ns, name)
-                })
-            })
-        })
+        .filter(|v| crate::rules::network::uses(v.namespace(), &v.spec.networks, ns, name))
         .map(|v| format!("{}/{}", v.namespace(), v.name()))
         .collect();
     if users.is_empty() {

@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::ClientOpts;
 use super::output::{Format, created_age, decode, items, print_value, table};
 use crate::types::Meta;
-use crate::types::cni::{GROUP, NetworkAttachmentDefinition, parse_config, reference};
+use crate::types::cni::{GROUP, NetworkAttachmentDefinition, parse_config};
 use crate::types::edgevirt::Node;
 use crate::types::kubevirt::VirtualMachine;
 
@@ -77,11 +77,8 @@ fn rows(
             let users: Vec<&str> = vms
                 .iter()
                 .filter(|vm| {
-                    vm.spec.template.spec.networks.iter().any(|net| {
-                        net.multus.as_ref().is_some_and(|m| {
-                            reference(vm.namespace(), &m.network_name) == (n.namespace(), n.name())
-                        })
-                    })
+                    let nets = &vm.spec.template.spec.networks;
+                    crate::rules::network::uses(vm.namespace(), nets, n.namespace(), n.name())
                 })
                 .map(|vm| vm.name())
                 .collect();

@@ -4,6 +4,17 @@
 
 use crate::types::cni::Bridge;
 use crate::types::edgevirt::HostBridge;
+use crate::types::kubevirt::Network;
+
+/// Whether an instance in `ns` with these `networks` joins the NetworkAttachmentDefinition
+/// `nad_ns/nad_name`.
+pub fn uses(ns: &str, networks: &[Network], nad_ns: &str, nad_name: &str) -> bool {
+    networks.iter().any(|n| {
+        n.multus.as_ref().is_some_and(|m| {
+            crate::types::cni::reference(ns, &m.network_name) == (nad_ns, nad_name)
+        })
+    })
+}
 
 /// `Ok` when `host` (a node's bridges) can carry `b`, or why not.
 pub fn bridge_fits(b: &Bridge, host: &[HostBridge]) -> Result<(), String> {
@@ -21,6 +32,19 @@ pub fn bridge_fits(b: &Bridge, host: &[HostBridge]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_network_name_is_in_the_instances_namespace_unless_it_names_one() {
+        let nets: Vec<Network> = serde_json::from_value(serde_json::json!([
+            {"name": "a", "pod": {}},
+            {"name": "b", "multus": {"networkName": "lan"}},
+            {"name": "c", "multus": {"networkName": "site/cameras"}}]))
+        .unwrap();
+        assert!(uses("prod", &nets, "prod", "lan"));
+        assert!(!uses("prod", &nets, "default", "lan"));
+        assert!(uses("prod", &nets, "site", "cameras"));
+        assert!(!uses("prod", &nets, "prod", "cameras"));
+    }
 
     #[test]
     fn a_bridge_must_exist_and_filter_vlans_for_a_vlan() {

@@ -7,7 +7,7 @@ use axum::response::Response;
 
 use super::{Chrome, all, render};
 use crate::types::Meta;
-use crate::types::cni::{NetworkAttachmentDefinition, parse_config, reference};
+use crate::types::cni::{NetworkAttachmentDefinition, parse_config};
 use crate::types::edgevirt::Node;
 use crate::types::kubevirt::VirtualMachine;
 use crate::web::{S, WebUser};
@@ -56,12 +56,8 @@ pub async fn networks(State(st): S, Extension(u): Extension<WebUser>) -> Respons
                 vms: vms
                     .iter()
                     .filter(|vm| {
-                        vm.spec.template.spec.networks.iter().any(|net| {
-                            net.multus.as_ref().is_some_and(|m| {
-                                reference(vm.namespace(), &m.network_name)
-                                    == (n.namespace(), n.name())
-                            })
-                        })
+                        let nets = &vm.spec.template.spec.networks;
+                        crate::rules::network::uses(vm.namespace(), nets, n.namespace(), n.name())
                     })
                     .map(|vm| (vm.namespace().to_string(), vm.name().to_string()))
                     .collect(),

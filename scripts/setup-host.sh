@@ -43,7 +43,8 @@ APT_OPTS=(-y -q -o Dpkg::Use-Pty=0 -o DPkg::Lock::Timeout=600
 
 PACKAGES=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-dev libvirt-clients
           qemu-system-x86 dnsmasq-base iptables pkg-config genisoimage ovmf gcc libc6-dev
-          busybox-static qemu-guest-agent cpio gzip swtpm swtpm-tools)
+          busybox-static qemu-guest-agent cpio gzip swtpm swtpm-tools
+          iproute2 libvirt-daemon-config-nwfilter ebtables)
 
 pid1_is_systemd() { [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ]; }
 

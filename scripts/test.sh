@@ -32,6 +32,7 @@ had_networks=()
 cleanup() {
     local rc=$? net pid
     set +e
+    tests/multihost/lan.sh down a b x >/dev/null 2>&1
     for h in a b x; do tests/multihost/host.sh down "$h" >/dev/null 2>&1; done
     tests/multihost/host.sh bridge-down >/dev/null 2>&1
     if virsh -q -c qemu:///system version >/dev/null 2>&1; then
@@ -107,7 +108,9 @@ tests/deb.sh target/debug/edgevirt
 
 log "end-to-end tests (real libvirtd, real guests, consoles, chromium, kubectl, upgrade, several hosts)"
 export EDGEVIRT_ARTIFACTS="${EDGEVIRT_ARTIFACTS:-$PWD/target/test-artifacts}"
-# Test hosts a run that died may have left behind (namespaces, their libvirtds).
+# Test hosts and the site LAN a run that died may have left behind (namespaces, their
+# libvirtds, the LAN's dnsmasq).
+tests/multihost/lan.sh down a b x >/dev/null 2>&1 || true
 for h in a b x; do tests/multihost/host.sh down "$h" >/dev/null 2>&1 || true; done
 cargo test --locked --test e2e --test examples --test console --test browser --test kubectl --test upgrade \
     --test cpu_e2e --test multihost --no-fail-fast -- --include-ignored --test-threads=1

@@ -1292,7 +1292,7 @@ async fn vms_join_the_site_lan_and_its_vlans_and_keep_them_across_migration() {
         nad(
             "site-lan",
             json!({"cniVersion": "0.3.1", "name": "site-lan", "type": "bridge",
-            "bridge": "brsite", "ipam": {}}),
+            "bridge": "brsite", "macspoofchk": true, "ipam": {}}),
         ),
         nad(
             "site-vlan100",
@@ -1487,6 +1487,26 @@ async fn vms_join_the_site_lan_and_its_vlans_and_keep_them_across_migration() {
             .as_deref()
             .is_some_and(|r| r.contains("2 packets received")),
         "lan -> c1: {reply:?}"
+    );
+    // macspoofchk: frames from another MAC than the NIC's own are dropped.
+    let dev = lan_if["interfaceName"].as_str().unwrap();
+    let spoof = format!(
+        "ip link set {dev} address 02:00:00:00:00:99; ping -c 2 -W 2 10.213.70.50; \
+         ip link set {dev} address {lan_mac}"
+    );
+    let reply = host(&on).guest_exec(&dom, "/bin/sh", &["-c", &spoof]);
+    assert!(
+        reply
+            .as_deref()
+            .is_some_and(|r| r.contains("0 packets received")),
+        "a spoofed MAC got through: {reply:?}"
+    );
+    let reply = host(&on).guest_exec(&dom, "/bin/ping", &["-c", "2", "-W", "2", "10.213.70.50"]);
+    assert!(
+        reply
+            .as_deref()
+            .is_some_and(|r| r.contains("2 packets received")),
+        "lan -> c1 with its own MAC again: {reply:?}"
     );
 
     if !vlans {

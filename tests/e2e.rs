@@ -303,7 +303,8 @@ async fn metrics_of_a_running_guest(a: &Appliance, dom: &str, ip: &str) {
     }
     let sel = r#"{name="life",namespace="default",node="testnode"}"#;
     let cpu = format!("kubevirt_vmi_cpu_usage_seconds_total{sel}");
-    let rx = format!("sum(kubevirt_vmi_network_receive_bytes_total{sel})");
+    // The NIC is named as the spec names it, as in KubeVirt.
+    let rx = r#"sum(kubevirt_vmi_network_receive_bytes_total{name="life",namespace="default",node="testnode",interface="default"})"#.to_string();
     let written = format!("sum(kubevirt_vmi_storage_write_traffic_bytes_total{sel})");
     let before = (
         prom.value(&cpu).await,

@@ -156,6 +156,8 @@ struct MetaFacts {
     #[serde(default)]
     name: String,
     #[serde(default)]
+    uid: String,
+    #[serde(default)]
     namespace: String,
     #[serde(default)]
     annotations: BTreeMap<String, String>,
@@ -176,6 +178,15 @@ struct StatusFacts {
     migration_state: Option<MigrationFacts>,
     #[serde(default)]
     guest_agent_info: Option<GuestFacts>,
+    /// The NICs, the spec's first and in its order (the agent writes them so).
+    #[serde(default)]
+    interfaces: Vec<InterfaceFacts>,
+}
+
+#[derive(Default, Deserialize)]
+struct InterfaceFacts {
+    #[serde(default)]
+    name: Option<String>,
 }
 
 #[derive(Default, Deserialize)]
@@ -864,7 +875,10 @@ fn domains(
                     .map(|(a, u)| a.saturating_sub(u)),
             );
             for n in &d.net {
-                let l = [labels[0], labels[1], labels[2], n.name.as_str()];
+                // KubeVirt names the NIC as the spec does; edgevirt's taps say which one.
+                let nic = crate::virt::convert::nic_index(&v.metadata.uid, &n.name)
+                    .and_then(|i| v.status.interfaces.get(i)?.name.as_deref());
+                let l = [labels[0], labels[1], labels[2], nic.unwrap_or(&n.name)];
                 for (c, v) in [
                     (&rx_bytes, n.rx_bytes),
                     (&tx_bytes, n.tx_bytes),
@@ -993,27 +1007,38 @@ mod tests {
     async fn a_scrape_labels_domain_stats_with_their_instance() {
         let d = tempfile::tempdir().unwrap();
         let store = Store::open(&d.path().join("db")).await.unwrap();
-        store
+        let created = store
             .create(
                 Kind::VirtualMachineInstance,
                 json!({"metadata": {"name": "web", "namespace": "default"},
                        "spec": {"domain": {"devices": {}}},
                        "status": {"phase": "Running", "nodeName": "n1",
-                                  "domainName": "ev-default-web-1"}}),
+                                  "domainName": "ev-default-web-1",
+                                  "interfaces": [{"name": "default"}, {"name": "lan"}]}}),
                 false,
             )
             .await
             .unwrap();
+        let uid = created["metadata"]["uid"].as_str().unwrap();
         let hub = Hub::default();
         let domain = DomainStats {
             name: "ev-default-web-1".into(),
             cpu_time_ns: Some(2_500_000_000),
             vcpu_time_ns: vec![1_000_000_000],
-            net: vec![NetStats {
-                name: "vnet0".into(),
-                rx_bytes: 1400,
-                ..Default::default()
-            }],
+            net: vec![
+                // A tap of an older release's domain: its own name.
+                NetStats {
+                    name: "vnet0".into(),
+                    rx_bytes: 1400,
+                    ..Default::default()
+                },
+                // edgevirt's tap of the second NIC: the spec's name.
+                NetStats {
+                    name: crate::virt::convert::tap_name(uid, 1),
+                    rx_bytes: 700,
+                    ..Default::default()
+                },
+            ],
             block: vec![BlockStats {
                 name: "vda".into(),
                 write_bytes: 4096,
@@ -1048,6 +1073,9 @@ mod tests {
         );
         assert!(has(&format!(
             "kubevirt_vmi_network_receive_bytes_total{{interface=\"vnet0\",{l}}} 1400"
+        )));
+        assert!(has(&format!(
+            "kubevirt_vmi_network_receive_bytes_total{{interface=\"lan\",{l}}} 700"
         )));
         assert!(has(&format!(
             "kubevirt_vmi_storage_write_traffic_bytes_total{{drive=\"vda\",{l}}} 4096"

@@ -120,9 +120,11 @@ struct FilesystemXml {
 struct NicXml {
     /// The libvirt network (`pod`), when not on a bridge.
     network: String,
-    /// `<interface type='bridge'>`: the host bridge, the tap's name, the MTU, and whether
-    /// libvirt's `no-mac-spoofing` filter applies.
+    /// `<interface type='bridge'>`: the host bridge, the MTU, and whether libvirt's
+    /// `no-mac-spoofing` filter applies.
     bridge: Option<BridgeNicXml>,
+    /// The host tap's name ([`tap_name`]).
+    dev: String,
     mac: String,
     model: String,
     alias: String,
@@ -138,7 +140,6 @@ struct NicXml {
 
 struct BridgeNicXml {
     bridge: String,
-    dev: String,
     mtu: Option<u32>,
     no_spoof: bool,
 }
@@ -199,9 +200,9 @@ pub fn normal_mac(mac: &str) -> String {
     mac.to_ascii_lowercase().replace('-', ":")
 }
 
-/// The host name of the tap of an instance's NIC at `index` on a bridge: fixed, so the
-/// agent can find it (to set its VLAN) on whichever node the instance runs, and at most 15
-/// bytes as Linux allows.
+/// The host name of the tap of an instance's NIC at `index`: fixed, so the agent can find
+/// it (to set its VLAN) on whichever node the instance runs and `/metrics` can name the NIC
+/// it counts ([`nic_index`]); at most 15 bytes, as Linux allows.
 pub fn tap_name(vmi_uid: &str, index: usize) -> String {
     let id: String = vmi_uid
         .chars()
@@ -209,6 +210,13 @@ pub fn tap_name(vmi_uid: &str, index: usize) -> String {
         .take(10)
         .collect();
     format!("ev{id}{index}")
+}
+
+/// The NIC position a tap name of [`tap_name`] stands for, for the instance `vmi_uid`.
+pub fn nic_index(vmi_uid: &str, tap: &str) -> Option<usize> {
+    let stem = tap_name(vmi_uid, 0);
+    let stem = &stem[..stem.len() - 1];
+    tap.strip_prefix(stem)?.parse().ok()
 }
 
 /// The first value that stands twice in `list`.
@@ -1569,7 +1577,6 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
                 })?;
                 Some(BridgeNicXml {
                     bridge: b.bridge.clone(),
-                    dev: tap_name(&ctx.vmi_uid, i),
                     mtu: b.mtu,
                     no_spoof: b.mac_spoof_check,
                 })
@@ -1579,6 +1586,7 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
         nics.push(NicXml {
             network: ctx.nat_network.clone(),
             bridge,
+            dev: tap_name(&ctx.vmi_uid, i),
             mac: nic.mac,
             model: iface
                 .and_then(|x| x.model.clone())

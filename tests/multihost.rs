@@ -1375,6 +1375,12 @@ async fn vms_join_the_site_lan_and_its_vlans_and_keep_them_across_migration() {
 
     // The CLI lists the networks with their bridges, nodes and VMs; `export` gives back the
     // NetworkAttachmentDefinitions (first) and VMs as applied: applying it changes nothing.
+    let (ok, out) = cli(&c, &["node", "list", "-o", "wide"]);
+    let bridges = if vlans { "brsite(vlan)" } else { "brsite" };
+    assert!(
+        ok && out.contains("BRIDGES") && out.contains(bridges),
+        "{out}"
+    );
     let (ok, out) = cli(&c, &["network", "list"]);
     let row = out
         .lines()

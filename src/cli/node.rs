@@ -198,6 +198,20 @@ fn rows(nodes: &[Node], vmis: &[VirtualMachineInstance], wide: bool) -> Vec<Vec<
                         .map_or("<none>", |p| p.name.as_str())
                         .to_string(),
                 );
+                // `(vlan)`: VLAN filtering is on, so VLAN networks can use it.
+                let bridges: Vec<String> = status
+                    .bridges
+                    .iter()
+                    .map(|b| {
+                        let vlan = if b.vlan_filtering { "(vlan)" } else { "" };
+                        format!("{}{vlan}", b.name)
+                    })
+                    .collect();
+                r.push(if bridges.is_empty() {
+                    "<none>".into()
+                } else {
+                    bridges.join(",")
+                });
                 r.push(
                     status
                         .last_heartbeat_time
@@ -221,7 +235,7 @@ fn headers(wide: bool) -> Vec<&'static str> {
         "NAME", "STATUS", "VENDOR", "ACCEL", "CPUS", "MEMORY", "VMIS", "VERSION", "AGE",
     ];
     if wide {
-        h.extend(["MODEL", "POOL", "HEARTBEAT", "REASON"]);
+        h.extend(["MODEL", "POOL", "BRIDGES", "HEARTBEAT", "REASON"]);
     }
     h
 }

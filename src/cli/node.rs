@@ -540,6 +540,7 @@ mod tests {
              "status": {"cpu": {"vendor": "AuthenticAMD", "count": 8, "model": "EPYC"},
                         "accelerator": "kvm", "memoryBytes": 2147483648u64, "version": "1.2",
                         "sharedPool": {"name": "nfs", "path": "/p"},
+                        "bridges": [{"name": "br0", "vlanFiltering": true}, {"name": "lan"}],
                         "conditions": [{"type": "Ready", "status": "False",
                                         "reason": "HeartbeatLate"}],
                         "aNewerField": {}}},
@@ -567,6 +568,7 @@ mod tests {
                 "<unknown>",
                 "EPYC",
                 "nfs",
+                "br0(vlan),lan",
                 "never",
                 "HeartbeatLate"
             ]
@@ -584,6 +586,7 @@ mod tests {
                 "",
                 "<unknown>",
                 "",
+                "<none>",
                 "<none>",
                 "never",
                 ""

@@ -258,8 +258,7 @@ async fn run_target(
     tokio::fs::create_dir_all(&agent.migration_dir).await?;
     // Taps on a VLAN get it the moment the incoming QEMU makes them, long before the
     // guest runs here.
-    let mut taps =
-        crate::hostnet::read_tap_vlans(xml_path.parent().unwrap_or(&agent.migration_dir))?;
+    let mut taps = crate::hostnet::read_tap_vlans(&agent.run_dir(&uid))?;
     let vlans = async move {
         while !taps.is_empty() {
             taps = tokio::task::spawn_blocking(move || crate::hostnet::set_present(taps))

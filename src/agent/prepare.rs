@@ -540,18 +540,9 @@ async fn bridges_of(
     for n in &spec.networks {
         let Some(m) = &n.multus else { continue };
         let (nns, nad) = crate::types::cni::reference(ns, &m.network_name);
-        let def = agent.cp.network(nns, nad).await?.ok_or_else(|| {
-            anyhow::anyhow!(
-                "network {}: NetworkAttachmentDefinition {nns}/{nad} does not exist",
-                n.name
-            )
-        })?;
-        let b = crate::types::cni::parse_config(&def.spec.config).map_err(|e| {
-            anyhow::anyhow!(
-                "network {}: NetworkAttachmentDefinition {nns}/{nad}: {e}",
-                n.name
-            )
-        })?;
+        let def = agent.cp.network(nns, nad).await?;
+        let b = crate::rules::network::bridge_of(&n.name, (nns, nad), def.as_ref())
+            .map_err(anyhow::Error::msg)?;
         if let Err(why) = crate::rules::network::bridge_fits(&b, &host) {
             bail!("network {}: {why}", n.name);
         }

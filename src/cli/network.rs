@@ -63,10 +63,7 @@ fn rows(
                 Ok(b) => {
                     let hosts: Vec<&str> = nodes
                         .iter()
-                        .filter(|node| {
-                            let have = node.status.as_ref().map_or(&[][..], |s| &s.bridges[..]);
-                            crate::rules::network::bridge_fits(&b, have).is_ok()
-                        })
+                        .filter(|node| crate::rules::network::node_carries(&b, node).is_ok())
                         .map(|node| node.name())
                         .collect();
                     let vlan = b.vlan.map_or("-".to_string(), |v| v.to_string());

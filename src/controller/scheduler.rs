@@ -129,20 +129,9 @@ pub async fn pick_node(
             .store
             .get_typed::<crate::types::cni::NetworkAttachmentDefinition>(ns, name)
             .await?;
-        match def.map(|d| crate::types::cni::parse_config(&d.spec.config)) {
-            Some(Ok(b)) => bridges.push((n.name.clone(), b)),
-            Some(Err(e)) => {
-                return Ok(Err(format!(
-                    "network {}: NetworkAttachmentDefinition {ns}/{name}: {e}",
-                    n.name
-                )));
-            }
-            None => {
-                return Ok(Err(format!(
-                    "network {}: NetworkAttachmentDefinition {ns}/{name} does not exist",
-                    n.name
-                )));
-            }
+        match crate::rules::network::bridge_of(&n.name, (ns, name), def.as_ref()) {
+            Ok(b) => bridges.push((n.name.clone(), b)),
+            Err(why) => return Ok(Err(why)),
         }
     }
     let running_cpu: Option<GuestCpu> = vmi
@@ -258,9 +247,8 @@ pub async fn pick_node(
             ));
             continue;
         }
-        let host_bridges = n.status.as_ref().map_or(&[][..], |s| &s.bridges[..]);
         if let Some(why) = bridges.iter().find_map(|(net, b)| {
-            crate::rules::network::bridge_fits(b, host_bridges)
+            crate::rules::network::node_carries(b, n)
                 .err()
                 .map(|why| format!("{why} (network {net})"))
         }) {

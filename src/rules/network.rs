@@ -2,8 +2,8 @@
 //! there, and be VLAN-filtering when the network has a VLAN. The scheduler places by this
 //! rule and the agent checks it again against its own host before a start.
 
-use crate::types::cni::Bridge;
-use crate::types::edgevirt::HostBridge;
+use crate::types::cni::{Bridge, NetworkAttachmentDefinition};
+use crate::types::edgevirt::{HostBridge, Node};
 use crate::types::kubevirt::Network;
 
 /// Whether an instance in `ns` with these `networks` joins the NetworkAttachmentDefinition
@@ -14,6 +14,27 @@ pub fn uses(ns: &str, networks: &[Network], nad_ns: &str, nad_name: &str) -> boo
             crate::types::cni::reference(ns, &m.network_name) == (nad_ns, nad_name)
         })
     })
+}
+
+/// The bridge the NetworkAttachmentDefinition `nad` (`ns/name`, as fetched: `None` when it
+/// does not exist) gives network `network`, or why there is none; the scheduler and the
+/// agent say it in these words.
+pub fn bridge_of(
+    network: &str,
+    (ns, name): (&str, &str),
+    nad: Option<&NetworkAttachmentDefinition>,
+) -> Result<Bridge, String> {
+    let nad = nad.ok_or_else(|| {
+        format!("network {network}: NetworkAttachmentDefinition {ns}/{name} does not exist")
+    })?;
+    crate::types::cni::parse_config(&nad.spec.config)
+        .map_err(|e| format!("network {network}: NetworkAttachmentDefinition {ns}/{name}: {e}"))
+}
+
+/// `Ok` when `node` has the bridge `b` names (VLAN-filtering for a VLAN), or why not: the
+/// scheduler's rule, which the CLI and dashboard show too.
+pub fn node_carries(b: &Bridge, node: &Node) -> Result<(), String> {
+    bridge_fits(b, node.status.as_ref().map_or(&[][..], |s| &s.bridges[..]))
 }
 
 /// `Ok` when `host` (a node's bridges) can carry `b`, or why not.
@@ -44,6 +65,51 @@ mod tests {
         assert!(!uses("prod", &nets, "default", "lan"));
         assert!(uses("prod", &nets, "site", "cameras"));
         assert!(!uses("prod", &nets, "prod", "cameras"));
+    }
+
+    #[test]
+    fn a_missing_or_unusable_definition_is_named() {
+        let nad = |config: &str| {
+            NetworkAttachmentDefinition::new(
+                "lan",
+                crate::types::cni::NetworkAttachmentDefinitionSpec {
+                    config: config.into(),
+                },
+            )
+        };
+        assert_eq!(
+            bridge_of("office", ("site", "lan"), None),
+            Err("network office: NetworkAttachmentDefinition site/lan does not exist".into())
+        );
+        let e = bridge_of(
+            "office",
+            ("site", "lan"),
+            Some(&nad(r#"{"type":"macvlan"}"#)),
+        );
+        assert!(
+            e.unwrap_err().starts_with(
+                "network office: NetworkAttachmentDefinition site/lan: spec.config.type"
+            )
+        );
+        let b = bridge_of(
+            "office",
+            ("site", "lan"),
+            Some(&nad(r#"{"type":"bridge","bridge":"br0"}"#)),
+        );
+        assert_eq!(b.unwrap().bridge, "br0");
+        // A node without status has no bridges.
+        let node = Node::new("n", Default::default());
+        assert_eq!(
+            node_carries(&b_of("br0"), &node),
+            Err("no bridge br0".into())
+        );
+    }
+
+    fn b_of(bridge: &str) -> Bridge {
+        Bridge {
+            bridge: bridge.into(),
+            ..Default::default()
+        }
     }
 
     #[test]

@@ -65,8 +65,7 @@ pub async fn networks(State(st): S, Extension(u): Extension<WebUser>) -> Respons
             match parse_config(&n.spec.config) {
                 Ok(b) => {
                     for node in &nodes {
-                        let have = node.status.as_ref().map_or(&[][..], |s| &s.bridges[..]);
-                        match crate::rules::network::bridge_fits(&b, have) {
+                        match crate::rules::network::node_carries(&b, node) {
                             Ok(()) => row.nodes.push(node.name().to_string()),
                             Err(why) => row.missing.push(format!("{}: {why}", node.name())),
                         }

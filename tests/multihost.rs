@@ -1560,10 +1560,16 @@ async fn vms_join_the_site_lan_and_its_vlans_and_keep_them_across_migration() {
     let (code, m) = migrate(&c, "lan").await;
     assert_eq!(code, 201, "{m}");
     let mname = m["metadata"]["name"].as_str().unwrap().to_string();
-    let done = wait_migration_phase(&c, &mname, &["Succeeded"], Duration::from_secs(180)).await;
-    let downtime = done["status"]["migrationState"]["downtimeMs"]
-        .as_u64()
-        .unwrap_or(0);
+    wait_migration_phase(&c, &mname, &["Succeeded"], Duration::from_secs(180)).await;
+    // The target agent records libvirt's downtime just after the migration succeeds.
+    let downtime = wait_for(
+        "the migration's downtime",
+        Duration::from_secs(30),
+        || async {
+            migration(&c, &mname).await?["status"]["migrationState"]["downtimeMs"].as_u64()
+        },
+    )
+    .await;
     // Until the VM answers on the target, then a little longer.
     wait_for(
         "lan answering after the migration",

@@ -51,6 +51,8 @@ pub struct Settings {
     pub image_gc_grace: Duration,
     /// How often agents send their node's figures (`stats_interval`).
     pub stats_interval: Duration,
+    /// Where other agents send migrations directly (`--migration-address`).
+    pub migration_address: Option<String>,
 }
 
 /// What the first start writes for the administrator.
@@ -196,6 +198,7 @@ fn agent_config(
         registry_mirrors: s.registry_mirrors.clone(),
         image_gc_grace: s.image_gc_grace,
         stats_interval: s.stats_interval,
+        migration_address: s.migration_address.clone(),
     })
 }
 

@@ -141,3 +141,21 @@ pub fn pinned_client_config(sha256: &str, alpn: &[&str]) -> anyhow::Result<rustl
     cfg.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
     Ok(cfg)
 }
+
+/// A throwaway server identity: a fresh self-signed certificate for `names`, kept only in
+/// memory, and its SHA-256 pin (for a peer told the pin over a channel it already trusts).
+pub fn ephemeral_server_config(
+    names: Vec<String>,
+) -> anyhow::Result<(std::sync::Arc<rustls::ServerConfig>, String)> {
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    let ck = rcgen::generate_simple_self_signed(names)?;
+    let der = ck.cert.der().clone();
+    let pin = cert_sha256(der.as_ref());
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()));
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(vec![der], key)?;
+    Ok((std::sync::Arc::new(cfg), pin))
+}

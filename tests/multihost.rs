@@ -680,6 +680,11 @@ async fn vms_live_migrate_cancel_and_drain() {
             format!("site={}", pool.path().display()),
         ));
     }
+    // b takes migrations directly from a at the address of its route to the controller; a
+    // names an address b cannot reach it at (b's own loopback), so migrations to a fall
+    // back to the controller's relay.
+    a.env
+        .push(("EDGEVIRT_MIGRATION_ADDRESS".into(), "127.0.0.1".into()));
     let (ta, tb) = (join_token(&c).await, join_token(&c).await);
     a.start_agent(&c.url, Some(&ta));
     b.start_agent(&c.url, Some(&tb));
@@ -803,6 +808,16 @@ async fn vms_live_migrate_cancel_and_drain() {
         "{done}"
     );
     assert_eq!(ms["completed"], true, "{done}");
+    // It went straight from a to b, at the address b published.
+    assert_eq!(ms["targetNodeAddress"], "10.213.60.12", "{done}");
+    let ports = ms["targetDirectMigrationNodePorts"].as_object().cloned();
+    assert_eq!(ports.map(|p| p.len()), Some(1), "{done}");
+    let alog = std::fs::read_to_string(a.data.join("agent.log")).unwrap();
+    assert!(
+        alog.contains("migration streams go directly to the target")
+            && !alog.contains("the controller relays the migration"),
+        "a's agent log: {alog}"
+    );
     let vmi = c.vmi("mig").await.unwrap();
     assert_eq!(vmi["status"]["nodeName"], "b", "{vmi}");
     assert_eq!(vmi["status"]["migrationState"]["completed"], true, "{vmi}");
@@ -850,6 +865,12 @@ async fn vms_live_migrate_cancel_and_drain() {
     )
     .await;
     assert!(tc("qdisc del dev eth0 root").status.success());
+    // a's address was not reachable from b: the relay carried it.
+    let blog = std::fs::read_to_string(b.data.join("agent.log")).unwrap();
+    assert!(
+        blog.contains("the target's direct migration path cannot be reached; the controller relays the migration"),
+        "b's agent log: {blog}"
+    );
     let vmi = c.vmi("mig").await.unwrap();
     assert_eq!(vmi["status"]["nodeName"], "b", "{vmi}");
     assert_eq!(

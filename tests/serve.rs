@@ -112,6 +112,25 @@ fn refuses_a_database_from_a_newer_edgevirt() {
     assert!(err.contains("newer than this edgevirt"), "{err}");
 }
 
+#[test]
+fn refuses_a_migration_address_that_is_not_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for bad in ["host.example", "10.0.0.300", "tunnels"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_edgevirt"))
+            .args(["serve", "--role", "agent", "--migration-address", bad])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("migration address \"{bad}\"")) && err.contains("`tunnel`"),
+            "{bad}: {err}"
+        );
+    }
+}
+
 /// Under systemd (`Type=notify`, `WatchdogSec=`): READY=1 once the API listens, WATCHDOG=1
 /// pings at half the interval, STOPPING=1 on SIGTERM. The test plays systemd's notify socket.
 #[test]

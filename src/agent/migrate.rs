@@ -19,12 +19,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{SinkExt, StreamExt};
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::tungstenite::Message;
 
 use super::Agent;
+use super::direct;
 use super::ports::Stored;
 use super::prepare::{domain_name, prepare};
 use super::relay::{Ws, pipe};
@@ -267,23 +268,87 @@ async fn run_target(
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
-    set_phase(agent, ns, name, Mp::TargetReady, Some(xml), |_| {}).await?;
-    tracing::info!(migration = %name, vmi = %vmi_name, "migration target ready");
-    let (_, r) = tokio::join!(vlans, tunnels(agent, ns, name, mig_uid));
+    // The direct path, when this node has an address for it; the relay always stays open.
+    let ip = direct::migration_ip(
+        agent.cfg.migration_address.as_deref(),
+        &agent.cfg.controller_url,
+    )
+    .await;
+    let listener = match ip {
+        Some(ip) => direct::Listener::bind(ip)
+            .await
+            .inspect_err(|e| tracing::warn!(%ip, error = %format!("{e:#}"), "no direct migration path; the relay carries it"))
+            .ok(),
+        None => None,
+    };
+    let offer = listener.as_ref().map(|l| l.offer().clone());
+    set_phase(agent, ns, name, Mp::TargetReady, Some(xml), |ms| {
+        if let Some(o) = &offer {
+            ms.target_node_address = Some(o.address.ip().to_string());
+            ms.target_direct_migration_node_ports =
+                Some([(o.address.port().to_string(), 0)].into_iter().collect());
+        }
+    })
+    .await?;
+    tracing::info!(migration = %name, vmi = %vmi_name, direct = ?offer.as_ref().map(|o| o.address), "migration target ready");
+    let serve = async {
+        match listener {
+            Some(l) => {
+                let (dir, mig_uid) = (agent.migration_dir.clone(), mig_uid.to_string());
+                l.serve(move |stream| local_socket(&dir, &mig_uid, stream))
+                    .await
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let relay = async {
+        tokio::select! {
+            r = tunnels(agent, ns, name, mig_uid, offer.as_ref()) => r,
+            _ = serve => Ok(()),
+        }
+    };
+    let (_, r) = tokio::join!(vlans, relay);
     r
+}
+
+/// The local socket a migration stream goes to on the target: libvirtd's own for
+/// `libvirt`, the incoming QEMU's for a block migration's `memory` and `disks`.
+fn local_socket(dir: &std::path::Path, mig_uid: &str, stream: &str) -> Option<std::path::PathBuf> {
+    match stream {
+        "libvirt" => Some(libvirt_socket().into()),
+        "memory" | "disks" => Some(stream_socket(dir, mig_uid, stream)),
+        _ => None,
+    }
 }
 
 /// Keep one tunnel side waiting; each paired one goes to the local libvirtd (or, for a
 /// block migration, to the socket of the QEMU stream it names).
-async fn tunnels(agent: &Arc<Agent>, ns: &str, name: &str, mig_uid: &str) -> anyhow::Result<()> {
+async fn tunnels(
+    agent: &Arc<Agent>,
+    ns: &str,
+    name: &str,
+    mig_uid: &str,
+    offer: Option<&direct::Offer>,
+) -> anyhow::Result<()> {
     for n in 0u32.. {
         let path = format!("/migration-tunnel/{ns}/{name}/{n}?side=target");
         let mut ws = agent.cp.tunnel(&path).await?;
         let stream = wait_paired(&mut ws).await?;
-        let local: std::path::PathBuf = match stream.as_str() {
-            "libvirt" => libvirt_socket().into(),
-            "memory" | "disks" => stream_socket(&agent.migration_dir, mig_uid, &stream),
-            other => anyhow::bail!("the tunnel names an unknown stream {other:?}"),
+        if stream == direct::OFFER_STREAM {
+            // The source asks how to come directly; the relay is the only channel both
+            // agents trust, so the key travels there and nowhere else.
+            let text = match offer {
+                Some(o) => serde_json::to_string(o)?,
+                None => "{}".into(),
+            };
+            tokio::spawn(async move {
+                let _ = ws.send(Message::Text(text.into())).await;
+                let _ = ws.close(None).await;
+            });
+            continue;
+        }
+        let Some(local) = local_socket(&agent.migration_dir, mig_uid, &stream) else {
+            anyhow::bail!("the tunnel names an unknown stream {stream:?}");
         };
         tokio::spawn(async move {
             let r = async {
@@ -467,16 +532,31 @@ async fn run_source(
     // Every connection to these listeners becomes a tunnel to the target: libvirtd's own
     // (TCP on loopback) and, for a block migration, QEMU's memory and disk streams (unix
     // sockets). Connection numbers are shared, so each pairs with the target's next one.
+    // A target that offers the direct path (it published its address) says through the
+    // relay how to take it; the relay carries whatever cannot go directly.
     let n = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let offer = match state_of(m).target_node_address {
+        Some(_) => fetch_offer(agent, ns, name, &n)
+            .await
+            .inspect_err(|e| tracing::warn!(migration = %name, error = %format!("{e:#}"), "the target's direct migration path is unknown; the controller relays the migration"))
+            .ok()
+            .flatten(),
+        None => None,
+    };
+    let route = Arc::new(Route {
+        offer,
+        used: Default::default(),
+        failed: Default::default(),
+    });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let port = listener.local_addr()?.port();
     let mut tunnels = vec![{
-        let (agent, n) = (agent.clone(), n.clone());
+        let (agent, n, route) = (agent.clone(), n.clone(), route.clone());
         let (ns, name) = (ns.to_string(), name.to_string());
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 let _ = tcp.set_nodelay(true);
-                tunnel_out(&agent, &ns, &name, &n, "libvirt", tcp);
+                carry(&agent, &route, &ns, &name, &n, "libvirt", tcp);
             }
         })
     }];
@@ -487,11 +567,11 @@ async fn run_source(
             let _ = std::fs::remove_file(&path);
             let listener = tokio::net::UnixListener::bind(&path)
                 .map_err(|e| anyhow::anyhow!("listening on {}: {e}", path.display()))?;
-            let (agent, n) = (agent.clone(), n.clone());
+            let (agent, n, route) = (agent.clone(), n.clone(), route.clone());
             let (ns, name) = (ns.to_string(), name.to_string());
             tunnels.push(tokio::spawn(async move {
                 while let Ok((sock, _)) = listener.accept().await {
-                    tunnel_out(&agent, &ns, &name, &n, stream, sock);
+                    carry(&agent, &route, &ns, &name, &n, stream, sock);
                 }
             }));
         }
@@ -578,6 +658,96 @@ async fn run_source(
     .await?;
     tracing::info!(migration = %name, vmi = %vmi_name, %target, "migration succeeded");
     Ok(())
+}
+
+/// How the source's connections reach the target.
+struct Route {
+    /// The target's direct path, if it offered one.
+    offer: Option<direct::Offer>,
+    /// A connection went directly (logged once).
+    used: std::sync::atomic::AtomicBool,
+    /// A direct connection failed: this and every later one go through the relay.
+    failed: std::sync::atomic::AtomicBool,
+}
+
+/// How long a direct connection to the target may take before the relay carries it.
+const DIRECT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Ask the target, through the relay, how to reach it directly. The connection number is
+/// used up only once the relay took the request (it paired it with the target's waiting
+/// side); a relay that refuses the stream (an older controller) leaves it to the next.
+async fn fetch_offer(
+    agent: &Arc<Agent>,
+    ns: &str,
+    name: &str,
+    n: &std::sync::atomic::AtomicU32,
+) -> anyhow::Result<Option<direct::Offer>> {
+    let k = n.load(std::sync::atomic::Ordering::SeqCst);
+    let path = format!(
+        "/migration-tunnel/{ns}/{name}/{k}?side=source&stream={}",
+        direct::OFFER_STREAM
+    );
+    let mut ws = agent.cp.tunnel(&path).await?;
+    n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        wait_paired(&mut ws).await?;
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Text(t))) => {
+                    return Ok(serde_json::from_str::<direct::Offer>(t.as_str()).ok());
+                }
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                Some(Ok(m)) => anyhow::bail!("unexpected message instead of the offer: {m:?}"),
+                Some(Err(e)) => return Err(e.into()),
+                None => anyhow::bail!("the relay closed before the target answered"),
+            }
+        }
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("the target did not answer within 10s"))?
+}
+
+/// Carry one local connection of the source to the target: directly when the target
+/// offered a path and it has not failed, through the relay otherwise.
+fn carry<S>(
+    agent: &Arc<Agent>,
+    route: &Arc<Route>,
+    ns: &str,
+    name: &str,
+    n: &Arc<std::sync::atomic::AtomicU32>,
+    stream: &'static str,
+    mut conn: S,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    use std::sync::atomic::Ordering::SeqCst;
+    let Some(offer) = route.offer.clone().filter(|_| !route.failed.load(SeqCst)) else {
+        return tunnel_out(agent, ns, name, n, stream, conn);
+    };
+    let (agent, route, n) = (agent.clone(), route.clone(), n.clone());
+    let (ns, name) = (ns.to_string(), name.to_string());
+    tokio::spawn(async move {
+        match tokio::time::timeout(DIRECT_CONNECT_TIMEOUT, direct::connect(&offer, stream)).await {
+            Ok(Ok(mut remote)) => {
+                if !route.used.swap(true, SeqCst) {
+                    tracing::info!(migration = %name, address = %offer.address, "migration streams go directly to the target");
+                }
+                if let Err(e) = direct::join(&mut conn, &mut remote).await {
+                    tracing::debug!(%stream, error = %format!("{e:#}"), "direct migration stream ended");
+                }
+            }
+            r => {
+                let error = match r {
+                    Ok(Err(e)) => format!("{e:#}"),
+                    _ => format!("no connection within {DIRECT_CONNECT_TIMEOUT:?}"),
+                };
+                if !route.failed.swap(true, SeqCst) {
+                    tracing::warn!(migration = %name, address = %offer.address, %error, "the target's direct migration path cannot be reached; the controller relays the migration");
+                }
+                tunnel_out(&agent, &ns, &name, &n, stream, conn);
+            }
+        }
+    });
 }
 
 /// Carry one local connection of the source to the target through the relay.

@@ -6,6 +6,7 @@
 
 mod console;
 mod datavolume;
+mod direct;
 #[cfg(test)]
 mod fake;
 mod guest;
@@ -65,6 +66,8 @@ pub struct Config {
     pub image_gc_grace: Duration,
     /// How often the node's figures (domain stats, host) go to the controller.
     pub stats_interval: Duration,
+    /// `--migration-address`: an IP address, `tunnel`, or none (the route to the controller).
+    pub migration_address: Option<String>,
 }
 
 /// State the sync loop keeps between ticks (all of it can be rebuilt after a restart).

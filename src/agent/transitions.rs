@@ -56,6 +56,7 @@ fn world() -> World {
         registry_mirrors: Default::default(),
         image_gc_grace: std::time::Duration::ZERO,
         stats_interval: std::time::Duration::from_secs(15),
+        migration_address: None,
     };
     let agent = Arc::new(Agent {
         api: crate::client::Client::new(&cfg.controller_url, "t", None, false).unwrap(),

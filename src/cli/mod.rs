@@ -153,6 +153,12 @@ struct ServeArgs {
     /// [default: 15].
     #[arg(long, env = "EDGEVIRT_STATS_INTERVAL")]
     stats_interval: Option<u64>,
+    /// The IP address other hosts reach this host's agent at to send a live migration
+    /// directly (TLS, with a certificate and key made for each migration and exchanged
+    /// through the controller). `tunnel`: always send migrations through the controller.
+    /// [default: the address of the route to the controller; none when that is loopback]
+    #[arg(long, env = "EDGEVIRT_MIGRATION_ADDRESS")]
+    migration_address: Option<String>,
     /// Seconds a console ticket stays valid (tests shorten it).
     #[arg(
         long,
@@ -190,6 +196,7 @@ struct FileSettings {
     registry_mirrors: Option<Vec<String>>,
     image_gc_grace: Option<u64>,
     stats_interval: Option<u64>,
+    migration_address: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -327,6 +334,14 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
     };
     let registry_mirrors =
         crate::registry::Mirrors::parse(&mirrors).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let migration_address = a.migration_address.or(f.migration_address);
+    if let Some(m) = &migration_address {
+        anyhow::ensure!(
+            m == "tunnel" || m.parse::<std::net::IpAddr>().is_ok(),
+            "migration address {m:?}: write an IP address, or `tunnel` to send migrations \
+             through the controller"
+        );
+    }
     Ok(server::Settings {
         role: a.role.or(f.role).unwrap_or(Role::All),
         data_dir: a
@@ -371,6 +386,7 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
                 .unwrap_or(15)
                 .clamp(1, 3600),
         ),
+        migration_address,
     })
 }
 

@@ -2381,6 +2381,15 @@ pub struct MigrationState {
     /// `PreCopy` (the only mode edgevirt uses).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
+    /// The address on which the target node's agent takes the migration's streams
+    /// directly from the source's (without it, or when it cannot be reached, they go
+    /// through the controller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_node_address: Option<String>,
+    /// The ports open for the migration at `targetNodeAddress` (each mapped to 0: one port
+    /// carries every stream).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_direct_migration_node_ports: Option<std::collections::BTreeMap<String, i32>>,
     /// edgevirt extension: how long the guest was paused at the switch-over, from libvirt's
     /// job statistics.
     #[serde(default, skip_serializing_if = "Option::is_none")]

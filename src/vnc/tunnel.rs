@@ -4,7 +4,9 @@
 //! libvirtd (`side=source`); the target agent keeps one waiting per next connection
 //! (`side=target`) and, once paired, joins it to its local libvirtd socket. A block
 //! migration adds QEMU's own streams (`stream=memory|disks`), which the target joins to the
-//! unix sockets its QEMU listens on; connection numbers are shared by all streams. Only the
+//! unix sockets its QEMU listens on; connection numbers are shared by all streams. Agents
+//! that can reach each other use the relay only to agree on a direct path (`stream=direct`,
+//! see `agent::direct`), and it carries what the direct path cannot. Only the
 //! migration's own source and target nodes may open its tunnels, and only while it is
 //! TargetReady or Running. Bytes are relayed as they come; nothing is kept.
 
@@ -46,8 +48,10 @@ pub struct TunnelQuery {
     stream: Option<String>,
 }
 
-/// The streams a tunnel may carry.
-pub const STREAMS: [&str; 3] = ["libvirt", "memory", "disks"];
+/// The streams a tunnel may carry. `direct` carries one message, from the target to the
+/// source: how to reach the target without the relay (its address, certificate pin and a
+/// key for this migration), which must not travel anywhere else.
+pub const STREAMS: [&str; 4] = ["libvirt", "memory", "disks", "direct"];
 
 /// `GET /migration-tunnel/{ns}/{name}/{n}?side=source|target` (websocket).
 pub async fn tunnel(

@@ -118,9 +118,11 @@ for _ in $(seq 1 600); do
     sleep 0.2
 done
 
-downtime() { # host domain -> ms
-    $HOST exec "$1" virsh -c qemu:///system domjobinfo "$2" --completed 2>/dev/null \
-        | awk -F: '/^Total downtime/ {gsub(/[^0-9]/, "", $2); print $2}'
+downtime() { # host domain -> ms (libvirt's whole job statistics go to $WORK/jobinfo)
+    local out
+    out=$($HOST exec "$1" virsh -c qemu:///system domjobinfo "$2" --completed 2>/dev/null)
+    printf '== %s on %s\n%s\n' "$2" "$1" "$out" >>"$WORK/jobinfo"
+    awk -F: '/^Total downtime/ {gsub(/[^0-9]/, "", $2); print $2}' <<<"$out"
 }
 
 : >"$WORK/ev.times"; : >"$WORK/ev.down"
@@ -145,6 +147,7 @@ for i in $(seq 1 "$ROUNDS"); do
         sleep 0.1
     done
     if [ -n "$d" ]; then echo "$d" >>"$WORK/ev.down"; else downtime "$dst" "$DOM" >>"$WORK/ev.down" || true; fi
+    downtime "$dst" "$DOM" >/dev/null || true
     # The next round starts once the target's agent has adopted the instance.
     for _ in $(seq 1 600); do [ "$(vmi_field nodeName)" = "$dst" ] && [ "$(vmi_field phase)" = Running ] && break; sleep 0.1; done
     sleep 1
@@ -206,7 +209,7 @@ for _ in $(seq 1 1800); do
 import json, sys
 s = json.load(sys.stdin).get("status", {})
 print(s.get("phase", ""), s.get("migrationState", {}).get("downtimeMs", ""))')
-    [ "$p" = Failed ] && { echo "the LAN VM's migration failed" >&2; exit 1; }
+    [ "$p" = Failed ] && { echo "the LAN VM's migration failed:" >&2; api "$VMS/virtualmachineinstancemigrations/$m" >&2; exit 1; }
     [ "$p" = Succeeded ] && [ -n "$lan_down" ] && break
     sleep 0.1
 done

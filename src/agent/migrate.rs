@@ -2,16 +2,19 @@
 //!
 //! Target node: when a migration to this node is `Scheduled`, prepare the instance as for a
 //! start (images, overlays, NoCloud disk, domain XML with this node's paths), publish the
-//! XML in the migration's status and set `TargetReady`; then keep a tunnel side waiting at
-//! the controller and join each paired tunnel to the local libvirtd socket.
+//! XML in the migration's status and set `TargetReady`; then listen for the source's
+//! direct connections ([`direct`]), keep a tunnel side waiting at the controller, and join
+//! each connection, direct or paired, to the local libvirtd socket.
 //!
-//! Source node: at `TargetReady`, set `Running`, listen on a loopback port whose every
-//! connection becomes a tunnel to the target, and have the launcher migrate the domain
-//! peer to peer, tunnelled, to `qemu+tcp://127.0.0.1:PORT/system` with the target's XML.
+//! Source node: at `TargetReady`, set `Running`, learn the target's direct path through the
+//! relay, listen on a unix socket whose every connection goes to the target (directly, or
+//! tunnelled through the relay when that fails), and have the launcher migrate the domain
+//! peer to peer, tunnelled, to `qemu+unix:///system?socket=THAT` with the target's XML.
 //! A block migration (local disks copied) cannot be tunnelled by libvirt: the launcher
 //! migrates peer to peer without the tunnel, sending QEMU's memory and disk streams to unix
-//! sockets the source agent listens on; each connection there is tunnelled too, and the
-//! target agent joins it to the socket of the same path on which the target's QEMU listens.
+//! sockets the source agent listens on; each connection there goes to the target the same
+//! way, and the target agent joins it to the socket of the same path on which the target's
+//! QEMU listens.
 //! Only when libvirt reports success does the VMI's `nodeName` change; any failure or an
 //! abort (the migration was deleted) leaves the VM running here.
 
@@ -442,10 +445,8 @@ fn spawn_source(
         let mig_uid = m.uid();
         let uid = vmi.uid();
         let r = run_source(&a2, &m, block, &vmi, &target, &xml).await;
-        if block {
-            for stream in ["memory", "disks"] {
-                let _ = std::fs::remove_file(stream_socket(&a2.migration_dir, mig_uid, stream));
-            }
+        for stream in ["libvirt", "memory", "disks"] {
+            let _ = std::fs::remove_file(stream_socket(&a2.migration_dir, mig_uid, stream));
         }
         if let Err(e) = r {
             let msg = format!("{e:#}");
@@ -548,20 +549,25 @@ async fn run_source(
         used: Default::default(),
         failed: Default::default(),
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let port = listener.local_addr()?.port();
+    // libvirtd reaches the target's through a unix socket, not loopback TCP: its side of
+    // a TCP connection waits on Nagle's algorithm, and the migration's last round trips
+    // (while the guest is paused) would wait with it.
+    tokio::fs::create_dir_all(&agent.migration_dir).await?;
+    let libvirt_path = stream_socket(&agent.migration_dir, mig_uid, "libvirt");
+    let _ = std::fs::remove_file(&libvirt_path);
+    let listener = tokio::net::UnixListener::bind(&libvirt_path)
+        .map_err(|e| anyhow::anyhow!("listening on {}: {e}", libvirt_path.display()))?;
+    let dest_uri = format!("qemu+unix:///system?socket={}", libvirt_path.display());
     let mut tunnels = vec![{
         let (agent, n, route) = (agent.clone(), n.clone(), route.clone());
         let (ns, name) = (ns.to_string(), name.to_string());
         tokio::spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                let _ = tcp.set_nodelay(true);
-                carry(&agent, &route, &ns, &name, &n, "libvirt", tcp);
+            while let Ok((sock, _)) = listener.accept().await {
+                carry(&agent, &route, &ns, &name, &n, "libvirt", sock);
             }
         })
     }];
     let copy = if block {
-        tokio::fs::create_dir_all(&agent.migration_dir).await?;
         for stream in ["memory", "disks"] {
             let path = stream_socket(&agent.migration_dir, mig_uid, stream);
             let _ = std::fs::remove_file(&path);
@@ -597,7 +603,7 @@ async fn run_source(
     if let Some(cpu) = crate::cpu::compat::cpu_element(&live).filter(|c| {
         c.contains("<model") && !c.contains("host-passthrough") && !c.contains("maximum")
     }) {
-        let uri = format!("qemu+tcp://127.0.0.1:{port}/system");
+        let uri = dest_uri.clone();
         let virt_type = agent.accel.clone();
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
             let target = crate::virt::libvirt::Libvirt::open(&uri)?;
@@ -627,7 +633,7 @@ async fn run_source(
         .migrate(
             &uid,
             Request::Migrate {
-                dest_uri: format!("qemu+tcp://127.0.0.1:{port}/system"),
+                dest_uri,
                 dest_xml: xml,
                 block,
                 memory_uri: copy.as_ref().map(|c| c.0.clone()),

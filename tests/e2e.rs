@@ -1931,3 +1931,77 @@ async fn host_disks_stay_inside_the_nodes_folder() {
     assert_eq!(code, 422, "{v}");
     assert!(v.to_string().contains("without . or .. parts"), "{v}");
 }
+
+/// `--accel auto` boots a probe guest under KVM before trusting it (on these test machines
+/// KVM hangs a Linux kernel, though /dev/kvm opens). The probe sees a kernel boot (the test
+/// kernel under TCG), sees a file that is no kernel fail, leaves nothing behind, and an
+/// appliance whose probe kernel cannot boot picks qemu and says why on its node.
+#[tokio::test]
+#[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
+async fn accel_auto_trusts_kvm_only_once_a_probe_guest_booted() {
+    use edgevirt::agent::accel::probe;
+    let hv: std::sync::Arc<dyn edgevirt::hypervisor::Hypervisor> =
+        std::sync::Arc::new(edgevirt::virt::libvirt::Libvirt::open("qemu:///system").unwrap());
+    let dir = tempfile::Builder::new()
+        .prefix("evtest-probe-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let kernel = guest_dir().join("vmlinuz");
+    let took = probe(hv.clone(), "qemu", &kernel, dir.path(), BOOT)
+        .await
+        .expect("the test kernel prints its first line under TCG");
+    println!("probe: the test kernel's first line under TCG after {took:?}");
+    let junk = dir.path().join("not-a-kernel");
+    std::fs::write(&junk, vec![0x5au8; 8192]).unwrap();
+    let why = probe(
+        hv.clone(),
+        "qemu",
+        &junk,
+        dir.path(),
+        Duration::from_secs(5),
+    )
+    .await
+    .expect_err("a file that is no kernel does not boot");
+    assert!(
+        why.contains("could not start") || why.contains("printed nothing"),
+        "{why}"
+    );
+    // Nothing is left: no probe domain, no console file.
+    let (_, out) = virsh(&["list", "--all", "--name"]);
+    assert!(!out.contains("edgevirt-accel-probe"), "{out}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("accel-probe-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+
+    // An appliance with --accel auto whose probe kernel cannot boot: qemu, with the reason.
+    let junk_s = junk.to_string_lossy().into_owned();
+    let a = Appliance::start_with_env(
+        &["--accel", "auto"],
+        &[("EDGEVIRT_ACCEL_PROBE_KERNEL", junk_s.as_str())],
+    )
+    .await;
+    let node = wait_for("the node's accelerator", BOOT, || async {
+        let (code, n) = a.get("/apis/edgevirt.io/v1/nodes/testnode").await;
+        (code == 200 && n["status"]["accelerator"].is_string()).then_some(n)
+    })
+    .await;
+    let st = &node["status"];
+    assert_eq!(st["accelerator"], "qemu", "{node}");
+    let reason = st["acceleratorReason"].as_str().unwrap_or_default();
+    assert!(reason.contains("using qemu (TCG)"), "{node}");
+    let kvm_opens = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok();
+    if kvm_opens {
+        assert!(
+            reason.contains("KVM cannot run a Linux guest here") && reason.contains(&junk_s),
+            "{node}"
+        );
+    }
+}

@@ -4,6 +4,7 @@
 //! turns launcher status into VMI status, and removes domains of this installation that no
 //! VMI owns any more. It talks to the controller only over the API, with its own token.
 
+pub mod accel;
 mod console;
 mod datavolume;
 mod direct;
@@ -79,6 +80,8 @@ pub struct Agent {
     pub cp: Arc<dyn ControlPlane>,
     pub hv: Arc<dyn Hypervisor>,
     pub accel: String,
+    /// Why `accel` was chosen (the node's `acceleratorReason`).
+    pub accel_reason: String,
     pub install_id: String,
     /// This node's launchers.
     pub launchers: Arc<dyn Launchers>,
@@ -131,25 +134,6 @@ fn container_disks_dir(data_dir: &std::path::Path) -> PathBuf {
     data_dir.join("images/registry")
 }
 
-/// Pick the accelerator: `kvm` when asked or when `/dev/kvm` is usable and libvirt offers it.
-pub fn resolve_accel(wanted: &str, domain_types: &[String]) -> anyhow::Result<String> {
-    let kvm_ok = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-        .is_ok()
-        && domain_types.iter().any(|t| t == "kvm");
-    match wanted {
-        "kvm" if !kvm_ok => anyhow::bail!(
-            "--accel kvm was asked but /dev/kvm is not usable or libvirt offers no kvm domains"
-        ),
-        "kvm" => Ok("kvm".into()),
-        "qemu" => Ok("qemu".into()),
-        "auto" => Ok(if kvm_ok { "kvm" } else { "qemu" }.into()),
-        other => anyhow::bail!("unknown accelerator {other:?}: use auto, kvm or qemu"),
-    }
-}
-
 /// Run the agent until cancelled. Never stops a VM on the way out.
 pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     let uri = cfg.libvirt_uri.clone();
@@ -196,7 +180,6 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     }
     let hv2 = hv.clone();
     let facts = tokio::task::spawn_blocking(move || hv2.host_facts()).await??;
-    let accel = resolve_accel(&cfg.accel, &facts.domain_types)?;
     for d in [
         "run/launchers",
         "run/vmi",
@@ -207,6 +190,15 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     ] {
         std::fs::create_dir_all(cfg.data_dir.join(d))?;
     }
+    let choice = accel::choose(
+        &cfg.accel,
+        &facts.domain_types,
+        hv.clone(),
+        &cfg.data_dir.join("run"),
+    )
+    .await?;
+    tracing::info!(accel = %choice.accel, reason = %choice.reason, "accelerator chosen");
+    let accel = choice.accel.clone();
     if let Some((name, path)) = &cfg.shared_pool {
         anyhow::ensure!(
             path.is_dir(),
@@ -221,6 +213,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         api,
         hv,
         accel: accel.clone(),
+        accel_reason: choice.reason.clone(),
         install_id,
         launchers: Arc::new(launchers::Sockets::new(cfg.clone(), wake.clone())),
         starting: Mutex::new(HashMap::new()),
@@ -448,6 +441,7 @@ async fn register(agent: &Agent, facts: &crate::hypervisor::HostFacts) -> anyhow
         cpu,
         memory_bytes: facts.memory_bytes,
         accelerator: agent.accel.clone(),
+        accelerator_reason: Some(agent.accel_reason.clone()),
         version: crate::version::RELEASE.into(),
         libvirt_version: Some(facts.libvirt_version.clone()),
         shared_pool: cfg.shared_pool.as_ref().map(|(name, path)| SharedPool {

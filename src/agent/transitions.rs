@@ -64,6 +64,7 @@ fn world() -> World {
         cp: cp.clone(),
         hv: hv.clone(),
         accel: "qemu".into(),
+        accel_reason: "asked for (--accel qemu)".into(),
         install_id: "install-1".into(),
         launchers: ls.clone(),
         starting: Mutex::new(HashMap::new()),

@@ -85,7 +85,8 @@ struct ServeArgs {
     /// libvirt connection [default: qemu:///system].
     #[arg(long, env = "EDGEVIRT_LIBVIRT_URI")]
     libvirt_uri: Option<String>,
-    /// Accelerator: auto (kvm where /dev/kvm works, else qemu), kvm, or qemu (TCG).
+    /// Accelerator: auto (kvm where /dev/kvm works and a probe guest boots under it, else
+    /// qemu), kvm, or qemu (TCG).
     #[arg(long, env = "EDGEVIRT_ACCEL", value_parser = ["auto", "kvm", "qemu"])]
     accel: Option<String>,
     /// Controller URL, https://HOST:PORT (agent role).

@@ -64,6 +64,10 @@ pub struct NodeStatus {
     /// `kvm` or `qemu` (TCG), as chosen by the agent's `--accel`.
     #[serde(default)]
     pub accelerator: String,
+    /// Why the agent chose that accelerator: asked for, `/dev/kvm` unusable, or what the
+    /// probe guest did under KVM (`--accel auto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator_reason: Option<String>,
     /// The edgevirt release the node's agent runs.
     #[serde(default)]
     pub version: String,

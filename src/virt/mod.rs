@@ -5,3 +5,4 @@
 pub mod convert;
 pub mod image;
 pub mod libvirt;
+pub mod probe;

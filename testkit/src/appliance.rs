@@ -218,8 +218,10 @@ impl Appliance {
         if !self.extra.iter().any(|a| a == "--listen") {
             cmd.args(["--listen", "127.0.0.1:0"]);
         }
-        cmd.args(["--accel", "qemu"])
-            .args(["--nat-network", NAT_NETWORK, "--nat-prefix", NAT_PREFIX])
+        if !self.extra.iter().any(|a| a == "--accel") {
+            cmd.args(["--accel", "qemu"]);
+        }
+        cmd.args(["--nat-network", NAT_NETWORK, "--nat-prefix", NAT_PREFIX])
             .args(["--node-name", "testnode"])
             .args(&self.extra)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))

@@ -237,7 +237,13 @@ pub async fn node_page(
         ),
         ("CPUs", s.cpu.count.to_string()),
         ("Memory", human_bytes(s.memory_bytes)),
-        ("Accelerator", or_dash(&s.accelerator)),
+        (
+            "Accelerator",
+            match &s.accelerator_reason {
+                Some(why) if !s.accelerator.is_empty() => format!("{}: {why}", s.accelerator),
+                _ => or_dash(&s.accelerator),
+            },
+        ),
         (
             "Bridges",
             or_dash(

@@ -201,6 +201,38 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     );
     shot(c, "01-overview").await;
 
+    // --- Every `pattern` on the forms compiles as Chromium compiles it (the `v` flag: an
+    // invalid one is silently ignored, so nothing was checked before sending), and a bad
+    // name is flagged in the browser.
+    for (page, field, bad, good) in [
+        ("/ui/vms/new", "name", "Bad_Name", "good-name-1"),
+        ("/ui/admin", "name", "-bad", "ops.user_1"),
+    ] {
+        c.goto(&format!("{}{page}", a.url)).await.unwrap();
+        let got = c
+            .execute(
+                r#"const [field, bad, good] = arguments;
+                const broken = [];
+                for (const el of document.querySelectorAll('[pattern]')) {
+                    try { new RegExp(el.pattern, 'v'); } catch (e) { broken.push(el.name + ': ' + e.message); }
+                }
+                const n = document.querySelector('input[name="' + field + '"][pattern]');
+                n.value = bad; const flagged = !n.checkValidity();
+                n.value = good; const accepted = n.checkValidity();
+                n.value = '';
+                return {broken, flagged, accepted};"#,
+                vec![json!(field), json!(bad), json!(good)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(got["broken"], json!([]), "{page}: {got}");
+        assert_eq!(
+            got["flagged"], true,
+            "{page}: {bad} passes the browser's check: {got}"
+        );
+        assert_eq!(got["accepted"], true, "{page}: {good} is refused: {got}");
+    }
+
     // --- Create a VM from the form: the test guest, booted from its kernel and initrd.
     c.goto(&format!("{}/ui/vms/new", a.url)).await.unwrap();
     c.find(Locator::Id("name"))

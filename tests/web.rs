@@ -393,6 +393,16 @@ async fn login_sessions_csrf_escaping_and_roles() {
         !list.contains("href=\"/ui/vms/new\""),
         "no New VM link for viewers"
     );
+    // Nor the forms themselves: refused before they are filled in, not after Save.
+    for path in ["/ui/vms/new", "/ui/vms/default/csrf-test/edit"] {
+        let r = v.get(&s, path).await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path}");
+        let body = r.text().await.unwrap();
+        assert!(
+            body.contains("viewers may not") && !body.contains("<form"),
+            "{path}: {body}"
+        );
+    }
     let r = v
         .post(
             &s,

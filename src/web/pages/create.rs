@@ -144,6 +144,9 @@ async fn image_names(st: &AppState) -> Vec<String> {
 }
 
 pub async fn new_vm(State(st): S, Extension(u): Extension<WebUser>) -> Response {
+    if let Some(r) = super::viewer_refused(&u, "create VMs") {
+        return r;
+    }
     let blank = VmForm {
         start: Some("yes".into()),
         ..Default::default()

@@ -28,6 +28,9 @@ pub async fn edit_vm(
     Extension(u): Extension<WebUser>,
     Path((ns, name)): Path<(String, String)>,
 ) -> Response {
+    if let Some(r) = super::viewer_refused(&u, "edit VMs") {
+        return r;
+    }
     let mut vm = match load_raw_vm(&st, &ns, &name).await {
         Ok(x) => x,
         Err(r) => return r,

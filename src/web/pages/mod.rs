@@ -108,6 +108,17 @@ struct ErrorTpl<'a> {
     message: &'a str,
 }
 
+/// A viewer asking for a form only operators and admins may submit: refused before the
+/// form is shown, not after Save.
+fn viewer_refused(u: &WebUser, what: &str) -> Option<Response> {
+    (!matches!(u.role, Role::Admin | Role::Operator)).then(|| {
+        error_page(
+            StatusCode::FORBIDDEN,
+            &format!("viewers may not {what} (operator or admin needed)"),
+        )
+    })
+}
+
 pub fn error_page(code: StatusCode, message: &str) -> Response {
     render_status(
         code,

@@ -487,6 +487,61 @@ async fn login_sessions_csrf_escaping_and_roles() {
         StatusCode::CONFLICT,
         "saving the same stale copy again"
     );
+    // A VM made again under a deleted one's name shows only its own changes, not the old
+    // one's (they were matched by name once).
+    let vm_rows = |html: &str| -> Vec<(u64, String)> {
+        html.split("<tr><td>")
+            .filter_map(|r| {
+                let mut cells = r.split("</td><td>");
+                let rv = cells.next()?.parse().ok()?;
+                (cells.next()? == "VM").then(|| (rv, cells.next().unwrap_or("").to_string()))
+            })
+            .collect()
+    };
+    let old_page = b
+        .get(&s, "/ui/vms/default/csrf-test")
+        .await
+        .text()
+        .await
+        .unwrap();
+    let old_rows = vm_rows(&old_page);
+    assert!(
+        old_rows.len() >= 2,
+        "the old VM's changes are listed: {old_page}"
+    );
+    let last_old = old_rows.iter().map(|r| r.0).max().unwrap();
+    let r = s
+        .http
+        .delete(format!("{}{vm_url}", s.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let t = std::time::Instant::now();
+    while api(vm_url).await.unwrap().status() != 404 {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "the VM was not deleted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let r = b.post(&s, "/ui/vms/new", &ok).await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let new_page = b
+        .get(&s, "/ui/vms/default/csrf-test")
+        .await
+        .text()
+        .await
+        .unwrap();
+    let new_rows = vm_rows(&new_page);
+    assert!(!new_rows.is_empty(), "{new_page}");
+    assert!(
+        new_rows
+            .iter()
+            .all(|(rv, change)| *rv > last_old && change != "DELETED"),
+        "the new VM lists the old one's changes: {new_rows:?} (old up to {last_old})"
+    );
 
     // Paste YAML to create a VM.
     let pasted = "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: pasted}\nspec:\n  runStrategy: Halted\n  template:\n    spec:\n      domain:\n        memory: {guest: 64Mi}\n        firmware: {kernelBoot: {container: {image: k, kernelPath: k}}}\n";

@@ -191,21 +191,30 @@ impl Store {
             .collect()
     }
 
-    /// The latest `limit` changes of one object, newest first: (resourceVersion, type, body).
+    /// The latest `limit` changes of the objects of `kind` named `ns/name` that are the object
+    /// with uid `uid` or owned by it (a VM's instances), newest first: (resourceVersion, type,
+    /// body). An older object of the same name, deleted since, is another object: its changes
+    /// are not this one's.
     pub async fn object_history(
         &self,
         kind: Kind,
         ns: &str,
         name: &str,
+        uid: &str,
         limit: u32,
     ) -> Result<Vec<(u64, String, Value)>> {
         let rows = sqlx::query(
             "SELECT rv, type, body FROM events WHERE kind = ? AND namespace = ? AND name = ? \
+             AND (json_extract(body, '$.metadata.uid') = ? \
+                  OR EXISTS (SELECT 1 FROM json_each(body, '$.metadata.ownerReferences') o \
+                             WHERE json_extract(o.value, '$.uid') = ?)) \
              ORDER BY rv DESC LIMIT ?",
         )
         .bind(kind.name())
         .bind(ns)
         .bind(name)
+        .bind(uid)
+        .bind(uid)
         .bind(limit)
         .fetch_all(&self.reader)
         .await?;

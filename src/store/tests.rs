@@ -746,3 +746,57 @@ async fn a_reader_keeps_its_pages_after_a_large_write() {
         m2 - m1
     );
 }
+
+#[tokio::test]
+async fn an_objects_history_is_its_own_not_that_of_an_older_namesake() {
+    let (_d, s) = store().await;
+    let old = s
+        .create(Kind::VirtualMachine, vm("a"), false)
+        .await
+        .unwrap();
+    let old_uid = old["metadata"]["uid"].as_str().unwrap().to_string();
+    let mut inst = vm("a");
+    inst["metadata"]["ownerReferences"] =
+        json!([{"kind": "VirtualMachine", "name": "a", "uid": old_uid}]);
+    s.create(Kind::VirtualMachineInstance, inst, false)
+        .await
+        .unwrap();
+    s.delete(Kind::VirtualMachineInstance, "default", "a", None)
+        .await
+        .unwrap();
+    s.delete(Kind::VirtualMachine, "default", "a", None)
+        .await
+        .unwrap();
+    let new = s
+        .create(Kind::VirtualMachine, vm("a"), false)
+        .await
+        .unwrap();
+    let new_uid = new["metadata"]["uid"].as_str().unwrap().to_string();
+    assert_ne!(old_uid, new_uid);
+    let mut inst = vm("a");
+    inst["metadata"]["ownerReferences"] =
+        json!([{"kind": "VirtualMachine", "name": "a", "uid": new_uid}]);
+    s.create(Kind::VirtualMachineInstance, inst, false)
+        .await
+        .unwrap();
+
+    let vm_h = s
+        .object_history(Kind::VirtualMachine, "default", "a", &new_uid, 50)
+        .await
+        .unwrap();
+    let types: Vec<_> = vm_h.iter().map(|(_, t, _)| t.as_str()).collect();
+    assert_eq!(types, ["ADDED"], "only the new VM's creation");
+    let vmi_h = s
+        .object_history(Kind::VirtualMachineInstance, "default", "a", &new_uid, 50)
+        .await
+        .unwrap();
+    let types: Vec<_> = vmi_h.iter().map(|(_, t, _)| t.as_str()).collect();
+    assert_eq!(types, ["ADDED"], "only the new VM's instance");
+    // The old VM's history is still there, under its own uid.
+    let old_h = s
+        .object_history(Kind::VirtualMachine, "default", "a", &old_uid, 50)
+        .await
+        .unwrap();
+    let types: Vec<_> = old_h.iter().map(|(_, t, _)| t.as_str()).collect();
+    assert_eq!(types, ["DELETED", "ADDED"]);
+}

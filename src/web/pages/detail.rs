@@ -293,8 +293,12 @@ pub async fn vm_detail(
         Err(r) => return r,
     };
     let mut changes = vec![];
+    let uid = raw["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     for kind in [Kind::VirtualMachine, Kind::VirtualMachineInstance] {
-        if let Ok(h) = st.store.object_history(kind, &ns, &name, 15).await {
+        if let Ok(h) = st.store.object_history(kind, &ns, &name, &uid, 15).await {
             for (rv, change, body) in h {
                 changes.push(EventRow {
                     rv,

@@ -124,6 +124,36 @@ async fn wait_text(
     .await
 }
 
+/// The VM page's visible actions (button values, `console` for the console links), sorted.
+async fn visible_actions(c: &Client) -> Vec<String> {
+    let v = c
+        .execute(
+            r#"const els = document.querySelectorAll('#actions button[name=action], #actions [data-action]');
+            return [...new Set([...els].filter(e => !e.hidden && e.offsetParent !== null)
+                .map(e => e.value || e.dataset.action))].sort();"#,
+            vec![],
+        )
+        .await
+        .unwrap();
+    serde_json::from_value(v).unwrap()
+}
+
+/// Wait (a few polls) until the VM page offers exactly `want` (sorted).
+async fn wait_actions(c: &Client, want: &[&str]) {
+    let t = std::time::Instant::now();
+    loop {
+        let got = visible_actions(c).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the VM page offers {got:?}, not {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test]
 #[ignore = "needs root, libvirtd, the test guest and chromium: run scripts/test.sh"]
 async fn dashboard_in_chromium_from_login_to_delete() {
@@ -427,10 +457,42 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         shot(c, name).await;
     }
 
-    // --- Stop (a confirmation dialog, accepted), then delete.
+    // --- The action buttons are exactly those the state allows, and follow it: Running,
+    // then Paused, then Running again.
     c.goto(&format!("{}/ui/vms/default/browser", a.url))
         .await
         .unwrap();
+    const RUNNING: &[&str] = &[
+        "console",
+        "delete",
+        "pause",
+        "restart",
+        "softreboot",
+        "stop",
+    ];
+    wait_actions(c, RUNNING).await;
+    c.find(Locator::Id("action-pause"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(c, "#vm-status", "Paused on the VM page", BOOT, |t| {
+        t == "Paused"
+    })
+    .await;
+    wait_actions(c, &["console", "delete", "restart", "stop", "unpause"]).await;
+    shot(c, "05b-paused").await;
+    c.find(Locator::Id("action-unpause"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(c, "#vm-status", "Running again", BOOT, |t| t == "Running").await;
+    wait_actions(c, RUNNING).await;
+
+    // --- Stop (a confirmation dialog, accepted), then delete.
     c.find(Locator::Id("action-stop"))
         .await
         .unwrap()
@@ -441,6 +503,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         t == "Stopped"
     })
     .await;
+    wait_actions(c, &["delete", "start"]).await;
     shot(c, "06-stopped").await;
     c.find(Locator::Id("action-delete"))
         .await

@@ -8,6 +8,7 @@
 //! Finalizer, annotation and label names are vocabulary, not rules: they stay in
 //! [`crate::types::annotations`].
 
+pub mod actions;
 pub mod cpus;
 pub mod guest;
 pub mod join;

@@ -32,6 +32,16 @@ pub struct StatusView {
     nics: Vec<String>,
     viewers: String,
     conditions: Vec<(String, String, String, String)>,
+    /// The actions this state allows, space-separated ([`crate::rules::actions::allowed`]):
+    /// the page shows only those buttons, and updates them with each poll.
+    actions: String,
+}
+
+impl StatusView {
+    /// Whether this state allows `action` (a button's value, or `console`).
+    pub fn allows(&self, action: &str) -> bool {
+        self.actions.split(' ').any(|a| a == action)
+    }
 }
 
 pub struct SpecView {
@@ -134,6 +144,7 @@ fn status_view(
         .unwrap_or_default();
     let status = vmi.map(vmi_status);
     StatusView {
+        actions: crate::rules::actions::allowed(&or_dash(printable_status(vm))).join(" "),
         status: or_dash(printable_status(vm)),
         phase: status
             .map(|s| or_dash(s.phase.as_ref().map_or("", Phase::as_str)))

@@ -158,7 +158,9 @@ async fn wait_actions(c: &Client, want: &[&str]) {
 #[ignore = "needs root, libvirtd, the test guest and chromium: run scripts/test.sh"]
 async fn dashboard_in_chromium_from_login_to_delete() {
     // Node figures every second: the graphs have samples within seconds.
-    let a = Appliance::start(&["--stats-interval", "1"]).await;
+    // A fixed port: the server is restarted at the end, and the open page must find it again.
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut a = Appliance::start(&["--stats-interval", "1", "--listen", &listen]).await;
     a.import_guest().await;
     let password = std::fs::read_to_string(a.dir.join("initial-admin"))
         .unwrap()
@@ -555,6 +557,53 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         .unwrap();
     let none = text_of(c, "#activity tbody").await.unwrap();
     assert!(none.contains("Nothing happened yet"), "{none}");
+
+    // --- A list page open while the server stops: the stale banner shows within two polling
+    // intervals (2 s each) and clears once the server answers again; the time of the last
+    // refresh is on the page.
+    c.goto(&format!("{}/ui/vms", a.url)).await.unwrap();
+    wait_text(
+        c,
+        "#refreshed",
+        "the time of the last refresh",
+        Duration::from_secs(10),
+        |t| t.starts_with("Updated "),
+    )
+    .await;
+    let visible = |id: &'static str| {
+        let c = c.clone();
+        async move {
+            c.execute(
+                "const e = document.getElementById(arguments[0]); return !!e && !e.hidden;",
+                vec![json!(id)],
+            )
+            .await
+            .unwrap()
+                == json!(true)
+        }
+    };
+    assert!(
+        !visible("stale").await,
+        "no banner while the server answers"
+    );
+    a.stop();
+    let t = std::time::Instant::now();
+    while !visible("stale").await {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "no stale banner 5 s after the server stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("stale banner after {:?}", t.elapsed());
+    let banner = text_of(c, "#stale").await.unwrap();
+    assert!(banner.contains("may be stale"), "{banner}");
+    shot(c, "11-stale").await;
+    a.spawn().await;
+    wait_for("the banner to clear", Duration::from_secs(20), || async {
+        (!visible("stale").await).then_some(())
+    })
+    .await;
     d.client.clone().close().await.unwrap();
 }
 

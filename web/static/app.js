@@ -1,7 +1,8 @@
 // edgevirt dashboard: the little JavaScript every page uses.
 // - [data-confirm] on a submit button or form: ask before a destructive action;
 // - [data-poll="URL"]: replace the element's content with URL's HTML every 2 s, so status
-//   changes show without a reload (the server renders the fragment, escaped);
+//   changes show without a reload (the server renders the fragment, escaped), with the time
+//   of the last refresh, and a banner as soon as a refresh fails;
 // - the VM page's action buttons follow the polled state.
 "use strict";
 
@@ -11,6 +12,27 @@ document.addEventListener("submit", (e) => {
   if (msg && !window.confirm(msg)) e.preventDefault();
 });
 
+// When the live regions last got fresh data, and whether the last try failed: a page that
+// cannot reach the server says so at once instead of showing old states as current.
+let lastFresh = null;
+function freshness(ok) {
+  const stale = document.getElementById("stale");
+  const refreshed = document.getElementById("refreshed");
+  if (ok) {
+    lastFresh = new Date();
+    if (stale) stale.hidden = true;
+    if (refreshed) {
+      refreshed.hidden = false;
+      const t = document.getElementById("refreshed-at");
+      t.dateTime = lastFresh.toISOString();
+      t.textContent = lastFresh.toLocaleTimeString();
+    }
+  } else if (stale) {
+    if (lastFresh) document.getElementById("stale-since").textContent = lastFresh.toLocaleTimeString();
+    stale.hidden = false;
+  }
+}
+
 function poll(el) {
   const url = el.dataset.poll;
   let busy = false;
@@ -19,9 +41,12 @@ function poll(el) {
     busy = true;
     try {
       const r = await fetch(url, { credentials: "same-origin", headers: { "Accept": "text/html" } });
-      if (r.ok) { el.innerHTML = await r.text(); showAllowedActions(); }
+      if (r.ok) { el.innerHTML = await r.text(); showAllowedActions(); freshness(true); }
       else if (r.status === 401) window.location = "/ui/login?next=" + encodeURIComponent(location.pathname);
-    } catch (_) { /* the server restarts: try again next tick */ }
+      else freshness(false);
+    } catch (_) {
+      freshness(false); // the server is down or restarting: try again next tick
+    }
     busy = false;
   }, 2000);
 }

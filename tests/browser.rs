@@ -558,6 +558,44 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     let none = text_of(c, "#activity tbody").await.unwrap();
     assert!(none.contains("Nothing happened yet"), "{none}");
 
+    // --- A phone (390 x 844): no page is wider than the screen, and the header still shows
+    // the user and Log out. Tables scroll inside their own box.
+    c.set_window_size(390, 844).await.unwrap();
+    for (page, shot_name) in [
+        ("/ui/", "12-phone-overview"),
+        ("/ui/vms", "13-phone-vms"),
+        ("/ui/vms/new", "14-phone-new-vm"),
+        ("/ui/networks", "15-phone-networks"),
+        ("/ui/activity", "16-phone-activity"),
+        ("/ui/nodes/testnode", "17-phone-node"),
+        ("/ui/admin", "18-phone-admin"),
+    ] {
+        c.goto(&format!("{}{page}", a.url)).await.unwrap();
+        let m = c
+            .execute(
+                r#"const vw = document.documentElement.clientWidth;
+                const inside = (e) => { if (!e) return false; const r = e.getBoundingClientRect();
+                    return r.width > 0 && r.left >= 0 && r.right <= vw; };
+                return {vw, page: document.documentElement.scrollWidth,
+                    who: inside(document.querySelector('header .who')),
+                    logout: inside(document.querySelector('header form button'))};"#,
+                vec![],
+            )
+            .await
+            .unwrap();
+        shot(c, shot_name).await;
+        assert!(
+            m["page"].as_u64() <= m["vw"].as_u64() && m["vw"].as_u64() <= Some(390),
+            "{page} is wider than the screen: {m}"
+        );
+        assert_eq!(
+            (m["who"].clone(), m["logout"].clone()),
+            (json!(true), json!(true)),
+            "{page}: the user or Log out is off screen: {m}"
+        );
+    }
+    c.set_window_size(1280, 960).await.unwrap();
+
     // --- A list page open while the server stops: the stale banner shows within two polling
     // intervals (2 s each) and clears once the server answers again; the time of the last
     // refresh is on the page.

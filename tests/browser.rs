@@ -479,6 +479,11 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         .click()
         .await
         .unwrap();
+    let notice = text_of(c, ".notice").await.unwrap_or_default();
+    assert_eq!(
+        notice, "Pause of browser accepted; the status below follows it.",
+        "the action is confirmed"
+    );
     wait_text(c, "#vm-status", "Paused on the VM page", BOOT, |t| {
         t == "Paused"
     })
@@ -521,6 +526,11 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         |t| t == "Virtual machines",
     )
     .await;
+    let notice = text_of(c, ".notice").await.unwrap_or_default();
+    assert!(
+        notice.starts_with("Delete of default/browser accepted"),
+        "{notice}"
+    );
     wait_for("the VM to be gone", BOOT, || async {
         a.vm("browser").await.is_none().then_some(())
     })

@@ -1,7 +1,7 @@
 //! A VM's detail page and its polled status.
 
 use askama::Template;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::response::Response;
 use serde_json::{Value, json};
 
@@ -294,10 +294,35 @@ fn history_status(kind: Kind, body: Value) -> String {
     or_dash(status.as_deref().unwrap_or_default())
 }
 
+/// `?done=ACTION` after an action the API accepted.
+#[derive(serde::Deserialize)]
+pub struct DoneQuery {
+    #[serde(default)]
+    done: Option<String>,
+}
+
+/// What the VM page says after an action was accepted (none for an unknown one: nothing
+/// from the query string is echoed).
+fn done_notice(action: &str, name: &str) -> Option<String> {
+    let what = match action {
+        "start" => "Start",
+        "stop" => "Stop",
+        "restart" => "Restart",
+        "pause" => "Pause",
+        "unpause" => "Unpause",
+        "softreboot" => "Soft reboot",
+        _ => return None,
+    };
+    Some(format!(
+        "{what} of {name} accepted; the status below follows it."
+    ))
+}
+
 pub async fn vm_detail(
     State(st): S,
     Extension(u): Extension<WebUser>,
     Path((ns, name)): Path<(String, String)>,
+    Query(q): Query<DoneQuery>,
 ) -> Response {
     let (raw, vm, vmi) = match load_vm(&st, &ns, &name).await {
         Ok(x) => x,
@@ -333,7 +358,10 @@ pub async fn vm_detail(
         m.remove("managedFields");
     }
     render(&DetailTpl {
-        c: Chrome::new(&u, name.clone()),
+        c: Chrome {
+            notice: q.done.as_deref().and_then(|a| done_notice(a, &name)),
+            ..Chrome::new(&u, name.clone())
+        },
         st: status_view(&st, &vm, vmi.as_ref()),
         spec: spec_view(&vm),
         changes,

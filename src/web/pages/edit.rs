@@ -122,9 +122,14 @@ pub async fn vm_action(
     if !code.is_success() {
         return error_page(code, &api_message(&v));
     }
+    // The next page says the action was taken (its status then follows it).
     if f.action == "delete" {
-        Redirect::to("/ui/vms").into_response()
+        Redirect::to(&format!(
+            "/ui/vms?deleted={}",
+            url_encode(&format!("{ns}/{name}"))
+        ))
+        .into_response()
     } else {
-        Redirect::to(&detail_url(&ns, &name)).into_response()
+        Redirect::to(&format!("{}?done={}", detail_url(&ns, &name), f.action)).into_response()
     }
 }

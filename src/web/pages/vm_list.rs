@@ -36,6 +36,9 @@ pub struct ListQuery {
     q: String,
     #[serde(default)]
     label: String,
+    /// `NS/NAME` of a VM whose deletion the API just accepted.
+    #[serde(default)]
+    deleted: Option<String>,
 }
 
 #[derive(Template)]
@@ -116,7 +119,23 @@ pub async fn vm_list(
 ) -> Response {
     match rows(&st, &q).await {
         Ok(rows) => render(&VmListTpl {
-            c: Chrome::new(&u, "Virtual machines"),
+            c: Chrome {
+                notice: q
+                    .deleted
+                    .as_ref()
+                    .filter(|vm| {
+                        vm.split_once('/').is_some_and(|(ns, name)| {
+                            crate::types::check_name("namespace", ns).is_ok()
+                                && crate::types::check_name("name", name).is_ok()
+                        })
+                    })
+                    .map(|vm| {
+                        format!(
+                            "Delete of {vm} accepted; it leaves the list once its disks are gone."
+                        )
+                    }),
+                ..Chrome::new(&u, "Virtual machines")
+            },
             poll_url: rows_url(&q),
             q: q.q,
             label: q.label,

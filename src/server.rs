@@ -253,6 +253,9 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
         crate::version::RELEASE,
         s.role
     );
+    if s.role != Role::Agent {
+        println!("dashboard: {scheme}://{local}/ui/ (log in as admin)");
+    }
     println!(
         "first admin credentials: {}",
         s.data_dir.join(INITIAL_ADMIN_FILE).display()

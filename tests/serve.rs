@@ -174,8 +174,16 @@ fn tells_systemd_ready_watchdog_and_stopping() {
             let _ = tx.send(l);
         }
     });
-    let said = rx.iter().take(5).any(|l| l.contains("serving the API on"));
-    assert!(said, "READY before the API listens");
+    let said: Vec<String> = rx.iter().take(3).collect();
+    assert!(
+        said.iter().any(|l| l.contains("serving the API on")),
+        "READY before the API listens: {said:?}"
+    );
+    assert!(
+        said.iter()
+            .any(|l| l.starts_with("dashboard: http://127.0.0.1:") && l.contains("/ui/")),
+        "the dashboard's URL is printed: {said:?}"
+    );
     let start = std::time::Instant::now();
     for _ in 0..3 {
         assert_eq!(recv().trim(), "WATCHDOG=1");

@@ -669,6 +669,7 @@ async fn assets_are_embedded() {
     for (path, ct) in [
         ("/ui/static/app.js", "javascript"),
         ("/ui/static/app.css", "text/css"),
+        ("/ui/static/favicon.svg", "image/svg+xml"),
         ("/ui/vendor/novnc/core/rfb.js", "javascript"),
         (
             "/ui/vendor/novnc/vendor/pako/lib/zlib/inflate.js",
@@ -683,6 +684,20 @@ async fn assets_are_embedded() {
         assert!(got.contains(ct), "{path}: {got}");
         assert!(!r.bytes().await.unwrap().is_empty());
     }
+    // Every page names the icon, the login page included.
+    let login = s
+        .http
+        .get(format!("{}/ui/login", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        login
+            .text()
+            .await
+            .unwrap()
+            .contains(r#"<link rel="icon" href="/ui/static/favicon.svg""#)
+    );
     let r = s
         .http
         .get(format!("{}/ui/vendor/novnc/..%2f..%2fCargo.toml", s.url))

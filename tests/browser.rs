@@ -124,6 +124,27 @@ async fn wait_text(
     .await
 }
 
+/// axe-core's serious and critical violations on the current page, one line each.
+async fn axe_violations(c: &Client) -> Vec<String> {
+    let axe = std::fs::read_to_string(repo_root().join("web/node_modules/axe-core/axe.min.js"))
+        .expect("axe-core in web/node_modules (npm ci in web/, which the build runs)");
+    c.execute(&axe, vec![]).await.unwrap();
+    let v = c
+        .execute_async(
+            r#"const done = arguments[arguments.length - 1];
+            axe.run(document, {resultTypes: ['violations']})
+              .then(r => done(r.violations
+                .filter(v => v.impact === 'serious' || v.impact === 'critical')
+                .map(v => v.impact + ' ' + v.id + ': ' + v.help + ' at ' +
+                     v.nodes.slice(0, 3).map(n => n.target.join(' ')).join(', '))))
+              .catch(e => done(['axe failed: ' + e]));"#,
+            vec![],
+        )
+        .await
+        .unwrap();
+    serde_json::from_value(v).unwrap()
+}
+
 /// The VM page's visible actions (button values, `console` for the console links), sorted.
 async fn visible_actions(c: &Client) -> Vec<String> {
     let v = c
@@ -175,6 +196,11 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     c.goto(&format!("{}/ui/", a.url)).await.unwrap();
     let url = c.current_url().await.unwrap();
     assert_eq!(url.path(), "/ui/login", "{url}");
+    let login_problems = axe_violations(c).await;
+    assert!(
+        login_problems.is_empty(),
+        "the login page: {login_problems:?}"
+    );
     c.find(Locator::Id("username"))
         .await
         .unwrap()
@@ -458,6 +484,33 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         }
         shot(c, name).await;
     }
+
+    // --- Accessibility: axe-core (pinned in web/package.json) finds nothing serious or
+    // critical on any page, with the VM running.
+    let mut problems = Vec::new();
+    for page in [
+        "/ui/",
+        "/ui/vms",
+        "/ui/vms/default/browser",
+        "/ui/vms/default/browser/console",
+        "/ui/vms/default/browser/serial",
+        "/ui/vms/default/browser/edit",
+        "/ui/vms/new",
+        "/ui/networks",
+        "/ui/activity",
+        "/ui/nodes/testnode",
+        "/ui/admin",
+    ] {
+        c.goto(&format!("{}{page}", a.url)).await.unwrap();
+        for v in axe_violations(c).await {
+            problems.push(format!("{page}: {v}"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "accessibility:\n{}",
+        problems.join("\n")
+    );
 
     // --- The action buttons are exactly those the state allows, and follow it: Running,
     // then Paused, then Running again.

@@ -532,11 +532,15 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         .click()
         .await
         .unwrap();
-    let notice = text_of(c, ".notice").await.unwrap_or_default();
-    assert_eq!(
-        notice, "Pause of browser accepted; the status below follows it.",
-        "the action is confirmed"
-    );
+    // The page after the action confirms it (wait_text waits for the navigation).
+    wait_text(
+        c,
+        ".notice",
+        "the pause confirmed",
+        Duration::from_secs(10),
+        |t| t == "Pause of browser accepted; the status below follows it.",
+    )
+    .await;
     wait_text(c, "#vm-status", "Paused on the VM page", BOOT, |t| {
         t == "Paused"
     })
@@ -579,11 +583,14 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         |t| t == "Virtual machines",
     )
     .await;
-    let notice = text_of(c, ".notice").await.unwrap_or_default();
-    assert!(
-        notice.starts_with("Delete of default/browser accepted"),
-        "{notice}"
-    );
+    wait_text(
+        c,
+        ".notice",
+        "the delete confirmed",
+        Duration::from_secs(10),
+        |t| t.starts_with("Delete of default/browser accepted"),
+    )
+    .await;
     wait_for("the VM to be gone", BOOT, || async {
         a.vm("browser").await.is_none().then_some(())
     })

@@ -248,6 +248,15 @@ async fn login_sessions_csrf_escaping_and_roles() {
         overview.contains(r#"id="rollout-state">RolledOver<"#),
         "{overview}"
     );
+    // In words first; the install strategy and CPU internals only behind their toggles.
+    assert!(
+        overview.contains("every node and every running VM's launcher runs it"),
+        "{overview}"
+    );
+    let details = overview.find(r#"<details id="rollout-details">"#).unwrap();
+    assert!(overview.find("Install strategy <code>").unwrap() > details);
+    let cpu_details = overview.find(r#"<details id="cpu-details">"#).unwrap();
+    assert!(overview.find("Family/model/stepping").unwrap() > cpu_details);
 
     // Every page has a CSP without inline scripts, and no framing.
     let r = b.get(&s, "/ui/vms").await;

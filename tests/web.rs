@@ -552,6 +552,42 @@ async fn login_sessions_csrf_escaping_and_roles() {
         "the new VM lists the old one's changes: {new_rows:?} (old up to {last_old})"
     );
 
+    // Started with no node to run it: the VM page says why it cannot start, in the
+    // scheduler's words; memory is in units a reader takes in (128 MiB, not 128Mi).
+    let r = s
+        .http
+        .put(format!(
+            "{}/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachines/csrf-test/start",
+            s.url
+        ))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let t = std::time::Instant::now();
+    let page = loop {
+        let page = b
+            .get(&s, "/ui/vms/default/csrf-test")
+            .await
+            .text()
+            .await
+            .unwrap();
+        if page.contains(r#"id="vm-why-not""#) {
+            break page;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "no reason shown: {page}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(
+        page.contains("Cannot start: 0/0 nodes are available: no node has registered"),
+        "{page}"
+    );
+    assert!(page.contains("<dd>128 MiB</dd>"), "{page}");
+
     // Paste YAML to create a VM.
     let pasted = "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: pasted}\nspec:\n  runStrategy: Halted\n  template:\n    spec:\n      domain:\n        memory: {guest: 64Mi}\n        firmware: {kernelBoot: {container: {image: k, kernelPath: k}}}\n";
     let r = b

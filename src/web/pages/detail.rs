@@ -31,6 +31,8 @@ pub struct StatusView {
     /// Each NIC: `name (network): MAC, addresses`.
     nics: Vec<String>,
     viewers: String,
+    /// Why the VM cannot start, when the scheduler said (its Unschedulable message).
+    why_not: Option<String>,
     conditions: Vec<(String, String, String, String)>,
     /// The actions this state allows, space-separated ([`crate::rules::actions::allowed`]):
     /// the page shows only those buttons, and updates them with each poll.
@@ -143,7 +145,13 @@ fn status_view(
         })
         .unwrap_or_default();
     let status = vmi.map(vmi_status);
+    let why_not = status.and_then(|s| {
+        kubevirt::condition(&s.conditions, &ConditionType::PodScheduled)
+            .filter(|c| c.reason.as_deref() == Some("Unschedulable"))
+            .and_then(|c| c.message.clone())
+    });
     StatusView {
+        why_not,
         actions: crate::rules::actions::allowed(&or_dash(printable_status(vm))).join(" "),
         status: or_dash(printable_status(vm)),
         phase: status
@@ -261,7 +269,13 @@ fn spec_view(vm: &VirtualMachine) -> SpecView {
             (None, None) => "-".into(),
         },
         cpus: (n(cpu.cores) * n(cpu.sockets) * n(cpu.threads)).to_string(),
-        memory: or_dash(memory.or(requested).unwrap_or_default()),
+        // In units a reader takes in at once (512 MiB, 1.5 GiB), not Kubernetes' 512Mi.
+        memory: match memory.or(requested) {
+            Some(q) => crate::types::parse_quantity(q)
+                .map(super::human_bytes)
+                .unwrap_or_else(|_| q.to_string()),
+            None => "-".into(),
+        },
         disks: or_dash(
             &t.volumes
                 .iter()
@@ -418,7 +432,7 @@ mod tests {
         let s = spec_view(&v);
         assert_eq!(s.run_strategy, "RerunOnFailure");
         assert_eq!(s.cpus, "4");
-        assert_eq!(s.memory, "1Gi");
+        assert_eq!(s.memory, "1 GiB", "in units a reader takes in");
         assert_eq!(
             s.disks,
             "root (containerDisk), ci (cloudInitNoCloud), data (persistentVolumeClaim)"
@@ -430,7 +444,7 @@ mod tests {
             "domain": {"memory": {"guest": "512Mi"}, "devices": {}}}}})));
         assert_eq!(bare.run_strategy, "running: false");
         assert_eq!(bare.cpus, "1");
-        assert_eq!(bare.memory, "512Mi");
+        assert_eq!(bare.memory, "512 MiB");
         assert_eq!((bare.disks.as_str(), bare.networks.as_str()), ("-", "-"));
     }
 

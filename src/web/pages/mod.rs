@@ -143,7 +143,9 @@ fn human_bytes(b: u64) -> String {
     const GI: f64 = (1u64 << 30) as f64;
     const MI: f64 = (1u64 << 20) as f64;
     if b as f64 >= GI {
-        format!("{:.1} GiB", b as f64 / GI)
+        // 1 GiB, 1.5 GiB: no trailing ".0".
+        let s = format!("{:.1}", b as f64 / GI);
+        format!("{} GiB", s.strip_suffix(".0").unwrap_or(&s))
     } else {
         format!("{:.0} MiB", b as f64 / MI)
     }

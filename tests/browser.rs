@@ -124,6 +124,16 @@ async fn wait_text(
     .await
 }
 
+/// Click the element with this id.
+async fn click(c: &Client, id: &str) {
+    c.find(Locator::Id(id))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
 /// axe-core's serious and critical violations on the current page, one line each.
 async fn axe_violations(c: &Client) -> Vec<String> {
     let axe = std::fs::read_to_string(repo_root().join("web/node_modules/axe-core/axe.min.js"))
@@ -213,12 +223,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         .send_keys("wrong-password")
         .await
         .unwrap();
-    c.find(Locator::Id("login"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(c, "login").await;
     let err = wait_text(
         c,
         "#error",
@@ -234,12 +239,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         .send_keys(&password)
         .await
         .unwrap();
-    c.find(Locator::Id("login"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(c, "login").await;
     let h1 = wait_text(c, "h1", "the overview", Duration::from_secs(10), |t| {
         t == "Overview"
     })
@@ -327,12 +327,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         .await
         .unwrap();
     shot(c, "02-new-vm-form").await;
-    c.find(Locator::Id("create"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(c, "create").await;
     wait_text(c, "h1", "the VM's page", Duration::from_secs(10), |t| {
         t == "default/browser"
     })
@@ -526,12 +521,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         "stop",
     ];
     wait_actions(c, RUNNING).await;
-    c.find(Locator::Id("action-pause"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(c, "action-pause").await;
     // The page after the action confirms it (wait_text waits for the navigation).
     wait_text(
         c,
@@ -547,34 +537,19 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     .await;
     wait_actions(c, &["console", "delete", "restart", "stop", "unpause"]).await;
     shot(c, "05b-paused").await;
-    c.find(Locator::Id("action-unpause"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(c, "action-unpause").await;
     wait_text(c, "#vm-status", "Running again", BOOT, |t| t == "Running").await;
     wait_actions(c, RUNNING).await;
 
     // --- Stop (a confirmation dialog, accepted), then delete.
-    c.find(Locator::Id("action-stop"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(c, "action-stop").await;
     wait_text(c, "#vm-status", "Stopped on the VM page", BOOT, |t| {
         t == "Stopped"
     })
     .await;
     wait_actions(c, &["delete", "start"]).await;
     shot(c, "06-stopped").await;
-    c.find(Locator::Id("action-delete"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(c, "action-delete").await;
     wait_text(
         c,
         "h1",

@@ -149,6 +149,10 @@ impl Browser {
             .await
             .unwrap()
     }
+    /// A page's HTML.
+    async fn html(&self, s: &Server, path: &str) -> String {
+        self.get(s, path).await.text().await.unwrap()
+    }
     async fn post(&self, s: &Server, path: &str, form: &[(&str, &str)]) -> reqwest::Response {
         s.http
             .post(format!("{}{path}", s.url))
@@ -232,7 +236,7 @@ async fn login_sessions_csrf_escaping_and_roles() {
         "the other session lives"
     );
     // The overview's Versions section: the desired version and the rollout state.
-    let overview = b.get(&s, "/ui/").await.text().await.unwrap();
+    let overview = b.html(&s, "/ui/").await;
     assert!(
         overview.contains(r#"<section id="versions">"#),
         "{overview}"
@@ -368,12 +372,7 @@ async fn login_sessions_csrf_escaping_and_roles() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let html = b
-        .get(&s, "/ui/vms/default/csrf-test")
-        .await
-        .text()
-        .await
-        .unwrap();
+    let html = b.html(&s, "/ui/vms/default/csrf-test").await;
     assert!(
         escaped(&html, "note: &{lt}script&{gt}alert(1)&{lt}/script&{gt}"),
         "{html}"
@@ -450,12 +449,7 @@ async fn login_sessions_csrf_escaping_and_roles() {
     assert_eq!(r.status(), 409);
 
     // Edit the VM's YAML on its page: the change lands; a stale copy is refused (409).
-    let page = b
-        .get(&s, "/ui/vms/default/csrf-test/edit")
-        .await
-        .text()
-        .await
-        .unwrap();
+    let page = b.html(&s, "/ui/vms/default/csrf-test/edit").await;
     let start = page.find("<textarea name=\"yaml\"").unwrap();
     let start = start + page[start..].find('>').unwrap() + 1;
     let end = start + page[start..].find("</textarea>").unwrap();
@@ -507,12 +501,7 @@ async fn login_sessions_csrf_escaping_and_roles() {
             })
             .collect()
     };
-    let old_page = b
-        .get(&s, "/ui/vms/default/csrf-test")
-        .await
-        .text()
-        .await
-        .unwrap();
+    let old_page = b.html(&s, "/ui/vms/default/csrf-test").await;
     let old_rows = vm_rows(&old_page);
     assert!(
         old_rows.len() >= 2,
@@ -537,12 +526,7 @@ async fn login_sessions_csrf_escaping_and_roles() {
     }
     let r = b.post(&s, "/ui/vms/new", &ok).await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let new_page = b
-        .get(&s, "/ui/vms/default/csrf-test")
-        .await
-        .text()
-        .await
-        .unwrap();
+    let new_page = b.html(&s, "/ui/vms/default/csrf-test").await;
     let new_rows = vm_rows(&new_page);
     assert!(!new_rows.is_empty(), "{new_page}");
     assert!(

@@ -108,7 +108,16 @@ impl Listener {
     {
         let route = Arc::new(route);
         let key = Arc::new(self.offer.key.clone());
-        while let Ok((tcp, peer)) = self.tcp.accept().await {
+        loop {
+            let (tcp, peer) = match self.tcp.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of file descriptors, say: the source's next try may get through.
+                    tracing::warn!(error = %e, "accepting a direct migration connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
             let _ = tcp.set_nodelay(true);
             let (tls, route, key) = (self.tls.clone(), route.clone(), key.clone());
             tokio::spawn(async move {

@@ -304,10 +304,13 @@ async fn run_target(
             None => std::future::pending().await,
         }
     };
+    // The relay keeps serving whatever happens to the direct listener.
     let relay = async {
+        let tunnels = tunnels(agent, ns, name, mig_uid, offer.as_ref());
+        tokio::pin!(tunnels);
         tokio::select! {
-            r = tunnels(agent, ns, name, mig_uid, offer.as_ref()) => r,
-            _ = serve => Ok(()),
+            r = &mut tunnels => r,
+            _ = serve => tunnels.await,
         }
     };
     let (_, r) = tokio::join!(vlans, relay);

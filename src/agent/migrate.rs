@@ -533,11 +533,11 @@ async fn run_source(
             json!({"status": {"migrationState": {"startTimestamp": started}}}),
         )
         .await?;
-    // Every connection to these listeners becomes a tunnel to the target: libvirtd's own
-    // (TCP on loopback) and, for a block migration, QEMU's memory and disk streams (unix
-    // sockets). Connection numbers are shared, so each pairs with the target's next one.
-    // A target that offers the direct path (it published its address) says through the
-    // relay how to take it; the relay carries whatever cannot go directly.
+    // Every connection to these listeners goes to the target: libvirtd's own and, for a
+    // block migration, QEMU's memory and disk streams (all unix sockets). A target that
+    // offers the direct path (it published its address) says through the relay how to take
+    // it; the relay carries whatever cannot go directly. Relay connection numbers are
+    // shared by all streams, so each pairs with the target's next one.
     let n = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let offer = match state_of(m).target_node_address {
         Some(_) => fetch_offer(agent, ns, name, &n)

@@ -39,6 +39,21 @@ pub fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// Compare secrets without leaking where they differ through timing (nor their lengths:
+/// both are hashed first). The dashboard's CSRF tokens and the direct migration path's
+/// keys are checked with it.
+pub fn same_secret(a: &str, b: &str) -> bool {
+    use sha2::Digest;
+    let (a, b) = (
+        sha2::Sha256::digest(a.as_bytes()),
+        sha2::Sha256::digest(b.as_bytes()),
+    );
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
 /// SHA-256 of a certificate's DER bytes, in hex: what a join token pins.
 pub fn cert_sha256(der: &[u8]) -> String {
     use sha2::Digest;
@@ -158,4 +173,17 @@ pub fn ephemeral_server_config(
         .with_no_client_auth()
         .with_single_cert(vec![der], key)?;
     Ok((std::sync::Arc::new(cfg), pin))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_secret;
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret("abcd", "abcd"));
+        assert!(!same_secret("abcd", "abce"));
+        assert!(!same_secret("abc", "abcd"));
+        assert!(!same_secret("", "a"));
+    }
 }

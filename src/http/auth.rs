@@ -122,14 +122,7 @@ pub async fn session_of(
     }
 }
 
-/// Compare secrets without leaking where they differ through timing.
-pub fn same_secret(a: &str, b: &str) -> bool {
-    let (a, b) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
-    a.iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
-}
+pub use crate::tls::same_secret;
 
 /// Route layers that declare who may reach a route, where the route is declared
 /// (`.route_layer(middleware::from_fn(auth::admins))`); routes any logged-in principal may

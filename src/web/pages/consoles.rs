@@ -2,12 +2,11 @@
 
 use askama::Template;
 use axum::extract::{Extension, Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, header};
 use axum::response::Response;
 
-use super::{Chrome, error_page, load_vm, or_dash, printable_status, render, vmi_status};
+use super::{Chrome, load_vm, or_dash, printable_status, render, vmi_status};
 use crate::http::AppState;
-use crate::http::auth::Role;
 use crate::types::kubevirt::Phase;
 use crate::web::{CSP_XTERM, S, WebUser};
 
@@ -37,11 +36,8 @@ async fn console_common(
     ns: &str,
     name: &str,
 ) -> Result<(bool, String), Response> {
-    if !matches!(u.role, Role::Admin | Role::Operator) {
-        return Err(error_page(
-            StatusCode::FORBIDDEN,
-            "viewers may not open consoles (operator or admin needed)",
-        ));
+    if let Some(refused) = super::viewer_refused(u, "open consoles") {
+        return Err(refused);
     }
     let (_, vm, vmi) = load_vm(st, ns, name).await?;
     let running = vmi

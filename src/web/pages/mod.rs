@@ -65,7 +65,7 @@ impl Chrome {
             role: role_name(u.role),
             csrf: u.csrf.clone(),
             is_admin: u.role == Role::Admin,
-            can_operate: matches!(u.role, Role::Admin | Role::Operator),
+            can_operate: may_operate(u.role),
             error: None,
             notice: None,
         }
@@ -108,10 +108,15 @@ struct ErrorTpl<'a> {
     message: &'a str,
 }
 
-/// A viewer asking for a form only operators and admins may submit: refused before the
-/// form is shown, not after Save.
+/// Whether a role may act on VMs (operators and admins), not only look at them.
+fn may_operate(r: Role) -> bool {
+    matches!(r, Role::Admin | Role::Operator)
+}
+
+/// A viewer asking for a page only operators and admins may use (a form they could not
+/// submit, a console): refused before it is shown, not after Save.
 fn viewer_refused(u: &WebUser, what: &str) -> Option<Response> {
-    (!matches!(u.role, Role::Admin | Role::Operator)).then(|| {
+    (!may_operate(u.role)).then(|| {
         error_page(
             StatusCode::FORBIDDEN,
             &format!("viewers may not {what} (operator or admin needed)"),

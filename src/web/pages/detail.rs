@@ -34,15 +34,15 @@ pub struct StatusView {
     /// Why the VM cannot start, when the scheduler said (its Unschedulable message).
     why_not: Option<String>,
     conditions: Vec<(String, String, String, String)>,
-    /// The actions this state allows, space-separated ([`crate::rules::actions::allowed`]):
-    /// the page shows only those buttons, and updates them with each poll.
-    actions: String,
+    /// The actions this state allows ([`crate::rules::actions::allowed`]): the page shows
+    /// only those buttons, and updates them with each poll.
+    actions: &'static [&'static str],
 }
 
 impl StatusView {
     /// Whether this state allows `action` (a button's value, or `console`).
     pub fn allows(&self, action: &str) -> bool {
-        self.actions.split(' ').any(|a| a == action)
+        self.actions.contains(&action)
     }
 }
 
@@ -152,7 +152,7 @@ fn status_view(
     });
     StatusView {
         why_not,
-        actions: crate::rules::actions::allowed(&or_dash(printable_status(vm))).join(" "),
+        actions: crate::rules::actions::allowed(&or_dash(printable_status(vm))),
         status: or_dash(printable_status(vm)),
         phase: status
             .map(|s| or_dash(s.phase.as_ref().map_or("", Phase::as_str)))

@@ -8,11 +8,12 @@ use serde_json::json;
 
 use super::ClientOpts;
 use super::output::{Format, age, created_age, decode, items, print_value, s, table};
+use crate::rules::drain::Eviction;
 use crate::types::Meta;
 use crate::types::edgevirt::Node;
 use crate::types::kubevirt::{
-    ConditionType, EvictionStrategy, MigrationPhase, Phase, VirtualMachineInstance,
-    VirtualMachineInstanceMigration, condition,
+    ConditionType, MigrationPhase, Phase, VirtualMachineInstance, VirtualMachineInstanceMigration,
+    condition,
 };
 
 #[derive(Args, Debug)]
@@ -433,29 +434,22 @@ async fn drain(
         if v.status.as_ref().and_then(|s| s.phase.as_ref()) != Some(&Phase::Running) {
             continue;
         }
-        let migratable = v.status.as_ref().is_some_and(|s| {
-            crate::types::kubevirt::condition_true(&s.conditions, &ConditionType::LiveMigratable)
-        });
-        let stays = match v.spec.eviction_strategy {
-            Some(EvictionStrategy::None) => Some("None"),
-            Some(EvictionStrategy::LiveMigrateIfPossible) if !migratable && !block => {
-                Some("LiveMigrateIfPossible, and it is not live-migratable")
-            }
-            _ => None,
-        };
-        if let Some(why) = stays {
-            if !force {
-                println!("{ns}/{name}: evictionStrategy {why}: left running (--force stops it)");
+        match crate::rules::drain::eviction(&v, block, force) {
+            Eviction::Migrate => {}
+            Eviction::Stays(why) => {
+                println!("{ns}/{name}: {why}: left running (--force stops it)");
                 stuck.push(format!("{ns}/{name}"));
                 continue;
             }
-            c.delete(&format!(
-                "/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances/{name}"
-            ))
-            .await?;
-            println!("{ns}/{name}: stopping (evictionStrategy {why})");
-            stopped.push((ns.to_string(), name.to_string(), v.uid().to_string()));
-            continue;
+            Eviction::Stop(why) => {
+                c.delete(&format!(
+                    "/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances/{name}"
+                ))
+                .await?;
+                println!("{ns}/{name}: stopping ({why})");
+                stopped.push((ns.to_string(), name.to_string(), v.uid().to_string()));
+                continue;
+            }
         }
         let path = format!(
             "/apis/subresources.kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances/{name}/migrate"

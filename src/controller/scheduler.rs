@@ -174,14 +174,19 @@ pub async fn pick_node(
             reasons.push(format!("{name}: cordoned"));
             continue;
         }
-        if !selector.iter().all(|(k, v)| n.label(k) == Some(v.as_str())) {
-            reasons.push(format!("{name}: does not match nodeSelector"));
-            continue;
-        }
         let view = crate::rules::placement::NodeView {
             name: &name,
             labels: n.metadata.labels.as_ref().unwrap_or(&no_labels),
         };
+        // `kubernetes.io/hostname` is the node's name unless a label says otherwise, as on
+        // every Kubernetes node: a migration to one chosen node selects it so.
+        if !selector
+            .iter()
+            .all(|(k, v)| crate::rules::placement::topology(&view, k) == Some(v.as_str()))
+        {
+            reasons.push(format!("{name}: does not match nodeSelector"));
+            continue;
+        }
         if !crate::rules::placement::required(&vmi.spec.affinity, &view) {
             reasons.push(format!(
                 "{name}: does not match the instance's node affinity"

@@ -656,6 +656,27 @@ async fn node_affinity_is_required_then_preferred() {
     );
 }
 
+/// `nodeSelector` matches labels, and `kubernetes.io/hostname` is a node's name when no
+/// label says otherwise (a migration to a chosen node selects it so).
+#[tokio::test]
+async fn node_selector_reads_labels_and_the_hostname() {
+    let (_d, ctx) = ctx().await;
+    add_zoned_node(&ctx, "big", 64 << 30, Some("office")).await;
+    add_zoned_node(&ctx, "small", 4 << 30, Some("shop")).await;
+    let pick = |sel: serde_json::Value| pick_for(&ctx, "nodeSelector", sel);
+    assert_eq!(pick(json!({"zone": "shop"})).await.unwrap(), "small");
+    assert_eq!(
+        pick(json!({"kubernetes.io/hostname": "small"}))
+            .await
+            .unwrap(),
+        "small"
+    );
+    let why = pick(json!({"kubernetes.io/hostname": "gone"}))
+        .await
+        .unwrap_err();
+    assert!(why.contains("big: does not match nodeSelector"), "{why}");
+}
+
 /// Taints: a NoSchedule taint keeps off instances that do not tolerate it (even from the
 /// roomiest node), a PreferNoSchedule one makes its node the last choice, and a toleration
 /// lets the instance back on.

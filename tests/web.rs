@@ -750,3 +750,228 @@ async fn cookies_are_secure_over_tls() {
     let (_, line) = set_cookie(r.headers(), "edgevirt_prelogin").unwrap();
     assert!(line.contains("Secure"), "{line}");
 }
+
+/// A site admin's daily work without the CLI: cordon, uncordon, drain and delete a node from
+/// its page; a join token for a new host with the command to run; an image uploaded the way
+/// the images page's script sends it (session cookie and CSRF header) and deleted. Viewers
+/// see none of the forms and are refused each action; forms without the CSRF token are
+/// refused.
+#[tokio::test]
+async fn nodes_hosts_and_images_from_the_dashboard() {
+    let s = start_on("0.0.0.0:0");
+    let token = s.initial("token");
+    let admin = login(&s, "admin", &s.initial("password")).await.unwrap();
+    let api = |method: reqwest::Method, path: &str| {
+        s.http
+            .request(method, format!("{}{path}", s.url))
+            .bearer_auth(&token)
+    };
+    // A node as an agent registers it (an administrator may write one too).
+    let r = api(reqwest::Method::POST, "/apis/edgevirt.io/v1/nodes")
+        .json(
+            &serde_json::json!({"apiVersion": "edgevirt.io/v1", "kind": "Node",
+            "metadata": {"name": "shop-2"}, "spec": {}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{:?}", r.text().await);
+    let unschedulable = || async {
+        let n: serde_json::Value = api(reqwest::Method::GET, "/apis/edgevirt.io/v1/nodes/shop-2")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        n["spec"]["unschedulable"] == serde_json::json!(true)
+    };
+
+    let page = admin.html(&s, "/ui/nodes/shop-2").await;
+    assert!(page.contains("id=\"node-cordon\"") && page.contains("id=\"node-drain\""));
+    assert!(
+        page.contains("data-poll=\"/ui/nodes/shop-2/vms\""),
+        "{page}"
+    );
+    let path = "/ui/nodes/shop-2/action";
+    // Without the form's CSRF token: refused, nothing changes.
+    let r = admin.post(&s, path, &[("action", "cordon")]).await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(!unschedulable().await);
+    let r = admin
+        .post(&s, path, &[("csrf", &admin.csrf), ("action", "cordon")])
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let next = r.headers()["location"].to_str().unwrap().to_string();
+    assert!(unschedulable().await, "cordoned through the API");
+    let page = admin.html(&s, &next).await;
+    assert!(page.contains("shop-2 is cordoned: no new VM starts on it."));
+    assert!(page.contains("id=\"node-uncordon\"") && !page.contains("id=\"node-cordon\""));
+    let r = admin
+        .post(&s, path, &[("csrf", &admin.csrf), ("action", "uncordon")])
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert!(!unschedulable().await);
+    // A drain cordons and reports each VM (none here).
+    let r = admin
+        .post(
+            &s,
+            path,
+            &[("csrf", &admin.csrf), ("action", "drain"), ("block", "1")],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let page = r.text().await.unwrap();
+    assert!(page.contains("No running VM was on the node."), "{page}");
+    assert!(unschedulable().await, "a drain cordons first");
+    let live = admin.html(&s, "/ui/nodes/shop-2/vms").await;
+    assert!(live.contains("it is drained"), "{live}");
+    let r = admin
+        .post(&s, path, &[("csrf", &admin.csrf), ("action", "reboot")])
+        .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+
+    // A viewer: no actions on the node page, each one refused, no upload form.
+    admin
+        .post(
+            &s,
+            "/ui/admin/users",
+            &[
+                ("csrf", &admin.csrf),
+                ("name", "val"),
+                ("role", "viewer"),
+                ("password", "viewer-pass"),
+            ],
+        )
+        .await;
+    let v = login(&s, "val", "viewer-pass").await.unwrap();
+    let page = v.html(&s, "/ui/nodes/shop-2").await;
+    assert!(page.contains("Node shop-2") && !page.contains("node-actions"));
+    for action in ["cordon", "uncordon", "drain", "delete"] {
+        let r = v
+            .post(&s, path, &[("csrf", &v.csrf), ("action", action)])
+            .await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{action}");
+    }
+    assert!(unschedulable().await, "still as the admin left it");
+    let images = v.html(&s, "/ui/images").await;
+    assert!(
+        !images.contains("id=\"upload\""),
+        "viewers get no upload form"
+    );
+
+    // An image, sent as the images page's script sends it.
+    let disk = vec![0u8; 1 << 20];
+    let upload = |who: &Browser, csrf: Option<&str>| {
+        let mut r = s
+            .http
+            .put(format!("{}/apis/edgevirt.io/v1/images/tiny/upload", s.url))
+            .header("cookie", who.cookie())
+            .header("content-type", "application/octet-stream")
+            .body(disk.clone());
+        if let Some(c) = csrf {
+            r = r.header("x-csrf-token", c);
+        }
+        r.send()
+    };
+    assert_eq!(upload(&admin, None).await.unwrap().status(), 403);
+    assert_eq!(upload(&v, Some(&v.csrf)).await.unwrap().status(), 403);
+    let r = upload(&admin, Some(&admin.csrf)).await.unwrap();
+    assert_eq!(r.status(), 201, "{:?}", r.text().await);
+    let images = admin.html(&s, "/ui/images?uploaded=tiny").await;
+    assert!(
+        images.contains("Image tiny uploaded and checked."),
+        "{images}"
+    );
+    assert!(
+        images.contains("<td>tiny</td><td>raw</td><td>1 MiB</td>"),
+        "{images}"
+    );
+    assert!(images.contains("id=\"upload-progress\""));
+    // Only names the list shows are confirmed: nothing else is echoed.
+    let odd = admin.html(&s, "/ui/images?uploaded=nothere").await;
+    assert!(!odd.contains("nothere"));
+    let r = v
+        .post(&s, "/ui/images/tiny/delete", &[("csrf", &v.csrf)])
+        .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = admin
+        .post(&s, "/ui/images/tiny/delete", &[("csrf", &admin.csrf)])
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let images = admin
+        .html(&s, r.headers()["location"].to_str().unwrap())
+        .await;
+    assert!(images.contains("Image tiny deleted.") && images.contains("No image yet"));
+
+    // A join token for a new host: the command to run on it, then the token listed.
+    let r = admin
+        .post(
+            &s,
+            "/ui/admin/jointokens",
+            &[
+                ("csrf", &admin.csrf),
+                ("hours", "24"),
+                ("description", "back office"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let page = r.text().await.unwrap();
+    let host = s.url.trim_start_matches("https://");
+    let cmd = format!("edgevirt serve --role agent --controller https://{host} --join-token ev1.");
+    assert!(page.contains(&cmd), "{page}");
+    assert!(page.contains("<td>valid</td>") && page.contains("back office"));
+    let r = admin
+        .post(
+            &s,
+            "/ui/admin/jointokens",
+            &[("csrf", &admin.csrf), ("hours", "9999")],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(r.text().await.unwrap().contains("1 to 168 hours"));
+    let list: serde_json::Value = api(reqwest::Method::GET, "/apis/edgevirt.io/v1/jointokens")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = list["items"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    let r = admin
+        .post(
+            &s,
+            &format!("/ui/admin/jointokens/{id}/delete"),
+            &[("csrf", &admin.csrf)],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let list: serde_json::Value = api(reqwest::Method::GET, "/apis/edgevirt.io/v1/jointokens")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["items"], serde_json::json!([]));
+
+    // Delete the node: the overview confirms it.
+    let r = admin
+        .post(&s, path, &[("csrf", &admin.csrf), ("action", "delete")])
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let overview = admin
+        .html(&s, r.headers()["location"].to_str().unwrap())
+        .await;
+    assert!(overview.contains("Node shop-2 deleted"), "{overview}");
+    assert_eq!(
+        api(reqwest::Method::GET, "/apis/edgevirt.io/v1/nodes/shop-2")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+}

@@ -7,7 +7,16 @@
 pub fn allowed(status: &str) -> &'static [&'static str] {
     match status {
         "Stopped" | "" | "-" => &["start", "delete"],
-        "Running" | "Migrating" => &[
+        "Running" => &[
+            "stop",
+            "restart",
+            "pause",
+            "softreboot",
+            "migrate",
+            "delete",
+            "console",
+        ],
+        "Migrating" => &[
             "stop",
             "restart",
             "pause",
@@ -34,6 +43,12 @@ mod tests {
         assert!(!allowed("Running").contains(&"unpause"));
         assert!(allowed("Paused").contains(&"unpause") && !allowed("Paused").contains(&"pause"));
         assert!(!allowed("Stopped").contains(&"console"));
+        assert!(allowed("Running").contains(&"migrate"));
+        assert!(
+            !allowed("Migrating").contains(&"migrate"),
+            "one move at a time"
+        );
+        assert!(!allowed("Paused").contains(&"migrate"));
         assert_eq!(allowed("ErrorUnschedulable"), ["stop", "delete"]);
         assert_eq!(allowed("Terminating"), ["delete"]);
     }

@@ -99,13 +99,18 @@ where
         .route("/ui/vms/{ns}/{name}/graphs", get(pages::vm_graphs))
         .route("/ui/nodes/{name}", get(pages::node_page))
         .route("/ui/nodes/{name}/graphs", get(pages::node_graphs))
+        .route("/ui/nodes/{name}/vms", get(pages::node_vms_fragment))
+        .route("/ui/nodes/{name}/action", post(pages::node_action))
         .route("/ui/activity", get(pages::activity))
+        .route("/ui/images", get(pages::images))
+        .route("/ui/images/{name}/delete", post(pages::delete_image))
         .route("/ui/networks", get(pages::networks))
         .route(
             "/ui/vms/{ns}/{name}/edit",
             get(pages::edit_vm).post(pages::save_vm),
         )
         .route("/ui/vms/{ns}/{name}/action", post(pages::vm_action))
+        .route("/ui/vms/{ns}/{name}/migrate", post(pages::vm_migrate))
         .route("/ui/vms/{ns}/{name}/console", get(pages::console))
         .route("/ui/vms/{ns}/{name}/serial", get(pages::serial))
         .route("/ui/admin", get(pages::admin))
@@ -114,6 +119,11 @@ where
         .route("/ui/admin/tokens", post(pages::create_token))
         .route("/ui/admin/tokens/{id}/delete", post(pages::delete_token))
         .route("/ui/admin/lockouts/clear", post(pages::clear_lockouts))
+        .route("/ui/admin/jointokens", post(pages::create_join_token))
+        .route(
+            "/ui/admin/jointokens/{id}/delete",
+            post(pages::delete_join_token),
+        )
         .route("/ui/logout", post(pages::logout))
         .layer(middleware::from_fn_with_state(state, require_session))
         .layer(axum::Extension(Api(api)));

@@ -1,5 +1,6 @@
 // edgevirt dashboard: the little JavaScript every page uses.
 // - [data-confirm] on a submit button or form: ask before a destructive action;
+// - [data-copy] on a button: copy another element's text;
 // - [data-poll="URL"]: replace the element's content with URL's HTML every 2 s, so status
 //   changes show without a reload (the server renders the fragment, escaped), with the time
 //   of the last refresh, and a banner as soon as a refresh fails;
@@ -10,6 +11,21 @@ document.addEventListener("submit", (e) => {
   const b = e.submitter;
   const msg = (b && b.dataset.confirm) || e.target.dataset.confirm;
   if (msg && !window.confirm(msg)) e.preventDefault();
+});
+
+// [data-copy="ID"]: copy the text of element ID (a command to paste on another host).
+document.addEventListener("click", async (e) => {
+  const b = e.target.closest("[data-copy]");
+  if (!b) return;
+  const text = document.getElementById(b.dataset.copy).textContent;
+  try {
+    await navigator.clipboard.writeText(text);
+    b.textContent = "Copied";
+  } catch (_) {
+    // No clipboard (plain HTTP, or denied): select the text for the person to copy.
+    window.getSelection().selectAllChildren(document.getElementById(b.dataset.copy));
+    b.textContent = "Selected: press Ctrl+C";
+  }
 });
 
 // When the live regions last got fresh data, and whether the last try failed: a page that
@@ -59,7 +75,7 @@ function showAllowedActions() {
   if (!src || !form) return;
   const allowed = new Set((src.dataset.actions || "").split(" ").filter(Boolean));
   form.querySelectorAll("button[name=action]").forEach((b) => { b.hidden = !allowed.has(b.value); });
-  form.querySelectorAll("[data-action]").forEach((a) => { a.hidden = !allowed.has(a.dataset.action); });
+  document.querySelectorAll("main [data-action]").forEach((a) => { a.hidden = !allowed.has(a.dataset.action); });
 }
 
 document.addEventListener("DOMContentLoaded", () => {

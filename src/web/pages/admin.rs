@@ -1,16 +1,16 @@
-//! Users, API tokens and login lockouts.
+//! Users, API tokens, join tokens for new hosts, and login lockouts.
 
 use askama::Template;
 use axum::Form;
 use axum::extract::{Extension, Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 
 use super::{Chrome, error_page, render_status};
 use crate::http::AppState;
-use crate::http::auth::{self, Role};
-use crate::web::{S, WebUser};
+use crate::http::auth::{self, Principal, Role};
+use crate::web::{Api, S, WebUser, api_message};
 
 #[derive(Template)]
 #[template(path = "admin.html")]
@@ -19,7 +19,36 @@ struct AdminTpl {
     users: Vec<crate::store::UserInfo>,
     tokens: Vec<crate::store::TokenInfo>,
     new_token: Option<String>,
+    join_tokens: Vec<JoinTokenRow>,
+    /// The command a new host runs, with a join token just made (shown once).
+    join_command: Option<String>,
     lockouts: Vec<crate::http::throttle::Lockout>,
+}
+
+pub struct JoinTokenRow {
+    id: String,
+    state: &'static str,
+    expires: String,
+    used_by: String,
+    description: String,
+}
+
+/// What the page says after a change: at most one of each.
+#[derive(Default)]
+struct Said {
+    error: Option<String>,
+    notice: Option<String>,
+    new_token: Option<String>,
+    join_command: Option<String>,
+}
+
+impl Said {
+    fn error(m: impl Into<String>) -> Self {
+        Said {
+            error: Some(m.into()),
+            ..Said::default()
+        }
+    }
 }
 
 fn require_admin(u: &WebUser) -> Result<(), Response> {
@@ -33,38 +62,52 @@ fn require_admin(u: &WebUser) -> Result<(), Response> {
     }
 }
 
-async fn admin_page(
-    st: &AppState,
-    u: &WebUser,
-    error: Option<String>,
-    notice: Option<String>,
-    new_token: Option<String>,
-    code: StatusCode,
-) -> Response {
+async fn admin_page(st: &AppState, u: &WebUser, said: Said, code: StatusCode) -> Response {
     if let Err(r) = require_admin(u) {
         return r;
     }
-    let (users, tokens) = match tokio::try_join!(st.store.users(), st.store.tokens()) {
-        Ok(x) => x,
-        Err(e) => return error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    };
+    let (users, tokens, joins) =
+        match tokio::try_join!(st.store.users(), st.store.tokens(), st.store.join_tokens()) {
+            Ok(x) => x,
+            Err(e) => return error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        };
     let mut c = Chrome::new(u, "Users and tokens");
-    c.error = error;
-    c.notice = notice;
+    c.error = said.error;
+    c.notice = said.notice;
+    let now = chrono::Utc::now().timestamp();
+    let join_tokens = joins
+        .into_iter()
+        .rev()
+        .map(|t| JoinTokenRow {
+            state: match (&t.used_by, t.expires <= now) {
+                (Some(_), _) => "used",
+                (None, true) => "expired",
+                (None, false) => "valid",
+            },
+            expires: chrono::DateTime::from_timestamp(t.expires, 0)
+                .map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string())
+                .unwrap_or_default(),
+            used_by: t.used_by.unwrap_or_else(|| "-".into()),
+            description: t.description,
+            id: t.id,
+        })
+        .collect();
     render_status(
         code,
         &AdminTpl {
             c,
             users,
             tokens,
-            new_token,
+            new_token: said.new_token,
+            join_tokens,
+            join_command: said.join_command,
             lockouts: st.logins.list(),
         },
     )
 }
 
 pub async fn admin(State(st): S, Extension(u): Extension<WebUser>) -> Response {
-    admin_page(&st, &u, None, None, None, StatusCode::OK).await
+    admin_page(&st, &u, Said::default(), StatusCode::OK).await
 }
 
 #[derive(Deserialize)]
@@ -115,14 +158,15 @@ pub async fn create_user(
             admin_page(
                 &st,
                 &u,
-                None,
-                Some(format!("User {} created.", f.name)),
-                None,
+                Said {
+                    notice: Some(format!("User {} created.", f.name)),
+                    ..Said::default()
+                },
                 StatusCode::OK,
             )
             .await
         }
-        Err((code, m)) => admin_page(&st, &u, Some(m), None, None, code).await,
+        Err((code, m)) => admin_page(&st, &u, Said::error(m), code).await,
     }
 }
 
@@ -138,9 +182,7 @@ pub async fn delete_user(
         return admin_page(
             &st,
             &u,
-            Some("you cannot delete yourself".into()),
-            None,
-            None,
+            Said::error("you cannot delete yourself"),
             StatusCode::CONFLICT,
         )
         .await;
@@ -154,9 +196,7 @@ pub async fn delete_user(
             admin_page(
                 &st,
                 &u,
-                Some(format!("no user {user:?}")),
-                None,
-                None,
+                Said::error(format!("no user {user:?}")),
                 StatusCode::NOT_FOUND,
             )
             .await
@@ -186,9 +226,7 @@ pub async fn create_token(
             return admin_page(
                 &st,
                 &u,
-                Some(format!("no user {:?}", f.user)),
-                None,
-                None,
+                Said::error(format!("no user {:?}", f.user)),
                 StatusCode::NOT_FOUND,
             )
             .await;
@@ -208,7 +246,16 @@ pub async fn create_token(
     {
         Ok(id) => {
             tracing::info!(admin = %u.name, user = %f.user, token = %id, "API token created");
-            admin_page(&st, &u, None, None, Some(secret), StatusCode::OK).await
+            admin_page(
+                &st,
+                &u,
+                Said {
+                    new_token: Some(secret),
+                    ..Said::default()
+                },
+                StatusCode::OK,
+            )
+            .await
         }
         Err(e) => error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
@@ -240,9 +287,7 @@ pub async fn clear_lockouts(
                 return admin_page(
                     &st,
                     &u,
-                    Some(format!("{a:?} is not an IP address")),
-                    None,
-                    None,
+                    Said::error(format!("{a:?} is not an IP address")),
                     StatusCode::UNPROCESSABLE_ENTITY,
                 )
                 .await;
@@ -271,13 +316,116 @@ pub async fn delete_token(
             admin_page(
                 &st,
                 &u,
-                Some(format!("no token {id:?}")),
-                None,
-                None,
+                Said::error(format!("no token {id:?}")),
                 StatusCode::NOT_FOUND,
             )
             .await
         }
         Err(e) => error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
+}
+
+#[derive(Deserialize)]
+pub struct JoinTokenForm {
+    #[serde(default)]
+    description: String,
+    /// How long the token stays usable, in hours.
+    #[serde(default)]
+    hours: String,
+}
+
+/// `POST /ui/admin/jointokens`: a join token for a new host, made through the API (which
+/// refuses on a plain-HTTP controller), and the command to run on that host.
+pub async fn create_join_token(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    Form(f): Form<JoinTokenForm>,
+) -> Response {
+    if let Err(r) = require_admin(&u) {
+        return r;
+    }
+    let hours: i64 = match f.hours.trim().parse() {
+        Ok(h) if (1..=168).contains(&h) => h,
+        _ => {
+            return admin_page(
+                &st,
+                &u,
+                Said::error(format!(
+                    "a join token is valid for 1 to 168 hours, not {:?}",
+                    f.hours
+                )),
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .await;
+        }
+    };
+    let body = serde_json::json!({"ttlSeconds": hours * 3600, "description": f.description.trim()});
+    let (code, v) = api
+        .call(
+            &p,
+            Method::POST,
+            "/apis/edgevirt.io/v1/jointokens",
+            "application/json",
+            body.to_string(),
+        )
+        .await;
+    if !code.is_success() {
+        return admin_page(&st, &u, Said::error(api_message(&v)), code).await;
+    }
+    let token = v["token"].as_str().unwrap_or_default();
+    // The address this administrator reached the dashboard at: the controller, as the new
+    // host will reach it (join tokens exist only on a TLS controller). HTTP/2 names it in
+    // the request's authority, HTTP/1.1 in the Host header.
+    let host = uri
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| {
+            headers
+                .get(axum::http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+        })
+        .filter(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_graphic()))
+        .unwrap_or("CONTROLLER:PORT");
+    admin_page(
+        &st,
+        &u,
+        Said {
+            notice: Some(format!(
+                "Join token {} created, usable once until {}.",
+                v["id"].as_str().unwrap_or_default(),
+                v["expires"].as_str().unwrap_or_default()
+            )),
+            join_command: Some(format!(
+                "edgevirt serve --role agent --controller https://{host} --join-token {token}"
+            )),
+            ..Said::default()
+        },
+        StatusCode::OK,
+    )
+    .await
+}
+
+/// `POST /ui/admin/jointokens/{id}/delete`
+pub async fn delete_join_token(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(r) = require_admin(&u) {
+        return r;
+    }
+    let uri = format!("/apis/edgevirt.io/v1/jointokens/{}", super::url_encode(&id));
+    let (code, v) = api
+        .call(&p, Method::DELETE, &uri, "application/json", "{}")
+        .await;
+    if !code.is_success() {
+        return admin_page(&st, &u, Said::error(api_message(&v)), code).await;
+    }
+    Redirect::to("/ui/admin#join").into_response()
 }

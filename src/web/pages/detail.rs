@@ -12,7 +12,7 @@ use super::{
 use crate::types::kubevirt::{
     self, ConditionType, Phase, VirtualMachine, VirtualMachineInstance, Volume,
 };
-use crate::types::{Kind, Meta, Typed};
+use crate::types::{Kind, Meta, Typed, age};
 use crate::vnc::VncState;
 use crate::web::{S, WebUser};
 
@@ -33,6 +33,8 @@ pub struct StatusView {
     viewers: String,
     /// Why the VM cannot start, when the scheduler said (its Unschedulable message).
     why_not: Option<String>,
+    /// The migration in flight or the last one, in words.
+    migration: Option<String>,
     conditions: Vec<(String, String, String, String)>,
     /// The actions this state allows ([`crate::rules::actions::allowed`]): the page shows
     /// only those buttons, and updates them with each poll.
@@ -74,12 +76,38 @@ struct DetailTpl {
     events: Vec<super::monitoring::EventView>,
     graphs_url: String,
     yaml: String,
+    /// Where the VM could move: ready nodes that take VMs, other than its own.
+    targets: Vec<String>,
 }
 
 #[derive(Template)]
 #[template(path = "vm_status.html")]
 struct StatusTpl {
     st: StatusView,
+}
+
+/// An instance's `migrationState` as a person reads it.
+fn migration_words(m: &kubevirt::MigrationState) -> String {
+    let from = m.source_node.as_deref().unwrap_or("?");
+    let to = m.target_node.as_deref().filter(|t| !t.is_empty());
+    let to = to.unwrap_or("a node the scheduler picks");
+    if m.failed {
+        let why = m.failure_reason.as_deref().filter(|r| !r.is_empty());
+        format!(
+            "the move from {from} to {to} failed: {}",
+            why.unwrap_or("no reason given")
+        )
+    } else if m.completed {
+        let when = m.end_timestamp.as_deref().map(age);
+        match when {
+            Some(w) => format!("moved from {from} to {to} {w} ago"),
+            None => format!("moved from {from} to {to}"),
+        }
+    } else if m.abort_requested {
+        format!("cancelling the move from {from} to {to}")
+    } else {
+        format!("moving from {from} to {to}")
+    }
 }
 
 /// The instance's NICs in words: which network each is on, its MAC and its addresses.
@@ -152,6 +180,9 @@ fn status_view(
     });
     StatusView {
         why_not,
+        migration: status
+            .and_then(|s| s.migration_state.as_ref())
+            .map(migration_words),
         actions: crate::rules::actions::allowed(&or_dash(printable_status(vm))),
         status: or_dash(printable_status(vm)),
         phase: status
@@ -325,6 +356,7 @@ fn done_notice(action: &str, name: &str) -> Option<String> {
         "pause" => "Pause",
         "unpause" => "Unpause",
         "softreboot" => "Soft reboot",
+        "migrate" => "Migration",
         _ => return None,
     };
     Some(format!(
@@ -371,7 +403,18 @@ pub async fn vm_detail(
     if let Some(m) = clean.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("managedFields");
     }
+    let here = vmi.as_ref().and_then(|i| i.node_name()).unwrap_or_default();
+    let targets = st
+        .store
+        .all::<crate::types::edgevirt::Node>()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| crate::rules::node::node_ready(n) && !n.spec.unschedulable && n.name() != here)
+        .map(|n| n.name().to_string())
+        .collect();
     render(&DetailTpl {
+        targets,
         c: Chrome {
             notice: q.done.as_deref().and_then(|a| done_notice(a, &name)),
             ..Chrome::new(&u, name.clone())

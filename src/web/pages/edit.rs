@@ -133,3 +133,43 @@ pub async fn vm_action(
         Redirect::to(&format!("{}?done={}", detail_url(&ns, &name), f.action)).into_response()
     }
 }
+
+#[derive(Deserialize)]
+pub struct MigrateForm {
+    /// A node's name, or empty: the scheduler chooses.
+    #[serde(default)]
+    target: String,
+    /// Copy local disks along (block migration).
+    #[serde(default)]
+    block: Option<String>,
+}
+
+/// `POST /ui/vms/{ns}/{name}/migrate`: live-migrate the VM's instance, to a chosen node
+/// (KubeVirt's `addedNodeSelector` on its hostname) or where the scheduler chooses.
+pub async fn vm_migrate(
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    Path((ns, name)): Path<(String, String)>,
+    Form(f): Form<MigrateForm>,
+) -> Response {
+    let mut opts = serde_json::json!({});
+    if !f.target.is_empty() {
+        opts["addedNodeSelector"] =
+            serde_json::json!({crate::rules::placement::HOSTNAME_KEY: f.target});
+    }
+    if f.block.is_some() {
+        opts["blockMigration"] = true.into();
+    }
+    let uri = format!(
+        "/apis/subresources.kubevirt.io/v1/namespaces/{}/virtualmachineinstances/{}/migrate",
+        url_encode(&ns),
+        url_encode(&name)
+    );
+    let (code, v) = api
+        .call(&p, Method::PUT, &uri, "application/json", opts.to_string())
+        .await;
+    if !code.is_success() {
+        return error_page(code, &api_message(&v));
+    }
+    Redirect::to(&format!("{}?done=migrate", detail_url(&ns, &name))).into_response()
+}

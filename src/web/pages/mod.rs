@@ -28,20 +28,27 @@ mod consoles;
 mod create;
 mod detail;
 mod edit;
+mod images;
 mod login;
 mod monitoring;
 mod networks;
+mod nodes;
 mod overview;
 mod vm_list;
 
-pub use admin::{admin, clear_lockouts, create_token, create_user, delete_token, delete_user};
+pub use admin::{
+    admin, clear_lockouts, create_join_token, create_token, create_user, delete_join_token,
+    delete_token, delete_user,
+};
 pub use consoles::{console, serial};
 pub use create::{create_from_form, create_from_yaml, new_vm};
 pub use detail::{vm_detail, vm_status};
-pub use edit::{edit_vm, save_vm, vm_action};
+pub use edit::{edit_vm, save_vm, vm_action, vm_migrate};
+pub use images::{delete_image, images};
 pub use login::{login, login_page, logout};
-pub use monitoring::{activity, node_graphs, node_page, vm_graphs};
+pub use monitoring::{activity, node_graphs, vm_graphs};
 pub use networks::networks;
+pub use nodes::{node_action, node_page, node_vms_fragment};
 pub use overview::overview;
 pub use vm_list::{vm_list, vm_rows};
 

@@ -1,4 +1,4 @@
-//! Graphs and activity: a node's page, the graph data of VMs and nodes (JSON for the charts
+//! Graphs and activity: the graph data of VMs and nodes (JSON for the charts
 //! in `web/static/graphs.js`), and the site's activity (its Kubernetes events, newest
 //! first, filterable by VM and node).
 
@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::Event;
 use serde::Deserialize;
 
-use super::{Chrome, all, error_page, human_bytes, load_vm, or_dash, render};
+use super::{Chrome, all, error_page, load_vm, or_dash, render};
 use crate::controller::recorder::last_seen;
 use crate::metrics::graphs::{ARCHIVES, node_key, unix_now, vm_key};
 use crate::types::edgevirt::Node;
@@ -141,6 +141,12 @@ fn about_node(e: &Event, node: &str) -> bool {
         || e.source.as_ref().and_then(|s| s.host.as_deref()) == Some(node)
 }
 
+/// The events of one node, newest first (for its page).
+pub async fn node_events(st: &crate::http::AppState, node: &str) -> Vec<EventView> {
+    let events: Vec<Event> = st.store.all().await.unwrap_or_default();
+    event_views(events, |e| about_node(e, node), 20)
+}
+
 /// The events of one VM, newest first (for its page).
 pub async fn vm_events(st: &crate::http::AppState, ns: &str, name: &str) -> Vec<EventView> {
     let events: Vec<Event> = st.store.all().await.unwrap_or_default();
@@ -200,74 +206,5 @@ pub async fn activity(
         vm,
         node,
         events,
-    })
-}
-
-#[derive(Template)]
-#[template(path = "node.html")]
-struct NodeTpl {
-    c: Chrome,
-    name: String,
-    facts: Vec<(&'static str, String)>,
-    events: Vec<EventView>,
-    graphs_url: String,
-}
-
-/// `GET /ui/nodes/{name}`: a node's facts, graphs and recent events.
-pub async fn node_page(
-    State(st): S,
-    Extension(u): Extension<WebUser>,
-    Path(name): Path<String>,
-) -> Response {
-    let node = match st.store.get_typed::<Node>("", &name).await {
-        Ok(Some(n)) => n,
-        Ok(None) => return error_page(StatusCode::NOT_FOUND, &format!("no node {name:?}")),
-        Err(e) => return error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    };
-    let s = node.status.clone().unwrap_or_default();
-    let ready = crate::rules::node::node_ready(&node);
-    let facts = vec![
-        (
-            "Status",
-            if ready { "Ready" } else { "NotReady" }.to_string(),
-        ),
-        (
-            "CPU",
-            or_dash(format!("{} {}", s.cpu.vendor, s.cpu.model).trim()),
-        ),
-        ("CPUs", s.cpu.count.to_string()),
-        ("Memory", human_bytes(s.memory_bytes)),
-        (
-            "Accelerator",
-            match &s.accelerator_reason {
-                Some(why) if !s.accelerator.is_empty() => format!("{}: {why}", s.accelerator),
-                _ => or_dash(&s.accelerator),
-            },
-        ),
-        (
-            "Bridges",
-            or_dash(
-                &s.bridges
-                    .iter()
-                    .map(|b| {
-                        if b.vlan_filtering {
-                            format!("{} (VLAN filtering)", b.name)
-                        } else {
-                            b.name.clone()
-                        }
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            ),
-        ),
-        ("Version", or_dash(&s.version)),
-    ];
-    let events: Vec<Event> = st.store.all().await.unwrap_or_default();
-    render(&NodeTpl {
-        c: Chrome::new(&u, name.clone()),
-        events: event_views(events, |e| about_node(e, &name), 20),
-        facts,
-        graphs_url: format!("/ui/nodes/{}/graphs", super::url_encode(&name)),
-        name,
     })
 }

@@ -1,7 +1,7 @@
 //! The overview page: nodes, VM counts, the launcher rollout.
 
 use askama::Template;
-use axum::extract::{Extension, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use std::collections::BTreeMap;
@@ -40,7 +40,18 @@ struct OverviewTpl {
     rollout: crate::controller::strategy::Rollout,
 }
 
-pub async fn overview(State(st): S, Extension(u): Extension<WebUser>) -> Response {
+#[derive(serde::Deserialize)]
+pub struct OverviewQuery {
+    /// A node the dashboard just deleted.
+    #[serde(default)]
+    deleted_node: Option<String>,
+}
+
+pub async fn overview(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Query(q): Query<OverviewQuery>,
+) -> Response {
     let (nodes, vms, vmis) = match tokio::try_join!(
         all::<Node>(&st),
         all::<VirtualMachine>(&st),
@@ -54,7 +65,7 @@ pub async fn overview(State(st): S, Extension(u): Extension<WebUser>) -> Respons
         let node = vmi_status(i).node_name.as_deref().unwrap_or_default();
         *per_node.entry(node).or_default() += 1;
     }
-    let nodes = nodes
+    let nodes: Vec<NodeRow> = nodes
         .iter()
         .map(|n| {
             let name = n.name().to_string();
@@ -96,8 +107,16 @@ pub async fn overview(State(st): S, Extension(u): Extension<WebUser>) -> Respons
         Ok(r) => r,
         Err(e) => return error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     };
+    // Confirmed only when no node of that name is left.
+    let notice = q
+        .deleted_node
+        .filter(|d| !nodes.iter().any(|n| n.name == *d))
+        .map(|d| format!("Node {d} deleted; its agent must join again to come back."));
     render(&OverviewTpl {
-        c: Chrome::new(&u, "Overview"),
+        c: Chrome {
+            notice,
+            ..Chrome::new(&u, "Overview")
+        },
         nodes,
         total: vms.len(),
         by_status: by_status.into_iter().collect(),

@@ -159,7 +159,7 @@ async fn axe_violations(c: &Client) -> Vec<String> {
 async fn visible_actions(c: &Client) -> Vec<String> {
     let v = c
         .execute(
-            r#"const els = document.querySelectorAll('#actions button[name=action], #actions [data-action]');
+            r#"const els = document.querySelectorAll('#actions button[name=action], main [data-action]');
             return [...new Set([...els].filter(e => !e.hidden && e.offsetParent !== null)
                 .map(e => e.value || e.dataset.action))].sort();"#,
             vec![],
@@ -494,6 +494,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         "/ui/networks",
         "/ui/activity",
         "/ui/nodes/testnode",
+        "/ui/images",
         "/ui/admin",
     ] {
         c.goto(&format!("{}{page}", a.url)).await.unwrap();
@@ -576,6 +577,79 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     shot(c, "07-deleted").await;
     assert!(a.our_domains().is_empty(), "the domain is gone too");
 
+    // --- An image uploaded from the images page: the progress bar runs to its end, the
+    // server checks the image, and the list shows it.
+    let upload = tempfile::Builder::new()
+        .prefix("evtest-upload-")
+        .suffix(".img")
+        .tempfile_in("/var/tmp")
+        .unwrap();
+    upload.as_file().set_len(48 << 20).unwrap();
+    c.goto(&format!("{}/ui/images", a.url)).await.unwrap();
+    // Every state the bar and its text show is kept in sessionStorage: the page moves on to
+    // the list when the upload is done.
+    c.execute(
+        r#"sessionStorage.removeItem('seen');
+        const s = document.getElementById('upload-status');
+        const bar = document.getElementById('upload-progress');
+        new MutationObserver(() => {
+            const seen = JSON.parse(sessionStorage.getItem('seen') || '[]');
+            seen.push(bar.value + ' ' + s.textContent);
+            sessionStorage.setItem('seen', JSON.stringify(seen));
+        }).observe(s, {childList: true, characterData: true, subtree: true});"#,
+        vec![],
+    )
+    .await
+    .unwrap();
+    c.find(Locator::Id("upload-file"))
+        .await
+        .unwrap()
+        .send_keys(upload.path().to_str().unwrap())
+        .await
+        .unwrap();
+    let name = c.find(Locator::Id("upload-name")).await.unwrap();
+    let suggested = name.prop("value").await.unwrap().unwrap_or_default();
+    assert!(
+        suggested.starts_with("evtest-upload-") && !suggested.contains('.'),
+        "a name from the file's: {suggested:?}"
+    );
+    name.clear().await.unwrap();
+    name.send_keys("uploaded-disk").await.unwrap();
+    click(c, "upload-start").await;
+    wait_text(
+        c,
+        ".notice",
+        "the upload confirmed",
+        Duration::from_secs(60),
+        |t| t == "Image uploaded-disk uploaded and checked.",
+    )
+    .await;
+    let seen: Vec<String> = serde_json::from_value(
+        c.execute(
+            "return JSON.parse(sessionStorage.getItem('seen') || '[]');",
+            vec![],
+        )
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    println!("upload progress: {seen:?}");
+    assert!(
+        seen.iter().any(|s| s.contains("MiB of 48.0 MiB")),
+        "the bar counted the bytes: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|s| s.starts_with("100 Sent; the server is checking")),
+        "the bar ran to its end: {seen:?}"
+    );
+    let rows = text_of(c, "#images tbody").await.unwrap();
+    assert!(
+        rows.contains("uploaded-disk") && rows.contains("raw") && rows.contains("48 MiB"),
+        "{rows}"
+    );
+    shot(c, "07b-image-uploaded").await;
+
     // --- The activity page lists what this test did, newest first, and filters by VM.
     c.goto(&format!("{}/ui/activity?vm=default%2Fbrowser", a.url))
         .await
@@ -614,6 +688,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         ("/ui/activity", "16-phone-activity"),
         ("/ui/nodes/testnode", "17-phone-node"),
         ("/ui/admin", "18-phone-admin"),
+        ("/ui/images", "19-phone-images"),
     ] {
         c.goto(&format!("{}{page}", a.url)).await.unwrap();
         let m = c

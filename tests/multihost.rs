@@ -7,8 +7,12 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use fantoccini::Locator;
 use serde_json::{Value, json};
 use testkit::*;
+
+#[path = "common/chromium.rs"]
+mod chromium;
 
 const BOOT: Duration = Duration::from_secs(180);
 /// The controller's address on the test bridge.
@@ -1100,6 +1104,11 @@ async fn vms_live_migrate_cancel_and_drain() {
     .await;
     assert!(cli(&c, &["node", "taint", &from, "maintenance-"]).0);
 
+    // --- The same from the dashboard, in chromium: migrate mig to the node chosen on its
+    // page, then cordon, drain and uncordon that node from the node page, following each
+    // VM's fate there.
+    dashboard_migrate_cordon_drain(&c).await;
+
     for name in ["mig", "disky", "shared"] {
         c.delete(&format!("{VMS}/{name}")).await;
     }
@@ -1117,6 +1126,148 @@ async fn vms_live_migrate_cancel_and_drain() {
     .await;
     let on_pool = std::fs::read(&claim).expect("the claim's disk is still there");
     assert_eq!(&on_pool[..again.len()], again.as_bytes());
+}
+
+/// Chromium logged in to the controller's dashboard as its first administrator.
+async fn dashboard(c: &Appliance) -> chromium::Driver {
+    // The controller's certificate is its own: this browser does not pin it.
+    let d = chromium::start_browser(&["--ignore-certificate-errors"]).await;
+    let b = &d.client;
+    b.goto(&format!("{}/ui/login", c.url)).await.unwrap();
+    let password = serve::initial_admin(&c.dir, "password");
+    for (id, text) in [("username", "admin"), ("password", password.as_str())] {
+        let e = b.find(Locator::Id(id)).await.unwrap();
+        e.send_keys(text).await.unwrap();
+    }
+    chromium::click(b, "login").await;
+    chromium::wait_text(b, "h1", "the overview", Duration::from_secs(20), |t| {
+        t == "Overview"
+    })
+    .await;
+    d
+}
+
+/// The node a running VMI is on, and the other test host.
+async fn node_and_other(c: &Appliance, vm: &str) -> (String, String) {
+    let vmi = c.wait_running(vm, None, BOOT).await;
+    let on = vmi["status"]["nodeName"].as_str().unwrap().to_string();
+    let other = if on == "a" { "b" } else { "a" };
+    (on, other.to_string())
+}
+
+/// See the end of `vms_live_migrate_cancel_and_drain`.
+async fn dashboard_migrate_cordon_drain(c: &Appliance) {
+    let d = dashboard(c).await;
+    let b = &d.client;
+    let (from, to) = node_and_other(c, "mig").await;
+    b.goto(&format!("{}/ui/vms/default/mig", c.url))
+        .await
+        .unwrap();
+    let form = wait_for("the migrate form", BOOT, || async {
+        let f = b.find(Locator::Id("migrate")).await.ok()?;
+        f.is_displayed().await.ok()?.then_some(f)
+    })
+    .await;
+    form.find(Locator::Id("migrate-target"))
+        .await
+        .unwrap()
+        .select_by_value(&to)
+        .await
+        .unwrap();
+    chromium::click(b, "action-migrate").await;
+    chromium::wait_text(
+        b,
+        ".notice",
+        "the migration accepted",
+        Duration::from_secs(20),
+        |t| t == "Migration of mig accepted; the status below follows it.",
+    )
+    .await;
+    let moved = format!("moved from {from} to {to}");
+    let said = chromium::wait_text(b, "#vm-migration", "the move on the VM page", BOOT, |t| {
+        t.starts_with(&moved)
+    })
+    .await;
+    println!("the VM page: {said}");
+    assert_eq!(
+        c.vmi("mig").await.unwrap()["status"]["nodeName"],
+        to.as_str()
+    );
+    chromium::shot(b, "mh-01-migrated").await;
+
+    // Cordon, then drain the node mig is now on: it moves back; disky (evictionStrategy
+    // None), if it is there, stays and the page says why.
+    let unschedulable = |n: String| async move {
+        c.get(&format!("/apis/edgevirt.io/v1/nodes/{n}")).await.1["spec"]["unschedulable"]
+            == json!(true)
+    };
+    b.goto(&format!("{}/ui/nodes/{to}", c.url)).await.unwrap();
+    chromium::click(b, "node-cordon").await;
+    chromium::wait_text(
+        b,
+        ".notice",
+        "the cordon confirmed",
+        Duration::from_secs(20),
+        |t| t.starts_with(&format!("{to} is cordoned")),
+    )
+    .await;
+    assert!(unschedulable(to.clone()).await);
+    let disky_here = c
+        .vmi("disky")
+        .await
+        .is_some_and(|v| v["status"]["nodeName"] == to.as_str());
+    chromium::click(b, "node-drain").await;
+    let report = chromium::wait_text(
+        b,
+        "#drain-report",
+        "the drain report",
+        Duration::from_secs(30),
+        |_| true,
+    )
+    .await;
+    println!("drain report: {report}");
+    assert!(report.contains("default/mig: migrating"), "{report}");
+    if disky_here {
+        assert!(
+            report.contains("default/disky: left running: evictionStrategy None"),
+            "{report}"
+        );
+    }
+    // The live region follows mig's migration to its end: the newest row about mig.
+    let newest_mig = r#"const row = [...document.querySelectorAll('#node-moves tbody tr')]
+        .find(r => r.cells[0] && r.cells[0].textContent === 'default/mig');
+        return row ? row.cells[1].textContent : '';"#;
+    let outcome = wait_for("mig moved off on the node page", BOOT, || async {
+        let v = b.execute(newest_mig, vec![]).await.ok()?;
+        let t = v.as_str()?.to_string();
+        (t.starts_with("moved to") || t.starts_with("failed")).then_some(t)
+    })
+    .await;
+    assert_eq!(outcome, format!("moved to {from}"));
+    assert_eq!(
+        c.vmi("mig").await.unwrap()["status"]["nodeName"],
+        from.as_str()
+    );
+    let here = chromium::text_of(b, "#node-vm-table tbody").await.unwrap();
+    assert!(!here.contains("default/mig"), "{here}");
+    if disky_here {
+        assert!(
+            here.contains("default/disky") && here.contains("evictionStrategy None"),
+            "{here}"
+        );
+    }
+    chromium::shot(b, "mh-02-drained").await;
+    chromium::click(b, "node-uncordon").await;
+    chromium::wait_text(
+        b,
+        ".notice",
+        "the uncordon confirmed",
+        Duration::from_secs(20),
+        |t| t == format!("{to} takes new VMs again."),
+    )
+    .await;
+    assert!(!unschedulable(to.clone()).await);
+    d.client.clone().close().await.unwrap();
 }
 
 #[tokio::test]

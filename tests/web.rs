@@ -492,12 +492,20 @@ async fn login_sessions_csrf_escaping_and_roles() {
     );
     // A VM made again under a deleted one's name shows only its own changes, not the old
     // one's (they were matched by name once).
-    let vm_rows = |html: &str| -> Vec<(u64, String)> {
-        html.split("<tr><td>")
+    // History rows: (resourceVersion, who, what) of the VM's own changes.
+    let vm_rows = |html: &str| -> Vec<(u64, String, String)> {
+        let table = html.split("id=\"history\"").nth(1).unwrap_or_default();
+        table
+            .split("<tr><td>")
+            .skip(1)
             .filter_map(|r| {
-                let mut cells = r.split("</td><td>");
-                let rv = cells.next()?.parse().ok()?;
-                (cells.next()? == "VM").then(|| (rv, cells.next().unwrap_or("").to_string()))
+                let cells: Vec<&str> = r.split("</td><td>").collect();
+                if cells.len() < 4 || cells[2] != "VM" {
+                    return None;
+                }
+                let (what, rest) = cells[3].split_once(" <small")?;
+                let rv = rest.split("resourceVersion ").nth(1)?.split(')').next()?;
+                Some((rv.parse().ok()?, cells[1].to_string(), what.to_string()))
             })
             .collect()
     };
@@ -506,6 +514,19 @@ async fn login_sessions_csrf_escaping_and_roles() {
     assert!(
         old_rows.len() >= 2,
         "the old VM's changes are listed: {old_page}"
+    );
+    // Who made each change, and what it changed, in words: the edit saved above was the
+    // dashboard's admin.
+    assert!(
+        old_rows
+            .iter()
+            .any(|(_, who, what)| who == "admin" && what == "metadata.labels.patched: yes → edited"),
+        "{old_rows:?}"
+    );
+    assert_eq!(
+        old_rows.last().map(|r| r.2.as_str()),
+        Some("created"),
+        "{old_rows:?}"
     );
     let last_old = old_rows.iter().map(|r| r.0).max().unwrap();
     let r = s
@@ -532,7 +553,7 @@ async fn login_sessions_csrf_escaping_and_roles() {
     assert!(
         new_rows
             .iter()
-            .all(|(rv, change)| *rv > last_old && change != "DELETED"),
+            .all(|(rv, _, what)| *rv > last_old && what != "deleted"),
         "the new VM lists the old one's changes: {new_rows:?} (old up to {last_old})"
     );
 

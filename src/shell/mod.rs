@@ -155,8 +155,9 @@ async fn agent_skew(req: Request, next: Next) -> Response {
 /// state change); put the [`Principal`] into the request. A principal already present was
 /// put there in-process by the dashboard, which calls the API for its forms.
 async fn authenticate(State(st): S, mut req: Request, next: Next) -> Response {
-    if req.extensions().get::<Principal>().is_some() {
-        return next.run(req).await;
+    if let Some(p) = req.extensions().get::<Principal>() {
+        let user = p.user.clone();
+        return as_actor(user, next, req).await;
     }
     let token = req
         .headers()
@@ -183,9 +184,11 @@ async fn authenticate(State(st): S, mut req: Request, next: Next) -> Response {
                         if let Some(refused) = read_only_refusal(role, &s.user, &req) {
                             return refused;
                         }
-                        req.extensions_mut()
-                            .insert(Principal { user: s.user, role });
-                        next.run(req).await
+                        req.extensions_mut().insert(Principal {
+                            user: s.user.clone(),
+                            role,
+                        });
+                        as_actor(s.user, next, req).await
                     }
                     None => ApiError::unauthorized().into_response(),
                 }
@@ -200,14 +203,23 @@ async fn authenticate(State(st): S, mut req: Request, next: Next) -> Response {
                 if let Some(refused) = read_only_refusal(role, &user, &req) {
                     return refused;
                 }
-                req.extensions_mut().insert(Principal { user, role });
-                next.run(req).await
+                req.extensions_mut().insert(Principal {
+                    user: user.clone(),
+                    role,
+                });
+                as_actor(user, next, req).await
             }
             None => ApiError::unauthorized().into_response(),
         },
         Ok(None) => ApiError::unauthorized().into_response(),
         Err(e) => ApiError::internal(e).into_response(),
     }
+}
+
+/// Run the request with `user` as the actor of every change it records (the objects'
+/// history names them).
+async fn as_actor(user: String, next: Next, req: Request) -> Response {
+    crate::store::events::ACTOR.scope(user, next.run(req)).await
 }
 
 /// A viewer may change nothing: its writes are refused here, before a body is read or

@@ -105,6 +105,27 @@ pub(super) struct Listings {
     by_key: Mutex<HashMap<ListingKey, Weak<OnceCell<Arc<RawList>>>>>,
 }
 
+tokio::task_local! {
+    /// Who makes the changes written while a future runs in this scope: the HTTP layer
+    /// scopes each authenticated request with its user, and the changes it records name
+    /// them. Changes made outside any request (the controller's own) name nobody.
+    pub static ACTOR: String;
+}
+
+/// One recorded change of an object, for its history.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub rv: u64,
+    /// `ADDED`, `MODIFIED` or `DELETED`.
+    pub change_type: String,
+    /// The object as it was after the change.
+    pub body: Value,
+    /// When (RFC 3339), if recorded (not before schema 4).
+    pub at: Option<String>,
+    /// Who, if a request made it.
+    pub actor: Option<String>,
+}
+
 impl Store {
     /// Subscribe to changes from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
@@ -192,9 +213,8 @@ impl Store {
     }
 
     /// The latest `limit` changes of the objects of `kind` named `ns/name` that are the object
-    /// with uid `uid` or owned by it (a VM's instances), newest first: (resourceVersion, type,
-    /// body). An older object of the same name, deleted since, is another object: its changes
-    /// are not this one's.
+    /// with uid `uid` or owned by it (a VM's instances), newest first. An older object of the
+    /// same name, deleted since, is another object: its changes are not this one's.
     pub async fn object_history(
         &self,
         kind: Kind,
@@ -202,9 +222,9 @@ impl Store {
         name: &str,
         uid: &str,
         limit: u32,
-    ) -> Result<Vec<(u64, String, Value)>> {
+    ) -> Result<Vec<Change>> {
         let rows = sqlx::query(
-            "SELECT rv, type, body FROM events WHERE kind = ? AND namespace = ? AND name = ? \
+            "SELECT rv, type, body, at, actor FROM events WHERE kind = ? AND namespace = ? AND name = ? \
              AND (json_extract(body, '$.metadata.uid') = ? \
                   OR EXISTS (SELECT 1 FROM json_each(body, '$.metadata.ownerReferences') o \
                              WHERE json_extract(o.value, '$.uid') = ?)) \
@@ -220,11 +240,13 @@ impl Store {
         .await?;
         rows.into_iter()
             .map(|r| {
-                Ok((
-                    r.get::<i64, _>("rv") as u64,
-                    r.get::<String, _>("type"),
-                    serde_json::from_str(r.get::<&str, _>("body"))?,
-                ))
+                Ok(Change {
+                    rv: r.get::<i64, _>("rv") as u64,
+                    change_type: r.get::<String, _>("type"),
+                    body: serde_json::from_str(r.get::<&str, _>("body"))?,
+                    at: r.get("at"),
+                    actor: r.get("actor"),
+                })
             })
             .collect()
     }
@@ -278,8 +300,11 @@ pub(super) async fn log_event(
     body: String,
     rv: u64,
 ) -> Result<Event> {
+    let actor = ACTOR.try_with(Clone::clone).ok();
+    let at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     sqlx::query(
-        "INSERT INTO events (rv, kind, namespace, name, type, body) VALUES (?, ?, ?, ?, ?, ?)",
+        "INSERT INTO events (rv, kind, namespace, name, type, body, at, actor) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(rv as i64)
     .bind(kind.name())
@@ -287,6 +312,8 @@ pub(super) async fn log_event(
     .bind(name)
     .bind(event_type)
     .bind(&body)
+    .bind(at)
+    .bind(actor)
     .execute(&mut **tx)
     .await?;
     Ok(Event::new(

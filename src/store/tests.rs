@@ -747,6 +747,37 @@ async fn a_reader_keeps_its_pages_after_a_large_write() {
     );
 }
 
+/// Each change records when it was made and, inside a request's scope, by whom; the
+/// controller's own changes name nobody.
+#[tokio::test]
+async fn changes_record_their_time_and_actor() {
+    let (_d, s) = store().await;
+    let o = super::events::ACTOR
+        .scope(
+            "alice".to_string(),
+            s.create(Kind::VirtualMachine, vm("a"), false),
+        )
+        .await
+        .unwrap();
+    let uid = o["metadata"]["uid"].as_str().unwrap().to_string();
+    s.update(Kind::VirtualMachine, "default", "a", |v| {
+        v["metadata"]["labels"] = json!({"x": "y"});
+        Ok(())
+    })
+    .await
+    .unwrap();
+    let h = s
+        .object_history(Kind::VirtualMachine, "default", "a", &uid, 10)
+        .await
+        .unwrap();
+    let who: Vec<Option<&str>> = h.iter().map(|c| c.actor.as_deref()).collect();
+    assert_eq!(who, [None, Some("alice")]);
+    for c in &h {
+        let at = c.at.as_deref().expect("a time");
+        assert!(chrono::DateTime::parse_from_rfc3339(at).is_ok(), "{at}");
+    }
+}
+
 #[tokio::test]
 async fn an_objects_history_is_its_own_not_that_of_an_older_namesake() {
     let (_d, s) = store().await;
@@ -784,19 +815,19 @@ async fn an_objects_history_is_its_own_not_that_of_an_older_namesake() {
         .object_history(Kind::VirtualMachine, "default", "a", &new_uid, 50)
         .await
         .unwrap();
-    let types: Vec<_> = vm_h.iter().map(|(_, t, _)| t.as_str()).collect();
+    let types: Vec<_> = vm_h.iter().map(|c| c.change_type.as_str()).collect();
     assert_eq!(types, ["ADDED"], "only the new VM's creation");
     let vmi_h = s
         .object_history(Kind::VirtualMachineInstance, "default", "a", &new_uid, 50)
         .await
         .unwrap();
-    let types: Vec<_> = vmi_h.iter().map(|(_, t, _)| t.as_str()).collect();
+    let types: Vec<_> = vmi_h.iter().map(|c| c.change_type.as_str()).collect();
     assert_eq!(types, ["ADDED"], "only the new VM's instance");
     // The old VM's history is still there, under its own uid.
     let old_h = s
         .object_history(Kind::VirtualMachine, "default", "a", &old_uid, 50)
         .await
         .unwrap();
-    let types: Vec<_> = old_h.iter().map(|(_, t, _)| t.as_str()).collect();
+    let types: Vec<_> = old_h.iter().map(|c| c.change_type.as_str()).collect();
     assert_eq!(types, ["DELETED", "ADDED"]);
 }

@@ -12,7 +12,7 @@ use super::{
 use crate::types::kubevirt::{
     self, ConditionType, Phase, VirtualMachine, VirtualMachineInstance, Volume,
 };
-use crate::types::{Kind, Meta, Typed, age};
+use crate::types::{Kind, Meta, age};
 use crate::vnc::VncState;
 use crate::web::{S, WebUser};
 
@@ -57,13 +57,6 @@ pub struct SpecView {
     labels: String,
 }
 
-pub struct EventRow {
-    rv: u64,
-    kind: &'static str,
-    change: String,
-    status: String,
-}
-
 #[derive(Template)]
 #[template(path = "vm_detail.html")]
 struct DetailTpl {
@@ -72,7 +65,7 @@ struct DetailTpl {
     name: String,
     st: StatusView,
     spec: SpecView,
-    changes: Vec<EventRow>,
+    changes: Vec<super::history::HistoryRow>,
     events: Vec<super::monitoring::EventView>,
     graphs_url: String,
     yaml: String,
@@ -325,20 +318,6 @@ fn spec_view(vm: &VirtualMachine) -> SpecView {
     }
 }
 
-/// What a past version of a VM or its instance showed as its status.
-fn history_status(kind: Kind, body: Value) -> String {
-    let status = match kind {
-        Kind::VirtualMachine => VirtualMachine::from_value(body)
-            .ok()
-            .and_then(|vm| vm.status?.printable_status),
-        _ => VirtualMachineInstance::from_value(body)
-            .ok()
-            .and_then(|i| i.status?.phase)
-            .map(|p| p.to_string()),
-    };
-    or_dash(status.as_deref().unwrap_or_default())
-}
-
 /// `?done=ACTION` after an action the API accepted.
 #[derive(serde::Deserialize)]
 pub struct DoneQuery {
@@ -380,19 +359,11 @@ pub async fn vm_detail(
         .unwrap_or_default()
         .to_string();
     for kind in [Kind::VirtualMachine, Kind::VirtualMachineInstance] {
-        if let Ok(h) = st.store.object_history(kind, &ns, &name, &uid, 15).await {
-            for (rv, change, body) in h {
-                changes.push(EventRow {
-                    rv,
-                    kind: if kind == Kind::VirtualMachine {
-                        "VM"
-                    } else {
-                        "VMI"
-                    },
-                    change,
-                    status: history_status(kind, body),
-                });
-            }
+        // One more than shown: the oldest shown change is compared with it.
+        if let Ok(h) = st.store.object_history(kind, &ns, &name, &uid, 16).await {
+            let mut rows = super::history::rows(kind, &h);
+            rows.truncate(15);
+            changes.extend(rows);
         }
     }
     changes.sort_by_key(|e| std::cmp::Reverse(e.rv));
@@ -448,6 +419,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::types::Typed;
 
     fn vm(spec: Value) -> VirtualMachine {
         VirtualMachine::from_value(json!({
@@ -489,23 +461,5 @@ mod tests {
         assert_eq!(bare.cpus, "1");
         assert_eq!(bare.memory, "512 MiB");
         assert_eq!((bare.disks.as_str(), bare.networks.as_str()), ("-", "-"));
-    }
-
-    #[test]
-    fn history_shows_the_status_of_each_version_or_a_dash() {
-        let vm = json!({"metadata": {"name": "a"}, "spec": {"template": {"spec": {"domain": {}}}},
-                        "status": {"printableStatus": "Starting"}});
-        assert_eq!(history_status(Kind::VirtualMachine, vm), "Starting");
-        let vmi = json!({"metadata": {"name": "a"}, "spec": {"domain": {}},
-                         "status": {"phase": "Scheduled", "newerField": 1}});
-        assert_eq!(
-            history_status(Kind::VirtualMachineInstance, vmi),
-            "Scheduled"
-        );
-        let young = json!({"metadata": {"name": "a"}, "spec": {"domain": {}}});
-        assert_eq!(history_status(Kind::VirtualMachineInstance, young), "-");
-        // A version that does not decode shows no status rather than failing the page.
-        let odd = json!({"metadata": {"name": "a"}, "status": {"phase": 3}});
-        assert_eq!(history_status(Kind::VirtualMachineInstance, odd), "-");
     }
 }

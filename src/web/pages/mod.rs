@@ -28,6 +28,7 @@ mod consoles;
 mod create;
 mod detail;
 mod edit;
+mod history;
 mod images;
 mod login;
 mod monitoring;

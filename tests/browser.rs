@@ -148,6 +148,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     // name is flagged in the browser.
     for (page, field, bad, good) in [
         ("/ui/vms/new", "name", "Bad_Name", "good-name-1"),
+        ("/ui/vms/new", "memory", "lots", "1.5Gi"),
         ("/ui/admin", "name", "-bad", "ops.user_1"),
     ] {
         c.goto(&format!("{}{page}", a.url)).await.unwrap();

@@ -322,6 +322,85 @@ async fn login_sessions_csrf_escaping_and_roles() {
     assert_eq!(r.headers()["location"], "/ui/vms/default/csrf-test");
     assert_eq!(api(vm_url).await.unwrap().status(), 200);
 
+    // Everything wrong with a form is said at once, each next to its field, with what was
+    // typed kept; a cause only the API finds (a label value Kubernetes refuses) goes next
+    // to its field too.
+    let r = b
+        .post(
+            &s,
+            "/ui/vms/new",
+            &[
+                ("csrf", &b.csrf),
+                ("name", "Bad_Name"),
+                ("cpus", "0"),
+                ("memory", "lots"),
+                ("labels", "nolabel"),
+                ("kernel", "k"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let page = r.text().await.unwrap();
+    for field in ["name", "cpus", "memory", "labels"] {
+        assert!(
+            page.contains(&format!(
+                "<span class=\"field-error\" id=\"{field}-error\">"
+            )),
+            "{field}: {page}"
+        );
+        assert!(page.contains(&format!("aria-describedby=\"{field}-error\"")));
+    }
+    assert!(page.contains("value=\"Bad_Name\"") && page.contains("value=\"lots\""));
+    let r = b
+        .post(
+            &s,
+            "/ui/vms/new",
+            &[
+                ("csrf", &b.csrf),
+                ("name", "labelled"),
+                ("cpus", "1"),
+                ("memory", "128Mi"),
+                ("labels", "tier=not a valid value!"),
+                ("kernel", "k"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let page = r.text().await.unwrap();
+    let err = page
+        .split("id=\"labels-error\">")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no error by the labels field: {page}"));
+    assert!(err.contains("not a valid value"), "{err}");
+    // The YAML box starts from a VM that works: sent back unchanged, it is created.
+    let page = b.html(&s, "/ui/vms/new").await;
+    let example = page
+        .split("id=\"yaml\" rows=\"24\" class=\"code\" aria-label=\"A VirtualMachine as YAML\">")
+        .nth(1)
+        .and_then(|t| t.split("</textarea>").next())
+        .expect("the YAML box")
+        .replace("&#34;", "\"")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&");
+    assert!(example.contains("kind: VirtualMachine"), "{example}");
+    let r = b
+        .post(&s, "/ui/vms/yaml", &[("csrf", &b.csrf), ("yaml", &example)])
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER, "{:?}", r.text().await);
+    assert_eq!(r.headers()["location"], "/ui/vms/default/example");
+    let r = s
+        .http
+        .delete(format!(
+            "{}/apis/kubevirt.io/v1/namespaces/default/virtualmachines/example",
+            s.url
+        ))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+
     // Scripts calling the API with the cookie need the X-CSRF-Token header for changes.
     let patch = |csrf: Option<&str>| {
         let mut req = s

@@ -119,10 +119,22 @@ impl From<VmForm> for FormValues {
 struct NewVmTpl {
     c: Chrome,
     f: FormValues,
+    /// Problems by form field, shown next to each.
+    errors: FieldErrors,
     images: Vec<String>,
     /// The site networks (`namespace/name`) a NIC may join.
     networks: Vec<String>,
     yaml: String,
+}
+
+impl NewVmTpl {
+    /// The problem with one form field, if any.
+    fn err(&self, field: &str) -> Option<&str> {
+        self.errors
+            .iter()
+            .find(|(f, _)| *f == field)
+            .map(|(_, m)| m.as_str())
+    }
 }
 
 async fn network_names(st: &AppState) -> Vec<String> {
@@ -154,9 +166,10 @@ pub async fn new_vm(State(st): S, Extension(u): Extension<WebUser>) -> Response 
     render(&NewVmTpl {
         c: Chrome::new(&u, "New VM"),
         f: blank.into(),
+        errors: FieldErrors::new(),
         images: image_names(&st).await,
         networks: network_names(&st).await,
-        yaml: String::new(),
+        yaml: example_yaml(&st).await,
     })
 }
 
@@ -171,14 +184,47 @@ fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
     Ok(m)
 }
 
-/// A KubeVirt VirtualMachine from the form's fields.
-fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, String> {
-    let cpus: u32 = f
-        .cpus
-        .trim()
-        .parse()
-        .map_err(|_| format!("CPUs must be a whole number, not {:?}", f.cpus))?;
-    let mut labels = parse_labels(&f.labels)?;
+/// What is wrong with the form, field by field (the form's field name, the problem): all of
+/// it at once, shown next to each field.
+pub type FieldErrors = Vec<(&'static str, String)>;
+
+/// A KubeVirt VirtualMachine from the form's fields, or every field at fault.
+fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, FieldErrors> {
+    let mut errors: FieldErrors = Vec::new();
+    let name = f.name.trim();
+    if name.is_empty() {
+        errors.push(("name", "a name is needed".into()));
+    } else if let Err(e) = crate::types::check_name("name", name) {
+        errors.push(("name", e.0));
+    }
+    if let Err(e) = crate::types::check_name("namespace", f.namespace.trim()) {
+        errors.push(("namespace", e.0));
+    }
+    let cpus: u32 = match f.cpus.trim().parse() {
+        Ok(n) if (1..=64).contains(&n) => n,
+        _ => {
+            errors.push((
+                "cpus",
+                format!("CPUs must be a whole number from 1 to 64, not {:?}", f.cpus),
+            ));
+            1
+        }
+    };
+    match crate::types::parse_quantity(f.memory.trim()) {
+        Ok(b) if b >= 1 << 20 => {}
+        Ok(_) => errors.push(("memory", "at least 1Mi of memory".into())),
+        Err(_) => errors.push((
+            "memory",
+            format!(
+                "memory is a size such as 512Mi or 2Gi, not {:?}",
+                f.memory.trim()
+            ),
+        )),
+    }
+    let mut labels = parse_labels(&f.labels).unwrap_or_else(|e| {
+        errors.push(("labels", e));
+        BTreeMap::new()
+    });
     labels
         .entry("app".to_string())
         .or_insert_with(|| f.name.clone());
@@ -285,7 +331,13 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, String> {
             ..Default::default()
         });
     } else if f.image.is_empty() {
-        return Err("choose a boot disk image or a kernel to boot".into());
+        errors.push((
+            "image",
+            "choose a boot disk image or a kernel to boot".into(),
+        ));
+    }
+    if !errors.is_empty() {
+        return Err(errors);
     }
     let mut vm = VirtualMachine::new(
         f.name.trim(),
@@ -322,7 +374,7 @@ pub async fn create_from_form(
     Form(form): Form<VmForm>,
 ) -> Response {
     let f: FormValues = form.into();
-    let attempt = match vm_from_form(&f) {
+    let (code, general, fields) = match vm_from_form(&f) {
         Ok(vm) => {
             let uri = format!(
                 "/apis/kubevirt.io/v1/namespaces/{}/virtualmachines",
@@ -340,22 +392,104 @@ pub async fn create_from_form(
             if code.is_success() {
                 return Redirect::to(&detail_url(&f.namespace, &f.name)).into_response();
             }
-            (code, api_message(&v))
+            // The API's causes go next to the fields they are about; the rest above the form.
+            let (mut fields, mut general) = (FieldErrors::new(), Vec::new());
+            for (path, message) in causes(&v) {
+                match path.as_deref().and_then(form_field) {
+                    Some(field) => fields.push((field, message)),
+                    None => general.push(message),
+                }
+            }
+            let general = if general.is_empty() {
+                "The VM was not created: see the fields marked below.".to_string()
+            } else {
+                general.join("; ")
+            };
+            (code, general, fields)
         }
-        Err(m) => (StatusCode::UNPROCESSABLE_ENTITY, m),
+        Err(fields) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "The VM was not created: see the fields marked below.".to_string(),
+            fields,
+        ),
     };
     let mut c = Chrome::new(&u, "New VM");
-    c.error = Some(attempt.1);
+    c.error = Some(general);
     render_status(
-        attempt.0,
+        code,
         &NewVmTpl {
             c,
             f,
+            errors: fields,
             images: image_names(&st).await,
             networks: network_names(&st).await,
-            yaml: String::new(),
+            yaml: example_yaml(&st).await,
         },
     )
+}
+
+/// The causes of an API refusal as (field path, message): its `details.causes`, or else
+/// its message when that starts with the path of the field at fault (`spec.x: ...`).
+fn causes(v: &serde_json::Value) -> Vec<(Option<String>, String)> {
+    let listed: Vec<(Option<String>, String)> = v["details"]["causes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            (
+                c["field"].as_str().map(str::to_string),
+                c["message"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    if !listed.is_empty() {
+        return listed;
+    }
+    let message = api_message(v);
+    let path = message
+        .split_once(": ")
+        .map(|(p, _)| p)
+        .filter(|p| p.contains('.') && !p.contains(' '))
+        .map(str::to_string);
+    vec![(path, message)]
+}
+
+/// The form field a cause of the API's 422 is about (its `field`, a path in the VM).
+fn form_field(path: &str) -> Option<&'static str> {
+    let p = path.to_ascii_lowercase();
+    Some(match () {
+        _ if p == "metadata.name" => "name",
+        _ if p == "metadata.namespace" => "namespace",
+        _ if p.contains("labels") => "labels",
+        _ if p.contains("memory") || p.contains("resources.requests") => "memory",
+        _ if p.contains("cpu") => "cpus",
+        _ if p.contains("kernelboot") => "kernel",
+        _ if p.contains("cloudinit") || p.contains("userdata") => "user_data",
+        _ if p.contains("multus") => "lan1",
+        _ if p.contains("networks") || p.contains("interfaces") => "network",
+        _ if p.contains("volumes") || p.contains("disks") => "image",
+        _ => return None,
+    })
+}
+
+/// The YAML box's starting point: what the blank form makes, with the first image as its
+/// disk (or a placeholder name when there is no image yet). Pasted back unchanged, it
+/// creates a VM.
+async fn example_yaml(st: &AppState) -> String {
+    let images = image_names(st).await;
+    let mut f: FormValues = VmForm {
+        name: "example".into(),
+        ..Default::default()
+    }
+    .into();
+    f.image = images
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "IMAGE-NAME".into());
+    match vm_from_form(&f) {
+        Ok(vm) => serde_yaml_ng::to_string(&vm.to_value()).unwrap_or_default(),
+        Err(_) => String::new(),
+    }
 }
 
 pub async fn create_from_yaml(
@@ -405,6 +539,7 @@ pub async fn create_from_yaml(
         &NewVmTpl {
             c,
             f: blank,
+            errors: FieldErrors::new(),
             images: image_names(&st).await,
             networks: network_names(&st).await,
             yaml: form.yaml,
@@ -478,6 +613,35 @@ mod tests {
     }
 
     #[test]
+    fn the_apis_causes_find_their_form_fields() {
+        let listed = json!({"message": "x", "details": {"causes": [
+            {"field": "metadata.name", "message": "bad name"},
+            {"field": "spec.template.spec.domain.memory.guest", "message": "too big"},
+            {"field": "spec.somethingElse", "message": "odd"}]}});
+        let got: Vec<(Option<&str>, String)> = causes(&listed)
+            .into_iter()
+            .map(|(p, m)| (p.as_deref().and_then(form_field), m))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Some("name"), "bad name".to_string()),
+                (Some("memory"), "too big".to_string()),
+                (None, "odd".to_string()),
+            ]
+        );
+        let plain = json!({"message": "metadata.labels[tier]: value \"x y\" is invalid"});
+        let c = causes(&plain);
+        assert_eq!(c[0].0.as_deref().and_then(form_field), Some("labels"));
+        let prose = json!({"message": "the server is busy: try again"});
+        assert_eq!(causes(&prose)[0].0, None);
+        assert_eq!(
+            form_field("spec.template.spec.domain.firmware.kernelBoot.container.image"),
+            Some("kernel")
+        );
+    }
+
+    #[test]
     fn site_networks_become_bridged_nics_after_the_nat_one() {
         let mut f = form("debian", "");
         f.lan1 = "prod/site-lan".into();
@@ -502,13 +666,25 @@ mod tests {
         let mut f = form("", "");
         assert_eq!(
             vm_from_form(&f).unwrap_err(),
-            "choose a boot disk image or a kernel to boot"
+            [(
+                "image",
+                "choose a boot disk image or a kernel to boot".to_string()
+            )]
         );
-        f.image = "debian".into();
+        // Every field at fault at once, each named.
+        f.name = "Web_1".into();
         f.labels = "nolabel".into();
-        assert!(vm_from_form(&f).unwrap_err().contains("not key=value"));
         f.cpus = "1.5".into();
-        assert!(vm_from_form(&f).unwrap_err().starts_with("CPUs must be"));
+        f.memory = "lots".into();
+        let errs = vm_from_form(&f).unwrap_err();
+        let fields: Vec<&str> = errs.iter().map(|e| e.0).collect();
+        assert_eq!(fields, ["name", "cpus", "memory", "labels", "image"]);
+        assert!(errs[1].1.starts_with("CPUs must be"), "{errs:?}");
+        assert!(errs[3].1.contains("not key=value"), "{errs:?}");
+        f.name = "web".into();
+        f.memory = "1Gi".into();
+        f.image = "debian".into();
+        f.labels = String::new();
         f.cpus = "1".into();
         f.labels = String::new();
         f.network = "none".into();

@@ -1075,3 +1075,118 @@ async fn nodes_hosts_and_images_from_the_dashboard() {
         404
     );
 }
+
+/// The VM list's polls send only what changed: nothing (304) when nothing did, the one row
+/// that changed in place, the whole table when a VM comes or goes or the digest is unknown.
+/// Other polled fragments answer 304 to their last ETag.
+#[tokio::test]
+async fn polls_transfer_only_what_changed() {
+    let s = start();
+    let token = s.initial("token");
+    let b = login(&s, "admin", &s.initial("password")).await.unwrap();
+    let r = s
+        .http
+        .put(format!("{}/apis/edgevirt.io/v1/images/k/upload", s.url))
+        .bearer_auth(&token)
+        .header("content-type", "application/octet-stream")
+        .body(vec![0x55u8; 4096])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let vms = format!("{}/apis/kubevirt.io/v1/namespaces/default/virtualmachines", s.url);
+    let create = |name: &'static str| {
+        s.http
+            .post(&vms)
+            .bearer_auth(&token)
+            .json(&serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                "metadata": {"name": name},
+                "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {
+                    "devices": {}, "memory": {"guest": "64Mi"},
+                    "firmware": {"kernelBoot": {"container": {"image": "k", "kernelPath": "k"}}}}}}},
+            }))
+            .send()
+    };
+    for n in ["p1", "p2", "p3"] {
+        assert_eq!(create(n).await.unwrap().status(), 201);
+    }
+    let poll = |have: Option<String>| {
+        let mut r = s
+            .http
+            .get(format!("{}/ui/vms/rows?q=&label=", s.url))
+            .header("cookie", b.cookie());
+        if let Some(h) = have {
+            r = r.header("x-rows-have", h);
+        }
+        async move {
+            let r = r.send().await.unwrap();
+            let mode = r.headers()["x-rows"].to_str().unwrap().to_string();
+            let digest = r.headers()["x-rows-digest"].to_str().unwrap().to_string();
+            let code = r.status();
+            (code, mode, digest, r.text().await.unwrap())
+        }
+    };
+    // The controller settles the new VMs' status first: poll until two answers agree.
+    let mut last = poll(None).await;
+    let settled = loop {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let now = poll(Some(last.2.clone())).await;
+        if now.0 == StatusCode::NOT_MODIFIED {
+            break now;
+        }
+        last = poll(None).await;
+    };
+    assert_eq!((settled.1.as_str(), settled.3.as_str()), ("same", ""));
+    let (code, mode, full_digest, body) = poll(None).await;
+    assert_eq!((code, mode.as_str()), (StatusCode::OK, "full"));
+    assert_eq!(body.matches("<tr ").count(), 3, "{body}");
+    assert_eq!(full_digest, settled.2);
+
+    // One VM changes: only its row comes.
+    let r = s
+        .http
+        .patch(format!("{vms}/p2"))
+        .bearer_auth(&token)
+        .header("content-type", "application/merge-patch+json")
+        .body(r#"{"metadata":{"labels":{"tier":"front"}}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let (code, mode, d2, body) = poll(Some(full_digest.clone())).await;
+    assert_eq!((code, mode.as_str()), (StatusCode::OK, "delta"), "{body}");
+    assert_eq!(body.matches("<tr ").count(), 1, "{body}");
+    assert!(body.contains("data-key=\"default/p2\"") && body.contains("tier=front"));
+    assert_ne!(d2, full_digest);
+    // A VM added: the whole table, in order. A digest the server never gave: the same.
+    assert_eq!(create("p0").await.unwrap().status(), 201);
+    let (_, mode, _, body) = poll(Some(d2)).await;
+    assert_eq!(mode, "full");
+    assert_eq!(body.matches("<tr ").count(), 4);
+    assert!(body.find("default/p0") < body.find("default/p1"), "{body}");
+    let (_, mode, _, _) = poll(Some("0123456789abcdef".into())).await;
+    assert_eq!(mode, "full");
+
+    // The VM page's status fragment: its ETag back is a 304 with no body.
+    let url = format!("{}/ui/vms/default/p1/status", s.url);
+    let r = s
+        .http
+        .get(&url)
+        .header("cookie", b.cookie())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let tag = r.headers()["etag"].clone();
+    let r = s
+        .http
+        .get(&url)
+        .header("cookie", b.cookie())
+        .header("if-none-match", tag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_MODIFIED);
+    assert!(r.text().await.unwrap().is_empty());
+}

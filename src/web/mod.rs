@@ -95,11 +95,17 @@ where
         )
         .route("/ui/vms/yaml", post(pages::create_from_yaml))
         .route("/ui/vms/{ns}/{name}", get(pages::vm_detail))
-        .route("/ui/vms/{ns}/{name}/status", get(pages::vm_status))
+        .route(
+            "/ui/vms/{ns}/{name}/status",
+            get(pages::vm_status).layer(middleware::from_fn(unchanged_fragment)),
+        )
         .route("/ui/vms/{ns}/{name}/graphs", get(pages::vm_graphs))
         .route("/ui/nodes/{name}", get(pages::node_page))
         .route("/ui/nodes/{name}/graphs", get(pages::node_graphs))
-        .route("/ui/nodes/{name}/vms", get(pages::node_vms_fragment))
+        .route(
+            "/ui/nodes/{name}/vms",
+            get(pages::node_vms_fragment).layer(middleware::from_fn(unchanged_fragment)),
+        )
         .route("/ui/nodes/{name}/action", post(pages::node_action))
         .route("/ui/activity", get(pages::activity))
         .route("/ui/images", get(pages::images))
@@ -258,6 +264,35 @@ async fn xterm_asset(Path(path): Path<String>) -> Response {
 
 async fn uplot_asset(Path(path): Path<String>) -> Response {
     asset::<UPlot>(&path)
+}
+
+/// A polled fragment the page already has is a 304 with no body: its ETag is a hash of
+/// the HTML, and the page's script sends the last one back in `If-None-Match`.
+async fn unchanged_fragment(req: Request, next: Next) -> Response {
+    use std::hash::{Hash, Hasher};
+    let had = req.headers().get(header::IF_NONE_MATCH).cloned();
+    let res = next.run(req).await;
+    if res.status() != StatusCode::OK {
+        return res;
+    }
+    let (mut parts, body) = res.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 16 << 20).await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let mut h = std::hash::DefaultHasher::new();
+    bytes.hash(&mut h);
+    let tag = HeaderValue::from_str(&format!("\"{:016x}\"", h.finish()))
+        .expect("hex is a valid header value");
+    parts
+        .headers
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if had.as_ref() == Some(&tag) {
+        let mut r = StatusCode::NOT_MODIFIED.into_response();
+        r.headers_mut().extend([(header::ETAG, tag)]);
+        return r;
+    }
+    parts.headers.insert(header::ETAG, tag);
+    Response::from_parts(parts, Body::from(bytes))
 }
 
 impl Api {

@@ -1229,9 +1229,151 @@ async fn vnc_sets(a: &Appliance, vnc_sock: &Path, pid: u32, set: &Settings) -> R
     })
 }
 
+/// What the VM list's 2-second poll transfers (bodies, bytes).
+struct PollBytes {
+    /// A poll that names no rows: the whole table (what every poll sent before).
+    full: usize,
+    /// Nothing changed since the last poll: HTTP 304.
+    unchanged: usize,
+    unchanged_status: u16,
+    /// One VM's labels changed since the last poll.
+    one_changed: usize,
+    one_changed_mode: String,
+}
+
+async fn poll_bytes(a: &Appliance, vm: &str) -> Result<PollBytes> {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    let cookie = format!("edgevirt_session={}", login(a, &http).await?);
+    let get = |have: Option<String>| {
+        let mut r = http
+            .get(format!("{}/ui/vms/rows?q=&label=", a.url))
+            .header("cookie", &cookie);
+        if let Some(h) = have {
+            r = r.header("x-rows-have", h);
+        }
+        async move {
+            let r = r.send().await?;
+            let code = r.status().as_u16();
+            let mode = r
+                .headers()
+                .get("x-rows")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let digest = r
+                .headers()
+                .get("x-rows-digest")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            anyhow::Ok((code, mode, digest, r.bytes().await?.len()))
+        }
+    };
+    let (_, _, digest, full) = get(None).await?;
+    let (unchanged_status, _, _, unchanged) = get(Some(digest.clone())).await?;
+    let (code, _) = a
+        .call(
+            reqwest::Method::PATCH,
+            &format!("{VMS}/{vm}"),
+            Some((
+                "application/merge-patch+json",
+                json!({"metadata": {"labels": {"bench-poll": "changed"}}})
+                    .to_string()
+                    .into_bytes(),
+            )),
+        )
+        .await;
+    if code != 200 {
+        bail!("labelling {vm}: HTTP {code}");
+    }
+    let (_, one_changed_mode, _, one_changed) = get(Some(digest)).await?;
+    Ok(PollBytes {
+        full,
+        unchanged,
+        unchanged_status,
+        one_changed,
+        one_changed_mode,
+    })
+}
+
+/// One page's weight: its HTML and the CSS and JS it loads (noVNC and xterm.js left out),
+/// as sent and gzip-compressed.
+struct Weight {
+    path: String,
+    raw: usize,
+    gzip: usize,
+    files: usize,
+}
+
+fn gzip_len(b: &[u8]) -> usize {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(b).expect("gzip to memory");
+    e.finish().expect("gzip to memory").len()
+}
+
+async fn page_weights(a: &Appliance, halted: &str) -> Result<Vec<Weight>> {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    let cookie = format!("edgevirt_session={}", login(a, &http).await?);
+    let mut out = Vec::new();
+    for path in [
+        "/ui/".to_string(),
+        "/ui/vms".into(),
+        format!("/ui/vms/default/{VM}"),
+        format!("/ui/vms/default/{halted}"),
+        "/ui/vms/new".into(),
+        "/ui/images".into(),
+        "/ui/networks".into(),
+        "/ui/activity".into(),
+        "/ui/admin".into(),
+    ] {
+        let get = |p: String| {
+            let r = http.get(format!("{}{p}", a.url)).header("cookie", &cookie);
+            async move { anyhow::Ok(r.send().await?.bytes().await?) }
+        };
+        let html = get(path.clone()).await?;
+        let text = String::from_utf8_lossy(&html).to_string();
+        let (mut raw, mut gz, mut files) = (html.len(), gzip_len(&html), 1);
+        // The page's own scripts and stylesheets (src="/ui/..." and href="/ui/...css").
+        let mut assets: Vec<String> = Vec::new();
+        for attr in ["src=\"", "href=\""] {
+            for part in text.split(attr).skip(1) {
+                let url = part.split('"').next().unwrap_or_default();
+                if url.starts_with("/ui/")
+                    && (url.ends_with(".js") || url.ends_with(".css"))
+                    && !url.contains("/vendor/novnc/")
+                    && !url.contains("/vendor/xterm/")
+                    && !assets.iter().any(|x| x == url)
+                {
+                    assets.push(url.to_string());
+                }
+            }
+        }
+        for u in assets {
+            let b = get(u).await?;
+            raw += b.len();
+            gz += gzip_len(&b);
+            files += 1;
+        }
+        out.push(Weight {
+            path,
+            raw,
+            gzip: gz,
+            files,
+        });
+    }
+    Ok(out)
+}
+
 /// Part 3: the dashboard's pages with many VMs in the store.
 struct PagesResult {
     pages: Vec<Page>,
+    polls: Option<PollBytes>,
+    weights: Vec<Weight>,
     created: usize,
     took: Duration,
     settle: Duration,
@@ -1303,8 +1445,16 @@ async fn dashboard_pages(a: &Appliance, pid: u32, set: &Settings) -> Result<Page
         .map(Vec::len)
         .unwrap_or(0);
 
+    let polls = if created > 0 {
+        Some(poll_bytes(a, &format!("page-{:05}", page_vms / 3)).await?)
+    } else {
+        None
+    };
+    let weights = page_weights(a, &halted).await?;
     Ok(PagesResult {
         pages,
+        polls,
+        weights,
         created,
         took,
         settle,
@@ -1603,6 +1753,8 @@ fn print_memory(m: &MemoryResult) {
 fn print_pages(p: &PagesResult, page_reqs: usize) {
     let PagesResult {
         pages,
+        polls,
+        weights,
         created,
         took,
         settle,
@@ -1644,6 +1796,45 @@ fn print_pages(p: &PagesResult, page_reqs: usize) {
     if stopped < created {
         println!(
             "  (WARNING: only {stopped} of {created} VMs had reached Stopped when the pages were timed)"
+        );
+    }
+    if let Some(pb) = polls {
+        let ratio = |b: usize| b as f64 / pb.full.max(1) as f64;
+        println!(
+            "  VM list poll (every 2 s), body bytes; baseline = the whole table, as every poll sent before:"
+        );
+        println!(
+            "    whole table (no rows named)          {:>9}   1.000x",
+            pb.full
+        );
+        println!(
+            "    nothing changed (HTTP {})            {:>9}   {:.3}x",
+            pb.unchanged_status,
+            pb.unchanged,
+            ratio(pb.unchanged)
+        );
+        println!(
+            "    one VM's labels changed ({:<5})       {:>9}   {:.3}x",
+            pb.one_changed_mode,
+            pb.one_changed,
+            ratio(pb.one_changed)
+        );
+    }
+    println!(
+        "  page weight: HTML + its CSS and JS (noVNC, xterm.js excluded)    target gzip <= 150 KB"
+    );
+    for w in weights {
+        println!(
+            "    {:<40} {:>2} files {:>8.1} KB raw {:>7.1} KB gzip   {}",
+            short(&w.path),
+            w.files,
+            w.raw as f64 / 1024.0,
+            w.gzip as f64 / 1024.0,
+            if w.gzip <= 150 * 1024 {
+                "met"
+            } else {
+                "MISSED"
+            }
         );
     }
 }

@@ -380,6 +380,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         "/ui/activity",
         "/ui/nodes/testnode",
         "/ui/images",
+        "/ui/account",
         "/ui/admin",
     ] {
         c.goto(&format!("{}{page}", a.url)).await.unwrap();
@@ -574,6 +575,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         ("/ui/nodes/testnode", "17-phone-node"),
         ("/ui/admin", "18-phone-admin"),
         ("/ui/images", "19-phone-images"),
+        ("/ui/account", "20-phone-account"),
     ] {
         c.goto(&format!("{}{page}", a.url)).await.unwrap();
         let m = c

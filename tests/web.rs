@@ -1094,7 +1094,10 @@ async fn polls_transfer_only_what_changed() {
         .await
         .unwrap();
     assert_eq!(r.status(), 201);
-    let vms = format!("{}/apis/kubevirt.io/v1/namespaces/default/virtualmachines", s.url);
+    let vms = format!(
+        "{}/apis/kubevirt.io/v1/namespaces/default/virtualmachines",
+        s.url
+    );
     let create = |name: &'static str| {
         s.http
             .post(&vms)
@@ -1189,4 +1192,191 @@ async fn polls_transfer_only_what_changed() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::NOT_MODIFIED);
     assert!(r.text().await.unwrap().is_empty());
+}
+
+/// Your own account: sessions listed with the current one marked, a password change (the
+/// current password checked; every session ends), log out everywhere; API tokens with an
+/// expiry and the time they were last used; a node agent's credential is not revocable
+/// from the tokens list.
+#[tokio::test]
+async fn accounts_passwords_sessions_and_token_lifetimes() {
+    let s = start_on("0.0.0.0:0");
+    let token = s.initial("token");
+    let password = s.initial("password");
+    let first = login(&s, "admin", &password).await.unwrap();
+    let second = login(&s, "admin", &password).await.unwrap();
+    let page = first.html(&s, "/ui/account").await;
+    let sessions = page.split("id=\"sessions\"").nth(1).unwrap();
+    assert_eq!(sessions.matches("<tr><td>").count(), 2, "{sessions}");
+    assert_eq!(sessions.matches("this browser").count(), 1);
+    assert!(
+        page.contains("href=\"/ui/account\""),
+        "the header links the account"
+    );
+
+    // Wrong current password, too short, not repeated: refused, nothing changes.
+    let change = |b: &Browser, cur: &str, new: &str, again: &str| {
+        let form = [
+            ("csrf", b.csrf.clone()),
+            ("current", cur.to_string()),
+            ("new", new.to_string()),
+            ("again", again.to_string()),
+        ];
+        let req = s
+            .http
+            .post(format!("{}/ui/account/password", s.url))
+            .header("cookie", b.cookie())
+            .form(&form);
+        async move { req.send().await.unwrap() }
+    };
+    let r = change(&first, "not-it", "a-new-password", "a-new-password").await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("the current password is wrong")
+    );
+    let r = change(&first, &password, "short", "short").await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let r = change(&first, &password, "a-new-password", "another-one").await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        second.get(&s, "/ui/").await.status(),
+        200,
+        "still logged in"
+    );
+    // The change: every session ends, the old password no longer works, the new one does.
+    let r = change(&first, &password, "a-new-password", "a-new-password").await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()["location"], "/ui/login?changed=1");
+    for b in [&first, &second] {
+        assert_eq!(b.get(&s, "/ui/").await.status(), StatusCode::SEE_OTHER);
+    }
+    let r = s
+        .http
+        .get(format!("{}/ui/login?changed=1", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("Your password was changed")
+    );
+    assert!(login(&s, "admin", &password).await.is_err());
+    let a = login(&s, "admin", "a-new-password").await.unwrap();
+    let b = login(&s, "admin", "a-new-password").await.unwrap();
+    let r = a
+        .post(&s, "/ui/account/logout-everywhere", &[("csrf", &a.csrf)])
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    for x in [&a, &b] {
+        assert_eq!(x.get(&s, "/ui/").await.status(), StatusCode::SEE_OTHER);
+    }
+
+    // An API token that expires in 30 days; "never" used until it is.
+    let admin = login(&s, "admin", "a-new-password").await.unwrap();
+    let r = admin
+        .post(
+            &s,
+            "/ui/admin/tokens",
+            &[
+                ("csrf", &admin.csrf),
+                ("user", "admin"),
+                ("description", "ci"),
+                ("days", "30"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let page = r.text().await.unwrap();
+    let secret = page
+        .split("id=\"new-token\">")
+        .nth(1)
+        .and_then(|t| t.split('<').next())
+        .unwrap()
+        .to_string();
+    let row = |page: &str| {
+        page.split("<tr>")
+            .find(|r| r.contains("<td>ci</td>"))
+            .and_then(|r| r.split("</tr>").next())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let in30 = (chrono::Utc::now() + chrono::Duration::days(30))
+        .format("%Y-%m-%d")
+        .to_string();
+    let ci = row(&page);
+    assert!(
+        ci.contains(&format!("<td>{in30}</td><td>never</td>")),
+        "{ci}"
+    );
+    let r = s
+        .http
+        .get(format!("{}/apis/kubevirt.io/v1/virtualmachines", s.url))
+        .bearer_auth(&secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let ci = row(&admin.html(&s, "/ui/admin").await);
+    assert!(
+        !ci.contains("<td>never</td><td>"),
+        "last used is recorded: {ci}"
+    );
+    let r = admin
+        .post(
+            &s,
+            "/ui/admin/tokens",
+            &[("csrf", &admin.csrf), ("user", "admin"), ("days", "-1")],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+
+    // A node agent's credential (a host joined with a join token) is listed but not revoked
+    // here, even by a forged form.
+    let r = s
+        .http
+        .post(format!("{}/apis/edgevirt.io/v1/jointokens", s.url))
+        .bearer_auth(&token)
+        .json(&serde_json::json!({"ttlSeconds": 600}))
+        .send()
+        .await
+        .unwrap();
+    let join: serde_json::Value = r.json().await.unwrap();
+    let secret = join["token"].as_str().unwrap().split('.').nth(1).unwrap();
+    let r = s
+        .http
+        .post(format!("{}/join", s.url))
+        .json(&serde_json::json!({"nodeName": "shop-3", "secret": secret}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{:?}", r.text().await);
+    let page = admin.html(&s, "/ui/admin").await;
+    let agent = page
+        .split("<tr>")
+        .find(|r| r.contains("<td>agent</td>"))
+        .and_then(|r| r.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no agent credential listed: {page}"));
+    assert!(agent.contains("revoked by deleting its node") && !agent.contains("<form"));
+    let id = agent
+        .split("<code>")
+        .nth(1)
+        .and_then(|t| t.split('<').next())
+        .unwrap();
+    let r = admin
+        .post(
+            &s,
+            &format!("/ui/admin/tokens/{id}/delete"),
+            &[("csrf", &admin.csrf)],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert!(
+        admin.html(&s, "/ui/admin").await.contains(id),
+        "still there"
+    );
 }

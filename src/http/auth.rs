@@ -117,7 +117,16 @@ pub async fn session_of(
     headers: &axum::http::HeaderMap,
 ) -> crate::store::Result<Option<crate::store::Session>> {
     match cookie(headers, SESSION_COOKIE) {
-        Some(id) if !id.is_empty() => store.session(&token_hash(&id)).await,
+        Some(id) if !id.is_empty() => {
+            let hash = token_hash(&id);
+            let s = store.session(&hash).await?;
+            if s.is_some()
+                && let Err(e) = store.touch_session(&hash).await
+            {
+                tracing::debug!(error = %e, "noting a session's use failed");
+            }
+            Ok(s)
+        }
         _ => Ok(None),
     }
 }

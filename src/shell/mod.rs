@@ -197,9 +197,13 @@ async fn authenticate(State(st): S, mut req: Request, next: Next) -> Response {
             Err(e) => ApiError::internal(e).into_response(),
         };
     };
-    match st.store.token(&auth::token_hash(token)).await {
+    let hash = auth::token_hash(token);
+    match st.store.token(&hash).await {
         Ok(Some((user, role))) => match Role::parse(&role) {
             Some(role) => {
+                if let Err(e) = st.store.touch_token(&hash).await {
+                    tracing::debug!(error = %e, "noting a token's use failed");
+                }
                 if let Some(refused) = read_only_refusal(role, &user, &req) {
                     return refused;
                 }

@@ -20,7 +20,24 @@ pub struct TokenInfo {
     pub role: String,
     pub description: String,
     pub created: String,
+    /// Unix seconds; None: never.
+    pub expires: Option<i64>,
+    /// RFC 3339, to the minute; None: never used since it was made (or since schema 4).
+    pub last_used: Option<String>,
 }
+
+/// One of a user's live sessions, for their account page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// The session's hash: the account page tells the current one from the others.
+    pub hash: String,
+    pub created: String,
+    pub expires: i64,
+    pub last_used: Option<String>,
+}
+
+/// Uses of a token or session closer together than this are written once.
+const TOUCH_EVERY_SECS: i64 = 60;
 
 /// A live browser session.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,6 +128,7 @@ impl Store {
         Ok(r.rows_affected() == 1)
     }
 
+    /// A token that never expires.
     pub async fn add_token(
         &self,
         hash: &str,
@@ -118,9 +136,23 @@ impl Store {
         role: &str,
         description: &str,
     ) -> Result<String> {
+        self.add_expiring_token(hash, user, role, description, None)
+            .await
+    }
+
+    /// A token valid until `expires` (Unix seconds), or for ever.
+    pub async fn add_expiring_token(
+        &self,
+        hash: &str,
+        user: &str,
+        role: &str,
+        description: &str,
+        expires: Option<i64>,
+    ) -> Result<String> {
         let id = uuid::Uuid::new_v4().to_string();
         sqlx::query(
-            "INSERT INTO tokens (id, hash, user_name, role, description, created) VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO tokens (id, hash, user_name, role, description, created, expires) \
+             VALUES (?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&id)
         .bind(hash)
@@ -128,37 +160,123 @@ impl Store {
         .bind(role)
         .bind(description)
         .bind(now())
+        .bind(expires)
         .execute(self.w())
         .await?;
         Ok(id)
     }
 
-    /// Look a token up by its hash: (user, role).
+    /// Look a token up by its hash: (user, role). An expired token is no token.
     pub async fn token(&self, hash: &str) -> Result<Option<(String, String)>> {
         Ok(sqlx::query_as::<_, (String, String)>(
-            "SELECT user_name, role FROM tokens WHERE hash = ?",
+            "SELECT user_name, role FROM tokens WHERE hash = ? AND (expires IS NULL OR expires >= ?)",
         )
         .bind(hash)
+        .bind(unix_now())
         .fetch_optional(&self.reader)
         .await?)
     }
 
     pub async fn tokens(&self) -> Result<Vec<TokenInfo>> {
-        let rows = sqlx::query_as::<_, (String, String, String, String, String)>(
-            "SELECT id, user_name, role, description, created FROM tokens ORDER BY created, id",
+        type Row = (
+            String,
+            String,
+            String,
+            String,
+            String,
+            Option<i64>,
+            Option<String>,
+        );
+        let rows = sqlx::query_as::<_, Row>(
+            "SELECT id, user_name, role, description, created, expires, last_used FROM tokens \
+             ORDER BY created, id",
         )
         .fetch_all(&self.reader)
         .await?;
         Ok(rows
             .into_iter()
-            .map(|(id, user, role, description, created)| TokenInfo {
-                id,
-                user,
-                role,
-                description,
+            .map(
+                |(id, user, role, description, created, expires, last_used)| TokenInfo {
+                    id,
+                    user,
+                    role,
+                    description,
+                    created,
+                    expires,
+                    last_used,
+                },
+            )
+            .collect())
+    }
+
+    /// Whether a use of `key` should be written now (none written in the last minute).
+    fn touch_due(&self, key: String) -> bool {
+        let now = unix_now();
+        let mut t = self.touched.lock().unwrap_or_else(|e| e.into_inner());
+        if t.len() > 10_000 {
+            t.retain(|_, at| now - *at < TOUCH_EVERY_SECS);
+        }
+        match t.get(&key) {
+            Some(at) if now - *at < TOUCH_EVERY_SECS => false,
+            _ => {
+                t.insert(key, now);
+                true
+            }
+        }
+    }
+
+    /// Note that the token with this hash was used (written at most once a minute).
+    pub async fn touch_token(&self, hash: &str) -> Result<()> {
+        if self.touch_due(format!("t:{hash}")) {
+            sqlx::query("UPDATE tokens SET last_used = ? WHERE hash = ?")
+                .bind(now())
+                .bind(hash)
+                .execute(self.w())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Note that the session with this hash was used (written at most once a minute).
+    pub async fn touch_session(&self, hash: &str) -> Result<()> {
+        if self.touch_due(format!("s:{hash}")) {
+            sqlx::query("UPDATE sessions SET last_used = ? WHERE hash = ?")
+                .bind(now())
+                .bind(hash)
+                .execute(self.w())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// A user's live sessions, newest first.
+    pub async fn sessions_of(&self, user: &str) -> Result<Vec<SessionInfo>> {
+        let rows = sqlx::query_as::<_, (String, String, i64, Option<String>)>(
+            "SELECT hash, created, expires, last_used FROM sessions \
+             WHERE user_name = ? AND expires >= ? ORDER BY created DESC, hash",
+        )
+        .bind(user)
+        .bind(unix_now())
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(hash, created, expires, last_used)| SessionInfo {
+                hash,
                 created,
+                expires,
+                last_used,
             })
             .collect())
+    }
+
+    /// End every session of a user (log out everywhere); how many there were.
+    pub async fn delete_sessions_of(&self, user: &str) -> Result<u64> {
+        let r = sqlx::query("DELETE FROM sessions WHERE user_name = ?")
+            .bind(user)
+            .execute(self.w())
+            .await?;
+        Ok(r.rows_affected())
     }
 
     pub async fn delete_token(&self, id: &str) -> Result<bool> {

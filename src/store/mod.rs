@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sqlx::sqlite::SqlitePool;
 use tokio::sync::broadcast;
 
-pub use accounts::{Session, TokenInfo, UserInfo};
+pub use accounts::{Session, SessionInfo, TokenInfo, UserInfo};
 pub use backend::Backend;
 pub use events::Event;
 pub use join::{JoinRefusal, JoinTokenInfo, node_user};
@@ -102,6 +102,9 @@ pub struct Store {
     events: broadcast::Sender<Arc<Event>>,
     stats: Arc<Stats>,
     listings: Arc<events::Listings>,
+    /// When each token or session was last written as used (Unix seconds), so that a
+    /// busy client costs one write a minute, not one per request.
+    touched: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>,
 }
 
 /// Counters kept in memory.

@@ -70,6 +70,7 @@ impl Store {
             events,
             stats: Arc::new(Stats::default()),
             listings: Default::default(),
+            touched: Default::default(),
         };
         let rv = store.current_rv().await?;
         store

@@ -747,6 +747,45 @@ async fn a_reader_keeps_its_pages_after_a_large_write() {
     );
 }
 
+/// An expired token is no token; a use is written once a minute, not once per request.
+#[tokio::test]
+async fn tokens_expire_and_record_their_last_use() {
+    let (_d, s) = store().await;
+    let now = chrono::Utc::now().timestamp();
+    s.add_expiring_token("h-old", "u", "viewer", "", Some(now - 1))
+        .await
+        .unwrap();
+    s.add_expiring_token("h-new", "u", "viewer", "", Some(now + 60))
+        .await
+        .unwrap();
+    s.add_token("h-ever", "u", "viewer", "").await.unwrap();
+    assert_eq!(s.token("h-old").await.unwrap(), None);
+    assert!(s.token("h-new").await.unwrap().is_some());
+    assert!(s.token("h-ever").await.unwrap().is_some());
+    let last = |h: &'static str| {
+        let s = s.clone();
+        async move {
+            s.tokens()
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|t| match h {
+                    "h-new" => t.expires == Some(now + 60),
+                    _ => t.expires.is_none(),
+                })
+                .unwrap()
+                .last_used
+        }
+    };
+    assert_eq!(last("h-ever").await, None);
+    let writes = s.writes();
+    for _ in 0..5 {
+        s.touch_token("h-ever").await.unwrap();
+    }
+    assert!(last("h-ever").await.is_some());
+    assert_eq!(s.writes() - writes, 1, "five uses in a minute: one write");
+}
+
 /// Each change records when it was made and, inside a request's scope, by whom; the
 /// controller's own changes name nobody.
 #[tokio::test]

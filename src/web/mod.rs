@@ -131,6 +131,12 @@ where
             post(pages::delete_join_token),
         )
         .route("/ui/logout", post(pages::logout))
+        .route("/ui/account", get(pages::account))
+        .route("/ui/account/password", post(pages::change_password))
+        .route(
+            "/ui/account/logout-everywhere",
+            post(pages::logout_everywhere),
+        )
         .layer(middleware::from_fn_with_state(state, require_session))
         .layer(axum::Extension(Api(api)));
     Router::new()

@@ -1703,6 +1703,62 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                     .extra(),
             );
         }
+        // The dashboard's node, migration, image, join-token and account forms: names
+        // from the path are looked up through the API (never opened), numbers are bounded,
+        // a huge form is refused before anything is hashed.
+        let form = |fields: &[(&str, &str)]| {
+            let mut all = vec![("csrf", csrf.as_str())];
+            all.extend_from_slice(fields);
+            serde_urlencoded::to_string(all).unwrap().into_bytes()
+        };
+        let big = "p".repeat(100 * KIB);
+        for (name, path, body, codes) in [
+            (
+                "dashboard-drain-missing-node",
+                "/ui/nodes/nosuch/action",
+                form(&[("action", "drain"), ("force", "1")]),
+                &[404][..],
+            ),
+            (
+                "dashboard-node-odd-action",
+                "/ui/nodes/nosuch/action",
+                form(&[("action", "reboot")]),
+                &[400],
+            ),
+            (
+                "dashboard-migrate-traversal-target",
+                "/ui/vms/default/nosuch/migrate",
+                form(&[("target", "../../etc/passwd")]),
+                &[404],
+            ),
+            (
+                "dashboard-image-delete-traversal",
+                "/ui/images/..%2F..%2Fetc%2Fpasswd/delete",
+                form(&[]),
+                &[400, 404, 422],
+            ),
+            (
+                "dashboard-join-token-hours-huge",
+                "/ui/admin/jointokens",
+                form(&[("hours", "99999999999999999999999")]),
+                &[422],
+            ),
+            (
+                "dashboard-password-100KiB",
+                "/ui/account/password",
+                form(&[("current", "x"), ("new", &big), ("again", &big)]),
+                &[413],
+            ),
+        ] {
+            c.push(
+                Case::new(name, Method::POST, path)
+                    .session()
+                    .html()
+                    .raw(Some("application/x-www-form-urlencoded"), body)
+                    .expect(codes)
+                    .quick(),
+            );
+        }
     }
     c
 }

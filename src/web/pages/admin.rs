@@ -17,12 +17,24 @@ use crate::web::{Api, S, WebUser, api_message};
 struct AdminTpl {
     c: Chrome,
     users: Vec<crate::store::UserInfo>,
-    tokens: Vec<crate::store::TokenInfo>,
+    tokens: Vec<TokenRow>,
     new_token: Option<String>,
     join_tokens: Vec<JoinTokenRow>,
     /// The command a new host runs, with a join token just made (shown once).
     join_command: Option<String>,
     lockouts: Vec<crate::http::throttle::Lockout>,
+}
+
+pub struct TokenRow {
+    id: String,
+    user: String,
+    role: String,
+    description: String,
+    created: String,
+    expires: String,
+    last_used: String,
+    /// A node agent's credential: revoked with its node, not from this list.
+    agent: bool,
 }
 
 pub struct JoinTokenRow {
@@ -90,6 +102,25 @@ async fn admin_page(st: &AppState, u: &WebUser, said: Said, code: StatusCode) ->
             used_by: t.used_by.unwrap_or_else(|| "-".into()),
             description: t.description,
             id: t.id,
+        })
+        .collect();
+    let tokens = tokens
+        .into_iter()
+        .map(|t| TokenRow {
+            agent: t.role == "agent",
+            expires: match t.expires {
+                None => "never".into(),
+                Some(e) if e < now => "expired".into(),
+                Some(e) => chrono::DateTime::from_timestamp(e, 0)
+                    .map(|t| t.format("%Y-%m-%d").to_string())
+                    .unwrap_or_default(),
+            },
+            last_used: t.last_used.unwrap_or_else(|| "never".into()),
+            id: t.id,
+            user: t.user,
+            role: t.role,
+            description: t.description,
+            created: t.created,
         })
         .collect();
     render_status(
@@ -210,6 +241,9 @@ pub struct TokenForm {
     user: String,
     #[serde(default)]
     description: String,
+    /// Days until it expires; empty or 0: never.
+    #[serde(default)]
+    days: String,
 }
 
 pub async fn create_token(
@@ -233,14 +267,33 @@ pub async fn create_token(
         }
         Err(e) => return error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     };
+    let expires = match f.days.trim() {
+        "" | "0" => None,
+        d => match d.parse::<i64>() {
+            Ok(d) if (1..=3650).contains(&d) => Some(chrono::Utc::now().timestamp() + d * 86_400),
+            _ => {
+                return admin_page(
+                    &st,
+                    &u,
+                    Said::error(format!(
+                        "a token expires after 1 to 3650 days (or never), not {:?}",
+                        f.days
+                    )),
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                )
+                .await;
+            }
+        },
+    };
     let secret = auth::random_secret(24);
     match st
         .store
-        .add_token(
+        .add_expiring_token(
             &auth::token_hash(&secret),
             &f.user,
             &role,
             f.description.trim(),
+            expires,
         )
         .await
     {
@@ -306,6 +359,24 @@ pub async fn delete_token(
 ) -> Response {
     if let Err(r) = require_admin(&u) {
         return r;
+    }
+    // An agent's credential goes with its node: revoking it by itself would leave a node
+    // that can no longer report, which is never what a click on this page means.
+    match st.store.tokens().await {
+        Ok(all) if all.iter().any(|t| t.id == id && t.role == "agent") => {
+            return admin_page(
+                &st,
+                &u,
+                Said::error(
+                    "that is a node agent's credential: it is revoked by deleting the node \
+                     (on its page, or `edgevirt node delete`)",
+                ),
+                StatusCode::CONFLICT,
+            )
+            .await;
+        }
+        Ok(_) => {}
+        Err(e) => return error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
     match st.store.delete_token(&id).await {
         Ok(true) => {

@@ -19,6 +19,7 @@ struct LoginTpl {
     next: String,
     username: String,
     error: Option<String>,
+    notice: Option<&'static str>,
 }
 
 /// Before login there is no session, so the login form's CSRF token is a double-submit
@@ -41,6 +42,9 @@ fn cookie_header(st: &AppState, name: &str, value: &str, max_age: Option<i64>) -
 pub struct LoginQuery {
     #[serde(default)]
     next: String,
+    /// After a password change (every session ended).
+    #[serde(default)]
+    changed: Option<String>,
 }
 
 fn safe_next(next: &str) -> String {
@@ -59,6 +63,17 @@ fn login_form(
     error: Option<String>,
     code: StatusCode,
 ) -> Response {
+    login_form_with(st, next, username, error, None, code)
+}
+
+fn login_form_with(
+    st: &AppState,
+    next: &str,
+    username: &str,
+    error: Option<String>,
+    notice: Option<&'static str>,
+    code: StatusCode,
+) -> Response {
     let csrf = auth::random_secret(16);
     let mut r = render_status(
         code,
@@ -67,6 +82,7 @@ fn login_form(
             next: safe_next(next),
             username: username.to_string(),
             error,
+            notice,
         },
     );
     r.headers_mut().append(
@@ -77,7 +93,11 @@ fn login_form(
 }
 
 pub async fn login_page(State(st): S, Query(q): Query<LoginQuery>) -> Response {
-    login_form(&st, &q.next, "", None, StatusCode::OK)
+    let notice = q
+        .changed
+        .is_some()
+        .then_some("Your password was changed and every session ended: log in with the new one.");
+    login_form_with(&st, &q.next, "", None, notice, StatusCode::OK)
 }
 
 #[derive(Deserialize)]

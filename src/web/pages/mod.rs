@@ -23,6 +23,7 @@ use crate::types::kubevirt::{
 };
 use crate::types::{Kind, Typed};
 
+mod account;
 mod admin;
 mod consoles;
 mod create;
@@ -37,6 +38,7 @@ mod nodes;
 mod overview;
 mod vm_list;
 
+pub use account::{account, change_password, logout_everywhere};
 pub use admin::{
     admin, clear_lockouts, create_join_token, create_token, create_user, delete_join_token,
     delete_token, delete_user,

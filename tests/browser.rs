@@ -229,7 +229,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     assert!(marker);
     wait_text(
         c,
-        "tr[data-vm='browser'] [data-field='status']",
+        "tr[data-key='default/browser'] [data-field='status']",
         "Running on the list page",
         BOOT,
         |t| t == "Running",
@@ -237,7 +237,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     .await;
     let ip = wait_text(
         c,
-        "tr[data-vm='browser'] [data-field='ip']",
+        "tr[data-key='default/browser'] [data-field='ip']",
         "an IP on the list page",
         BOOT,
         |t| t.starts_with(NAT_PREFIX),
@@ -380,6 +380,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         "/ui/activity",
         "/ui/nodes/testnode",
         "/ui/images",
+        "/ui/storage",
         "/ui/account",
         "/ui/admin",
     ] {
@@ -535,6 +536,16 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         "{rows}"
     );
     shot(c, "07b-image-uploaded").await;
+    // The storage view: the node's own data folder as its agent measured it.
+    c.goto(&format!("{}/ui/storage", a.url)).await.unwrap();
+    let places = text_of(c, "#places tbody").await.unwrap();
+    assert!(
+        places.contains("testnode")
+            && places.contains("data folder (local)")
+            && places.contains("GiB"),
+        "{places}"
+    );
+    shot(c, "07c-storage").await;
 
     // --- The activity page lists what this test did, newest first, and filters by VM.
     c.goto(&format!("{}/ui/activity?vm=default%2Fbrowser", a.url))
@@ -576,6 +587,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         ("/ui/admin", "18-phone-admin"),
         ("/ui/images", "19-phone-images"),
         ("/ui/account", "20-phone-account"),
+        ("/ui/storage", "21-phone-storage"),
     ] {
         c.goto(&format!("{}{page}", a.url)).await.unwrap();
         let m = c

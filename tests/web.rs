@@ -887,6 +887,61 @@ async fn nodes_hosts_and_images_from_the_dashboard() {
         n["spec"]["unschedulable"] == serde_json::json!(true)
     };
 
+    // Its storage as its agent reports it, and a VM's disks: the storage view shows both.
+    let r = api(
+        reqwest::Method::PATCH,
+        "/apis/edgevirt.io/v1/nodes/shop-2/status",
+    )
+    .header("content-type", "application/merge-patch+json")
+    .body(
+        serde_json::json!({"status": {"storage": [
+                {"name": "local", "path": "/var/lib/edgevirt",
+                 "capacityBytes": 10u64 << 30, "freeBytes": 512u64 << 20},
+                {"name": "nas", "path": "/mnt/nas",
+                 "capacityBytes": 1u64 << 40, "freeBytes": 600u64 << 30}]}})
+        .to_string(),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert!(r.status().is_success(), "{:?}", r.text().await);
+    let r = api(
+        reqwest::Method::POST,
+        "/apis/kubevirt.io/v1/namespaces/default/virtualmachines",
+    )
+    .json(
+        &serde_json::json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": "filer"},
+        "spec": {"runStrategy": "Halted", "template": {"spec": {
+            "domain": {"devices": {}, "memory": {"guest": "64Mi"}},
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "filer-data"}},
+                        {"name": "ci", "cloudInitNoCloud": {"userData": "#cloud-config"}}]}}}}),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert!(r.status().is_success(), "{:?}", r.text().await);
+    let storage = admin.html(&s, "/ui/storage").await;
+    let places = storage.split("id=\"places\"").nth(1).unwrap();
+    assert!(
+        places.contains("data folder (local)")
+            && places.contains("<td>10 GiB</td>")
+            && places.contains("512 MiB (running low)"),
+        "{places}"
+    );
+    assert!(places.contains("shared pool nas") && places.contains("<td>1024 GiB</td>"));
+    let vols = storage.split("id=\"vm-volumes\"").nth(1).unwrap();
+    assert!(
+        vols.contains("default/filer")
+            && vols.contains("claim (shared pool)")
+            && vols.contains("filer-data"),
+        "{vols}"
+    );
+    assert!(
+        !vols.contains("<td>ci</td>"),
+        "cloud-init holds no disk data: {vols}"
+    );
+
     let page = admin.html(&s, "/ui/nodes/shop-2").await;
     assert!(page.contains("id=\"node-cordon\"") && page.contains("id=\"node-drain\""));
     assert!(

@@ -453,6 +453,7 @@ async fn register(agent: &Agent, facts: &crate::hypervisor::HostFacts) -> anyhow
             .as_ref()
             .map(|d| d.to_string_lossy().into_owned()),
         bridges: crate::hostnet::bridges(),
+        storage: storage_facts(cfg),
         last_heartbeat_time: Some(now()),
         conditions: vec![agent_ready()],
     });
@@ -482,10 +483,32 @@ async fn heartbeat(agent: &Agent) -> anyhow::Result<()> {
     if !ready {
         status.insert("conditions".into(), json!([agent_ready()]));
     }
+    status.insert("storage".into(), json!(storage_facts(&agent.cfg)));
     agent
         .cp
         .patch_node_status(name, json!({ "status": status }))
         .await
+}
+
+/// The size and free space of the data folder and of the shared pool, if any.
+fn storage_facts(cfg: &Config) -> Vec<crate::types::edgevirt::StorageFacts> {
+    let mut places = vec![("local".to_string(), cfg.data_dir.clone())];
+    if let Some((name, path)) = &cfg.shared_pool {
+        places.push((name.clone(), path.clone()));
+    }
+    places
+        .into_iter()
+        .filter_map(|(name, path)| {
+            let fs = nix::sys::statvfs::statvfs(&path).ok()?;
+            let block = fs.fragment_size();
+            Some(crate::types::edgevirt::StorageFacts {
+                name,
+                path: path.to_string_lossy().into_owned(),
+                capacity_bytes: fs.blocks() * block,
+                free_bytes: fs.blocks_available() * block,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -91,6 +91,25 @@ pub struct NodeStatus {
     /// name: a VM on one runs only on nodes that have it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bridges: Vec<HostBridge>,
+    /// The filesystems the node keeps VM data on (its data folder, its shared pool), with
+    /// their size and free space at the last heartbeat.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub storage: Vec<StorageFacts>,
+}
+
+/// A filesystem a node keeps VM data on, as `df` sees it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageFacts {
+    /// `local` for the node's data folder (images, local volumes, VM state), or the shared
+    /// pool's name.
+    pub name: String,
+    pub path: String,
+    #[serde(default)]
+    pub capacity_bytes: u64,
+    /// Available to edgevirt (not counting blocks reserved for root).
+    #[serde(default)]
+    pub free_bytes: u64,
 }
 
 /// A Linux bridge on a node, made by its operator.

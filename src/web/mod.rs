@@ -109,6 +109,7 @@ where
         .route("/ui/nodes/{name}/action", post(pages::node_action))
         .route("/ui/activity", get(pages::activity))
         .route("/ui/images", get(pages::images))
+        .route("/ui/storage", get(pages::storage))
         .route("/ui/images/{name}/delete", post(pages::delete_image))
         .route("/ui/networks", get(pages::networks))
         .route(

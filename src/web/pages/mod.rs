@@ -36,6 +36,7 @@ mod monitoring;
 mod networks;
 mod nodes;
 mod overview;
+mod storage;
 mod vm_list;
 
 pub use account::{account, change_password, logout_everywhere};
@@ -53,6 +54,7 @@ pub use monitoring::{activity, node_graphs, vm_graphs};
 pub use networks::networks;
 pub use nodes::{node_action, node_page, node_vms_fragment};
 pub use overview::overview;
+pub use storage::storage;
 pub use vm_list::{vm_list, vm_rows};
 
 /// What every page's frame shows.

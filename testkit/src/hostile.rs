@@ -1729,7 +1729,7 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                 "dashboard-migrate-traversal-target",
                 "/ui/vms/default/nosuch/migrate",
                 form(&[("target", "../../etc/passwd")]),
-                &[404],
+                &[404, 422],
             ),
             (
                 "dashboard-image-delete-traversal",
@@ -1747,7 +1747,7 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                 "dashboard-password-100KiB",
                 "/ui/account/password",
                 form(&[("current", "x"), ("new", &big), ("again", &big)]),
-                &[413],
+                &[413, 422],
             ),
         ] {
             c.push(

@@ -78,6 +78,9 @@ pub async fn account(
     page(&st, &u, &headers, None, None, StatusCode::OK).await
 }
 
+/// The longest password taken (argon2 hashes any length; nobody types more).
+const MAX_PASSWORD: usize = 1024;
+
 #[derive(Deserialize)]
 pub struct PasswordForm {
     #[serde(default)]
@@ -101,6 +104,14 @@ pub async fn change_password(
         let (st, u, headers, m) = (st.clone(), u.clone(), headers.clone(), m.to_string());
         async move { page(&st, &u, &headers, Some(m), None, code).await }
     };
+    // Long passwords are refused before anything is hashed or counted as a try.
+    if f.new.len() > MAX_PASSWORD || f.current.len() > MAX_PASSWORD {
+        return refuse(
+            &format!("a password has at most {MAX_PASSWORD} bytes"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        )
+        .await;
+    }
     if f.new.chars().count() < 8 {
         return refuse(
             "the new password needs at least 8 characters",

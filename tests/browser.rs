@@ -472,6 +472,24 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         .tempfile_in("/var/tmp")
         .unwrap();
     upload.as_file().set_len(48 << 20).unwrap();
+    // A first part already on the server (an upload cut off earlier): the page resumes
+    // after it.
+    let r = reqwest::Client::new()
+        .put(format!(
+            "{}/apis/edgevirt.io/v1/images/uploaded-disk/upload",
+            a.url
+        ))
+        .bearer_auth(&a.token)
+        .header("content-type", "application/octet-stream")
+        .header(
+            "content-range",
+            format!("bytes 0-{}/{}", (16 << 20) - 1, 48 << 20),
+        )
+        .body(vec![0u8; 16 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
     c.goto(&format!("{}/ui/images", a.url)).await.unwrap();
     // Every state the bar and its text show is kept in sessionStorage: the page moves on to
     // the list when the upload is done.
@@ -524,6 +542,11 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     assert!(
         seen.iter().any(|s| s.contains("MiB of 48.0 MiB")),
         "the bar counted the bytes: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|s| s.ends_with("Resuming at 16.0 MiB of 48.0 MiB")),
+        "the upload resumed after the server's part: {seen:?}"
     );
     assert!(
         seen.iter()

@@ -1435,3 +1435,82 @@ async fn accounts_passwords_sessions_and_token_lifetimes() {
         "still there"
     );
 }
+
+/// A resumable upload (the images page sends parts with Content-Range): each part goes on
+/// where the server's copy ends, a part cut short keeps what arrived, a part from the wrong
+/// place is refused with where to go on, and the last part makes the image, whole.
+#[tokio::test]
+async fn image_uploads_resume_where_they_stopped() {
+    use sha2::Digest;
+    let s = start();
+    let token = s.initial("token");
+    let url = format!("{}/apis/edgevirt.io/v1/images/parts/upload", s.url);
+    let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    let put = |range: String, body: Vec<u8>| {
+        s.http
+            .put(&url)
+            .bearer_auth(&token)
+            .header("content-type", "application/octet-stream")
+            .header("content-range", range)
+            .body(body)
+            .send()
+    };
+    let have = || async {
+        let v: serde_json::Value = s
+            .http
+            .get(&url)
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["receivedBytes"].as_u64().unwrap()
+    };
+    assert_eq!(have().await, 0);
+    let r = put("bytes 0-2047/4096".into(), data[..2048].to_vec())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(have().await, 2048);
+    // From the wrong place: 409, and where to go on.
+    let r = put("bytes 0-1023/4096".into(), data[..1024].to_vec())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert_eq!(r.headers()["upload-offset"], "2048");
+    // Cut short: what came is kept.
+    let r = put("bytes 2048-4095/4096".into(), data[2048..3048].to_vec())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(have().await, 3048);
+    // Longer than it says: refused, nothing past the range kept.
+    let r = put("bytes 3048-3099/4096".into(), data[3048..3200].to_vec())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(have().await <= 3100);
+    let at = have().await as usize;
+    for (range, code) in [
+        ("bytes 9-3/4096".to_string(), 400),
+        ("items 0-1/2".into(), 400),
+        (format!("bytes 0-0/{}", 5u64 << 40), 413),
+    ] {
+        let r = put(range.clone(), vec![0]).await.unwrap();
+        assert_eq!(r.status().as_u16(), code, "{range}");
+    }
+    let r = put(format!("bytes {at}-4095/4096"), data[at..].to_vec())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
+    let img: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(img["status"]["sizeBytes"], 4096);
+    assert_eq!(
+        img["status"]["sha256"],
+        hex::encode(sha2::Sha256::digest(&data)),
+        "the image is the file, whole"
+    );
+    assert_eq!(have().await, 0, "nothing partial left");
+}

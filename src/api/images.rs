@@ -22,6 +22,7 @@ pub async fn upload(
     st: Arc<AppState>,
     p: Principal,
     name: &str,
+    headers: &axum::http::HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     check_name("image name", name)?;
@@ -31,6 +32,14 @@ pub async fn upload(
             "AlreadyExists",
             format!("image {name:?} already exists; delete it first to replace it"),
         ));
+    }
+    if let Some(range) = headers.get(header::CONTENT_RANGE) {
+        let range = range.to_str().unwrap_or_default().to_string();
+        let r = upload_part(&st, name, &range, body).await?;
+        if r.status() == StatusCode::CREATED {
+            tracing::info!(image = %name, user = %p.user, "imported image (resumable upload)");
+        }
+        return Ok(r);
     }
     let o = store_image(&st, name, json!({}), body).await?;
     let status = &o["status"];
@@ -118,7 +127,8 @@ pub async fn upload_data_volume(
 }
 
 /// Remove image files no image names (those of images deleted without the API: the
-/// uploads of DataVolumes that are gone), and uploads interrupted over a day ago.
+/// uploads of DataVolumes that are gone), and uploads interrupted over a day ago (resumable
+/// ones too: a day to resume).
 async fn sweep(st: &AppState) {
     let Ok(images) = st.store.all::<crate::types::edgevirt::Image>().await else {
         return;
@@ -133,7 +143,7 @@ async fn sweep(st: &AppState) {
     while let Ok(Some(e)) = entries.next_entry().await {
         let name = e.file_name().to_string_lossy().into_owned();
         let is_file = e.file_type().await.is_ok_and(|t| t.is_file());
-        let stale_upload = name.starts_with(".upload-")
+        let stale_upload = (name.starts_with(".upload-") || name.starts_with(".partial-"))
             && e.metadata()
                 .await
                 .ok()
@@ -185,6 +195,29 @@ async fn store_image(
         let _ = tokio::fs::remove_file(&tmp).await;
         return Err(e);
     }
+    finish_image(
+        st,
+        name,
+        meta,
+        tmp,
+        uid,
+        size,
+        hex::encode(hasher.finalize()),
+    )
+    .await
+}
+
+/// Check a fully received upload at `tmp` (`size` bytes, `sha256`), move it to its place
+/// and create the image object; nothing of it stays when anything fails.
+async fn finish_image(
+    st: &AppState,
+    name: &str,
+    meta: serde_json::Value,
+    tmp: std::path::PathBuf,
+    uid: String,
+    size: u64,
+    sha256: String,
+) -> ApiResult<serde_json::Value> {
     if size == 0 {
         let _ = tokio::fs::remove_file(&tmp).await;
         return Err(ApiError::bad_request("the uploaded image is empty"));
@@ -196,7 +229,7 @@ async fn store_image(
             return Err(ApiError::invalid(format!("image {name:?} refused: {m}")));
         }
     };
-    let dest = dir.join(&uid);
+    let dest = st.images_dir().join(&uid);
     tokio::fs::rename(&tmp, &dest)
         .await
         .map_err(ApiError::internal)?;
@@ -208,7 +241,7 @@ async fn store_image(
             "sizeBytes": size,
             "virtualSizeBytes": vsize,
             "file": uid,
-            "sha256": hex::encode(hasher.finalize()),
+            "sha256": sha256,
         }
     });
     if let Some(m) = meta.as_object() {
@@ -223,6 +256,161 @@ async fn store_image(
             Err(e.into())
         }
     }
+}
+
+// ------------------------------------------------------------ resumable uploads
+
+/// The largest image a resumable upload takes.
+const MAX_UPLOAD: u64 = 4 << 40;
+
+/// Image names with a part being written now: one writer per partial upload.
+static WRITING: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<String>>> =
+    std::sync::LazyLock::new(Default::default);
+
+struct Writing(String);
+impl Drop for Writing {
+    fn drop(&mut self) {
+        WRITING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.0);
+    }
+}
+
+/// Where the received part of a resumable upload of `name` is kept (the name is a DNS
+/// label, checked before).
+fn partial_path(st: &AppState, name: &str) -> std::path::PathBuf {
+    st.images_dir().join(format!(".partial-{name}"))
+}
+
+/// `bytes START-END/TOTAL` (END inclusive), as HTTP's Content-Range.
+fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
+    let (range, total) = v.strip_prefix("bytes ")?.split_once('/')?;
+    let (start, end) = range.split_once('-')?;
+    let (start, end, total): (u64, u64, u64) =
+        (start.parse().ok()?, end.parse().ok()?, total.parse().ok()?);
+    (start <= end && end < total).then_some((start, end, total))
+}
+
+/// How much of a resumable upload the server has, as `{"receivedBytes": N}` (0: none).
+pub async fn upload_offset(st: Arc<AppState>, name: &str) -> ApiResult<Response> {
+    check_name("image name", name)?;
+    let have = tokio::fs::metadata(partial_path(&st, name))
+        .await
+        .map(|m| m.len())
+        .unwrap_or(0);
+    Ok(axum::Json(json!({"receivedBytes": have})).into_response())
+}
+
+/// One part of a resumable upload (`Content-Range: bytes START-END/TOTAL`): appended to
+/// what the server has, which must end at START (else 409 saying where it ends); the last
+/// part checks the whole image and creates it (201), earlier ones answer 200 with the
+/// bytes received so far. A part cut off keeps what arrived: ask `GET .../upload` and go
+/// on from there.
+async fn upload_part(st: &AppState, name: &str, range: &str, body: Body) -> ApiResult<Response> {
+    let Some((start, end, total)) = parse_content_range(range) else {
+        return Err(ApiError::bad_request(format!(
+            "Content-Range {range:?} is not `bytes START-END/TOTAL` with START <= END < TOTAL"
+        )));
+    };
+    if total > MAX_UPLOAD {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLarge",
+            format!("an image may have at most {MAX_UPLOAD} bytes, not {total}"),
+        ));
+    }
+    let _writing = {
+        let mut w = WRITING.lock().unwrap_or_else(|e| e.into_inner());
+        if !w.insert(name.to_string()) {
+            return Err(ApiError::conflict(format!(
+                "another part of image {name:?} is being received; wait for it"
+            )));
+        }
+        Writing(name.to_string())
+    };
+    sweep(st).await;
+    tokio::fs::create_dir_all(st.images_dir())
+        .await
+        .map_err(ApiError::internal)?;
+    let path = partial_path(st, name);
+    let have = tokio::fs::metadata(&path)
+        .await
+        .map(|m| m.len())
+        .unwrap_or(0);
+    if start != have {
+        let mut r = ApiError::conflict(format!(
+            "the server has {have} bytes of image {name:?}: send from byte {have}, not {start}"
+        ))
+        .into_response();
+        r.headers_mut().insert("upload-offset", have.into());
+        return Ok(r);
+    }
+    let mut file = tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .await
+        .map_err(ApiError::internal)?;
+    let want = end - start + 1;
+    // Bytes of this part written to the file: only whole chunks within the range are.
+    let mut written = 0u64;
+    let mut stream = body.into_data_stream();
+    let result: Result<(), ApiError> = async {
+        while let Some(chunk) = stream.next().await {
+            let chunk =
+                chunk.map_err(|e| ApiError::bad_request(format!("upload interrupted: {e}")))?;
+            if written + chunk.len() as u64 > want {
+                return Err(ApiError::bad_request(format!(
+                    "the part is longer than its Content-Range says ({want} bytes)"
+                )));
+            }
+            file.write_all(&chunk).await.map_err(ApiError::internal)?;
+            written += chunk.len() as u64;
+        }
+        file.sync_all().await.map_err(ApiError::internal)?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        // What arrived within the range stays: the client resumes after it. (A write that
+        // failed half-way is cut back to the last whole chunk.)
+        let _ = file.set_len(have + written).await;
+        let _ = file.sync_all().await;
+        return Err(e);
+    }
+    if written != want {
+        return Err(ApiError::bad_request(format!(
+            "the part has {written} bytes, its Content-Range says {want}; {} bytes are kept",
+            have + written
+        )));
+    }
+    drop(file);
+    if end + 1 < total {
+        return Ok(
+            axum::Json(json!({"receivedBytes": end + 1, "totalBytes": total})).into_response(),
+        );
+    }
+    // The last part: the whole image is here.
+    let uid = uuid::Uuid::new_v4().to_string();
+    let tmp = st.images_dir().join(format!(".upload-{uid}"));
+    tokio::fs::rename(&path, &tmp)
+        .await
+        .map_err(ApiError::internal)?;
+    let sha256 = {
+        let tmp = tmp.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+            let mut f = std::fs::File::open(tmp)?;
+            let mut h = Sha256::new();
+            std::io::copy(&mut f, &mut h)?;
+            Ok(hex::encode(h.finalize()))
+        })
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(ApiError::internal)?
+    };
+    let o = finish_image(st, name, json!({}), tmp, uid, total, sha256).await?;
+    Ok((StatusCode::CREATED, axum::Json(o)).into_response())
 }
 
 pub async fn download(st: Arc<AppState>, name: &str) -> ApiResult<Response> {
@@ -262,4 +450,25 @@ pub async fn check_unused(st: &AppState, name: &str) -> ApiResult<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_content_range;
+
+    #[test]
+    fn content_ranges_are_start_end_total() {
+        assert_eq!(parse_content_range("bytes 0-9/10"), Some((0, 9, 10)));
+        assert_eq!(parse_content_range("bytes 5-5/6"), Some((5, 5, 6)));
+        for bad in [
+            "bytes 0-10/10",
+            "bytes 5-4/10",
+            "bytes */10",
+            "0-9/10",
+            "bytes 0-9/x",
+            "bytes -1-9/10",
+        ] {
+            assert_eq!(parse_content_range(bad), None, "{bad}");
+        }
+    }
 }

@@ -94,6 +94,15 @@ impl Target {
             && self.sub == "upload"
     }
 
+    /// `GET .../images/{name}/upload`: how much of a resumable upload the server has.
+    fn is_upload_offset(&self, method: &Method) -> bool {
+        method == Method::GET
+            && self.group == "edgevirt.io"
+            && self.plural == "images"
+            && self.ns.is_empty()
+            && self.sub == "upload"
+    }
+
     /// `PUT .../datavolumes/{name}/upload`: an upload DataVolume's data, streamed too.
     fn is_data_volume_upload(&self, method: &Method) -> bool {
         method == Method::PUT
@@ -290,7 +299,11 @@ async fn handle(
     // An upload streams its body; every other request's body is read within the limit.
     if at.is_upload(&method) {
         p.require(Request::ImageUpload.access())?;
-        return images::upload(st, p, &at.name, body).await;
+        return images::upload(st, p, &at.name, &headers, body).await;
+    }
+    if at.is_upload_offset(&method) {
+        p.require(Request::ImageUpload.access())?;
+        return images::upload_offset(st, &at.name).await;
     }
     if at.is_data_volume_upload(&method) {
         p.require(Request::ImageUpload.access())?;

@@ -1561,6 +1561,62 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
         .extra(),
     );
 
+    // ---- resumable image uploads: ranges are checked before a byte is written, the
+    // image name before any path is made of it.
+    let part = |name: &str, image: &str, range: &str| {
+        Case::new(
+            name,
+            Method::PUT,
+            format!("/apis/edgevirt.io/v1/images/{image}/upload"),
+        )
+        .raw(Some("application/octet-stream"), vec![0u8; 16])
+        .header("content-range", range)
+        .quick()
+    };
+    c.push(
+        part(
+            "upload-range-overflow",
+            "hostile-part",
+            "bytes 0-99999999999999999999/1",
+        )
+        .expect(&[400]),
+    );
+    c.push(part("upload-range-backwards", "hostile-part", "bytes 9-3/16").expect(&[400]));
+    c.push(
+        part(
+            "upload-range-4PiB",
+            "hostile-part",
+            "bytes 0-15/4503599627370496",
+        )
+        .expect(&[413]),
+    );
+    c.push(
+        part(
+            "upload-range-from-the-middle",
+            "hostile-part",
+            "bytes 1024-1039/4096",
+        )
+        .expect(&[409]),
+    );
+    c.push(
+        part(
+            "upload-part-traversal-name",
+            "..%2F..%2Fetc%2Fpasswd",
+            "bytes 0-15/32",
+        )
+        .expect(&[400, 404, 422]),
+    );
+    // Reading an upload's offset needs the rights to upload: a viewer gets 403.
+    let mut offset = Case::new(
+        "upload-offset-traversal-name",
+        Method::GET,
+        "/apis/edgevirt.io/v1/images/..%2F..%2Fetc%2Fpasswd/upload",
+    )
+    .expect(&[400, 404, 422])
+    .quick();
+    offset.write = true;
+    c.push(offset);
+
     // ---- /join (unauthenticated by design; each case from its own address, so the
     // per-address rate limit does not decide the answers)
     let join = |name: &str, ip: &str| Case::new(name, Method::POST, "/join").open().from(ip);

@@ -104,7 +104,9 @@ pub struct StorageFacts {
     /// `local` for the node's data folder (images, local volumes, VM state), or the shared
     /// pool's name.
     pub name: String,
+    /// Where the node has it (its data folder, or where it mounts the pool).
     pub path: String,
+    /// The filesystem's size.
     #[serde(default)]
     pub capacity_bytes: u64,
     /// Available to edgevirt (not counting blocks reserved for root).

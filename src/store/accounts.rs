@@ -227,20 +227,23 @@ impl Store {
 
     /// Note that the token with this hash was used (written at most once a minute).
     pub async fn touch_token(&self, hash: &str) -> Result<()> {
-        if self.touch_due(format!("t:{hash}")) {
-            sqlx::query("UPDATE tokens SET last_used = ? WHERE hash = ?")
-                .bind(now())
-                .bind(hash)
-                .execute(self.w())
-                .await?;
-        }
-        Ok(())
+        self.touch("t", "UPDATE tokens SET last_used = ? WHERE hash = ?", hash)
+            .await
     }
 
     /// Note that the session with this hash was used (written at most once a minute).
     pub async fn touch_session(&self, hash: &str) -> Result<()> {
-        if self.touch_due(format!("s:{hash}")) {
-            sqlx::query("UPDATE sessions SET last_used = ? WHERE hash = ?")
+        self.touch(
+            "s",
+            "UPDATE sessions SET last_used = ? WHERE hash = ?",
+            hash,
+        )
+        .await
+    }
+
+    async fn touch(&self, kind: &str, update: &'static str, hash: &str) -> Result<()> {
+        if self.touch_due(format!("{kind}:{hash}")) {
+            sqlx::query(update)
                 .bind(now())
                 .bind(hash)
                 .execute(self.w())

@@ -326,6 +326,30 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     // Log root in there: the VM page lists who is logged in (from the guest agent).
     input.send_keys("login -f root\n").await.unwrap();
     shot(c, "05-serial").await;
+    // The terminal fills its box and stays inside it, on a wide window and on a phone.
+    const TERMINAL_FIT: &str = r#"const box = document.getElementById('terminal').getBoundingClientRect();
+        const screen = document.querySelector('#terminal .xterm-screen').getBoundingClientRect();
+        return {box: box.width, screen: screen.width, vw: document.documentElement.clientWidth,
+                page: document.documentElement.scrollWidth};"#;
+    let wide = c.execute(TERMINAL_FIT, vec![]).await.unwrap();
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
+    assert!(
+        f(&wide, "screen") <= f(&wide, "box") && f(&wide, "screen") > f(&wide, "box") * 0.8,
+        "the terminal does not fill its box: {wide}"
+    );
+    c.set_window_size(390, 844).await.unwrap();
+    let narrow = wait_for(
+        "the terminal resized to a phone",
+        Duration::from_secs(10),
+        || async {
+            let v = c.execute(TERMINAL_FIT, vec![]).await.ok()?;
+            (f(&v, "screen") <= f(&v, "box") && f(&v, "page") <= f(&v, "vw")).then_some(v)
+        },
+    )
+    .await;
+    println!("serial console: {wide} wide, {narrow} on a phone");
+    shot(c, "05a-serial-phone").await;
+    c.set_window_size(1280, 960).await.unwrap();
 
     // --- The VM page names the user logged in on the serial console.
     c.goto(&format!("{}/ui/vms/default/browser", a.url))

@@ -662,6 +662,95 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     }
     c.set_window_size(1280, 960).await.unwrap();
 
+    // --- A VM made again under the deleted one's name: its page shows only its own
+    // history (when, who, what), none of the old VM's.
+    let (code, v) = a
+        .post_yaml(VMS, &Vm::guest("browser").run_strategy("Halted").yaml())
+        .await;
+    assert_eq!(code, 201, "{v}");
+    c.goto(&format!("{}/ui/vms/default/browser", a.url))
+        .await
+        .unwrap();
+    let history = wait_text(c, "#history tbody", "the new VM's history", BOOT, |t| {
+        t.contains("status Stopped")
+    })
+    .await;
+    println!("the new VM's history:\n{history}");
+    assert!(
+        !history.contains("deleted") && !history.contains("Running") && history.contains("created"),
+        "the old VM's history shows: {history}"
+    );
+    assert!(history.contains("admin"), "who created it: {history}");
+
+    // --- A viewer (added on the admin page) is offered no form it could not submit: no
+    // New VM link, no actions or Edit on the VM page, and the create form itself refused.
+    c.goto(&format!("{}/ui/admin", a.url)).await.unwrap();
+    for (id, text) in [
+        ("new-user-name", "vic"),
+        ("new-user-password", "viewer-pass"),
+    ] {
+        c.find(Locator::Id(id))
+            .await
+            .unwrap()
+            .send_keys(text)
+            .await
+            .unwrap();
+    }
+    click(c, "add-user").await;
+    wait_text(
+        c,
+        ".notice",
+        "the user added",
+        Duration::from_secs(10),
+        |t| t == "User vic created.",
+    )
+    .await;
+    c.find(Locator::Css("header form button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(c, "h1", "the login page", Duration::from_secs(10), |t| {
+        t == "edgevirt"
+    })
+    .await;
+    for (id, text) in [("username", "vic"), ("password", "viewer-pass")] {
+        c.find(Locator::Id(id))
+            .await
+            .unwrap()
+            .send_keys(text)
+            .await
+            .unwrap();
+    }
+    click(c, "login").await;
+    wait_text(
+        c,
+        "h1",
+        "the viewer's overview",
+        Duration::from_secs(10),
+        |t| t == "Overview",
+    )
+    .await;
+    let viewer_sees = r#"return {newVm: !!document.querySelector('a[href="/ui/vms/new"]'),
+        actions: !!document.getElementById('actions'), migrate: !!document.getElementById('migrate'),
+        edit: !!document.querySelector('a[href$="/edit"]'), forms: document.querySelectorAll('main form').length};"#;
+    c.goto(&format!("{}/ui/vms/default/browser", a.url))
+        .await
+        .unwrap();
+    let seen = c.execute(viewer_sees, vec![]).await.unwrap();
+    assert_eq!(
+        seen,
+        json!({"newVm": false, "actions": false, "migrate": false, "edit": false, "forms": 0}),
+        "the viewer's VM page"
+    );
+    c.goto(&format!("{}/ui/vms/new", a.url)).await.unwrap();
+    let h1 = text_of(c, "h1").await.unwrap();
+    let seen = c.execute(viewer_sees, vec![]).await.unwrap();
+    assert_eq!((h1.as_str(), &seen["forms"]), ("403", &json!(0)), "{seen}");
+    shot(c, "11a-viewer-refused").await;
+    a.delete(&format!("{VMS}/browser")).await;
+
     // --- A list page open while the server stops: the stale banner shows within two polling
     // intervals (2 s each) and clears once the server answers again; the time of the last
     // refresh is on the page.

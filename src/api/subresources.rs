@@ -82,6 +82,8 @@ struct Target {
     plural: String,
     name: String,
     sub: String,
+    /// The query string, which only uploads read (`?type=iso`).
+    query: Option<String>,
 }
 
 impl Target {
@@ -253,6 +255,7 @@ pub async fn namespaced(
     Extension(p): Extension<Principal>,
     method: Method,
     Path((group, version, ns, plural, name, sub)): NsPath,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -263,6 +266,7 @@ pub async fn namespaced(
         plural,
         name,
         sub,
+        query,
     };
     handle(st, p, method, at, headers, body).await
 }
@@ -273,6 +277,7 @@ pub async fn cluster(
     Extension(p): Extension<Principal>,
     method: Method,
     Path((group, version, plural, name, sub)): ClusterPath,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -283,6 +288,7 @@ pub async fn cluster(
         plural,
         name,
         sub,
+        query,
     };
     handle(st, p, method, at, headers, body).await
 }
@@ -299,7 +305,8 @@ async fn handle(
     // An upload streams its body; every other request's body is read within the limit.
     if at.is_upload(&method) {
         p.require(Request::ImageUpload.access())?;
-        return images::upload(st, p, &at.name, &headers, body).await;
+        let declared = images::Declared::from_query(at.query.as_deref())?;
+        return images::upload(st, p, &at.name, declared, &headers, body).await;
     }
     if at.is_upload_offset(&method) {
         p.require(Request::ImageUpload.access())?;
@@ -697,6 +704,7 @@ mod tests {
             plural: plural.into(),
             name: "a".into(),
             sub: sub.into(),
+            query: None,
         }
     }
 

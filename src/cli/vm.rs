@@ -138,10 +138,15 @@ pub struct ImageArgs {
 
 #[derive(Subcommand, Debug)]
 enum ImageCmd {
-    /// Upload an image file (qcow2 or raw: a disk, a kernel or an initrd) under NAME.
+    /// Upload an image file under NAME: a disk (qcow2 or raw), a kernel, an initrd, or a CD
+    /// or DVD image (an OS installer or a driver ISO) for a VM's `cdrom` disks.
     Import {
         name: String,
         file: PathBuf,
+        /// The file is an ISO image: the server refuses it if it is not one (ISO 9660 or
+        /// UDF), instead of taking it as a raw disk.
+        #[arg(long)]
+        iso: bool,
     },
     /// Send a disk image (qcow2 or raw) to the DataVolume NAME, whose source is `upload: {}`
     /// (as `virtctl image-upload dv NAME`). The node that first runs a VM using the
@@ -498,12 +503,14 @@ async fn put_file(
 pub async fn run_image(a: ImageArgs) -> anyhow::Result<()> {
     let c = a.client.client()?;
     match a.cmd {
-        ImageCmd::Import { name, file } => {
-            let path = format!("/apis/edgevirt.io/v1/images/{name}/upload");
+        ImageCmd::Import { name, file, iso } => {
+            let query = if iso { "?type=iso" } else { "" };
+            let path = format!("/apis/edgevirt.io/v1/images/{name}/upload{query}");
             let img: Image = decode(put_file(&c, &path, &file, &name).await?)?;
             let status = img.status.unwrap_or_default();
             println!(
-                "image/{name} imported: {} format, {} bytes, sha256 {}",
+                "image/{name} imported: {}{} format, {} bytes, sha256 {}",
+                if status.iso { "ISO, " } else { "" },
                 status.format,
                 status.size_bytes,
                 status.sha256.unwrap_or_default()
@@ -559,13 +566,17 @@ pub async fn run_image(a: ImageArgs) -> anyhow::Result<()> {
                             let status = i.status.clone().unwrap_or_default();
                             vec![
                                 i.name().to_string(),
+                                if status.iso { "iso" } else { "disk" }.to_string(),
                                 status.format,
                                 status.size_bytes.to_string(),
                                 created_age(i),
                             ]
                         })
                         .collect();
-                    print!("{}", table(&["NAME", "FORMAT", "SIZE", "AGE"], &rows));
+                    print!(
+                        "{}",
+                        table(&["NAME", "TYPE", "FORMAT", "SIZE", "AGE"], &rows)
+                    );
                 }
             }
         }

@@ -239,4 +239,8 @@ pub struct ImageStatus {
     /// The SHA-256 digest of the file as uploaded, in hex.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// The file is a CD or DVD image (ISO 9660 or UDF), such as an OS installer or a driver
+    /// disc, for a VM's `cdrom` disks.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub iso: bool,
 }

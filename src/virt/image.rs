@@ -45,3 +45,56 @@ pub async fn inspect(path: &Path, format: Option<&str>) -> Result<(String, u64),
     }
     Ok((format, info["virtual-size"].as_u64().unwrap_or(0)))
 }
+
+/// Where a CD or DVD image's volume descriptors start: sector 16 of 2048 bytes. Its first
+/// byte is the descriptor's type; the five after it name the standard.
+const VOLUME_DESCRIPTORS: u64 = 16 * 2048;
+
+/// Whether the file at `path` is a CD/DVD image: ISO 9660 (`CD001`, what Linux installers
+/// and hybrid images are) or UDF (`BEA01`, the start of UDF's volume recognition sequence,
+/// as some DVD images have without an ISO 9660 bridge). Reads 6 bytes; a file too short or
+/// unreadable is not one.
+pub fn is_iso(path: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut id = [0u8; 6];
+    let read = std::fs::File::open(path).and_then(|mut f| {
+        f.seek(SeekFrom::Start(VOLUME_DESCRIPTORS))?;
+        f.read_exact(&mut id)
+    });
+    read.is_ok() && (&id[1..] == b"CD001" || &id[1..] == b"BEA01")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iso_images_are_told_by_their_volume_descriptors() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, at: u64, id: &[u8]| {
+            let p = dir.path().join(name);
+            let mut data = vec![0u8; at as usize];
+            data.extend_from_slice(id);
+            data.resize(data.len().max(40_000), 0);
+            std::fs::write(&p, data).unwrap();
+            p
+        };
+        assert!(is_iso(&write(
+            "iso9660",
+            VOLUME_DESCRIPTORS,
+            b"\x01CD001\x01"
+        )));
+        assert!(is_iso(&write("udf", VOLUME_DESCRIPTORS, b"\x00BEA01\x01")));
+        // The marker one sector off, a disk image, a short file, no file: not ISOs.
+        assert!(!is_iso(&write(
+            "off",
+            VOLUME_DESCRIPTORS + 2048,
+            b"\x01CD001"
+        )));
+        assert!(!is_iso(&write("disk", 0, b"QFI\xfb")));
+        let short = dir.path().join("short");
+        std::fs::write(&short, b"\x01CD001").unwrap();
+        assert!(!is_iso(&short));
+        assert!(!is_iso(&dir.path().join("missing")));
+    }
+}

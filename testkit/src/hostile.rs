@@ -1606,6 +1606,28 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
         )
         .expect(&[400, 404, 422]),
     );
+    // What an upload says it is: only `type=iso` or `type=disk`, and an ISO must be one
+    // (40 KiB of zeros has no volume descriptor).
+    c.push(
+        Case::new(
+            "upload-type-unknown",
+            Method::PUT,
+            "/apis/edgevirt.io/v1/images/hostile-iso/upload?type=..%2F..%2Fetc",
+        )
+        .raw(Some("application/octet-stream"), vec![0u8; 16])
+        .expect(&[400])
+        .quick(),
+    );
+    c.push(
+        Case::new(
+            "upload-iso-that-is-not-one",
+            Method::PUT,
+            "/apis/edgevirt.io/v1/images/hostile-iso/upload?type=iso",
+        )
+        .raw(Some("application/octet-stream"), vec![0u8; 40 << 10])
+        .expect(&[422])
+        .quick(),
+    );
     // Reading an upload's offset needs the rights to upload: a viewer gets 403.
     let mut offset = Case::new(
         "upload-offset-traversal-name",

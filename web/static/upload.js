@@ -31,7 +31,10 @@ document.addEventListener("DOMContentLoaded", () => {
   });
 
   const say = (text, bad) => { status.textContent = text; status.className = bad ? "error" : ""; };
-  const url = () => "/apis/edgevirt.io/v1/images/" + encodeURIComponent(name.value) + "/upload";
+  const iso = document.getElementById("upload-iso");
+  const url = () =>
+    "/apis/edgevirt.io/v1/images/" + encodeURIComponent(name.value) + "/upload" +
+    (iso && iso.checked ? "?type=iso" : "");
 
   // How much of this upload the server already has.
   async function received() {

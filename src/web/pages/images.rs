@@ -54,7 +54,11 @@ pub async fn images(
         .iter()
         .map(|i| ImageRow {
             name: i["metadata"]["name"].as_str().unwrap_or_default().into(),
-            format: i["status"]["format"].as_str().unwrap_or("-").into(),
+            format: match (i["status"]["format"].as_str(), i["status"]["iso"].as_bool()) {
+                (_, Some(true)) => "ISO".into(),
+                (Some(f), _) => f.into(),
+                (None, _) => "-".into(),
+            },
             size: bytes(&i["status"]["sizeBytes"]),
             virtual_size: bytes(&i["status"]["virtualSizeBytes"]),
             age: i["metadata"]["creationTimestamp"]

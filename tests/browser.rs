@@ -814,3 +814,176 @@ const CHART_PIXELS: &str = r#"
     }
     return [Number(fig.dataset.samples || 0), n];
 "#;
+
+/// An OS install from the dashboard, as a Proxmox user does it: the installer ISO uploaded
+/// on the images page (marked as an ISO, with the progress bar), the New VM wizard's
+/// "install from an ISO" onto a 2 GiB disk, the serial console showing the guest the ISO
+/// booted (its hostname, `isoboot`), the hardware list with the CD drive, and "Remove ISO",
+/// after which a restart boots without it.
+#[tokio::test]
+#[ignore = "needs root, libvirtd, the test guest and chromium: run scripts/test.sh"]
+async fn iso_install_from_the_wizard() {
+    let iso = guest_dir().join("installer.iso");
+    assert!(
+        iso.exists(),
+        "tests/guest/build-iso.sh builds {}",
+        iso.display()
+    );
+    let a = Appliance::start(&[]).await;
+    let password = serve::initial_admin(&a.dir, "password");
+    let d = start_browser(&[]).await;
+    let c = &d.client;
+    c.goto(&format!("{}/ui/login", a.url)).await.unwrap();
+    for (id, text) in [("username", "admin"), ("password", password.as_str())] {
+        c.find(Locator::Id(id))
+            .await
+            .unwrap()
+            .send_keys(text)
+            .await
+            .unwrap();
+    }
+    click(c, "login").await;
+    wait_text(c, "h1", "the overview", Duration::from_secs(10), |t| {
+        t == "Overview"
+    })
+    .await;
+
+    // --- The ISO, uploaded from the images page and marked as one.
+    c.goto(&format!("{}/ui/images", a.url)).await.unwrap();
+    c.find(Locator::Id("upload-file"))
+        .await
+        .unwrap()
+        .send_keys(iso.to_str().unwrap())
+        .await
+        .unwrap();
+    let name = c.find(Locator::Id("upload-name")).await.unwrap();
+    name.clear().await.unwrap();
+    name.send_keys("installer").await.unwrap();
+    c.find(Locator::Id("upload-iso"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    click(c, "upload-start").await;
+    wait_text(
+        c,
+        ".notice",
+        "the ISO upload confirmed",
+        Duration::from_secs(120),
+        |t| t == "Image installer uploaded and checked.",
+    )
+    .await;
+    let row = wait_text(
+        c,
+        "#images tbody tr",
+        "the ISO listed",
+        Duration::from_secs(5),
+        |t| t.contains("installer"),
+    )
+    .await;
+    assert!(row.contains("ISO"), "listed as an ISO: {row}");
+    let (_, img) = a.get("/apis/edgevirt.io/v1/images/installer").await;
+    assert_eq!(img["status"]["iso"], true, "{img}");
+
+    // --- The wizard: install from the ISO onto a blank 2 GiB disk.
+    c.goto(&format!("{}/ui/vms/new", a.url)).await.unwrap();
+    c.find(Locator::Id("name"))
+        .await
+        .unwrap()
+        .send_keys("isovm")
+        .await
+        .unwrap();
+    c.find(Locator::Id("iso"))
+        .await
+        .unwrap()
+        .select_by_value("installer")
+        .await
+        .unwrap();
+    let size = c.find(Locator::Id("disk_gib")).await.unwrap();
+    size.clear().await.unwrap();
+    size.send_keys("2").await.unwrap();
+    shot(c, "20-wizard-iso").await;
+    click(c, "create").await;
+    wait_text(c, "h1", "the VM's page", Duration::from_secs(10), |t| {
+        t == "default/isovm"
+    })
+    .await;
+    let disks = text_of(c, "#disks").await.unwrap();
+    assert!(
+        disks.contains("CD drive")
+            && disks.contains("image installer")
+            && disks.contains("DataVolume isovm-rootdisk"),
+        "{disks}"
+    );
+    let vmi = a.wait_running("isovm", None, BOOT).await;
+
+    // --- The serial console shows the guest the ISO booted.
+    c.goto(&format!("{}/ui/vms/default/isovm/serial", a.url))
+        .await
+        .unwrap();
+    wait_text(
+        c,
+        "#state",
+        "the serial console to connect",
+        Duration::from_secs(30),
+        |t| t.starts_with("Connected"),
+    )
+    .await;
+    let input = c
+        .find(Locator::Css(".xterm-helper-textarea"))
+        .await
+        .unwrap();
+    wait_for("the ISO's guest in the terminal", BOOT, || async {
+        input.send_keys("uname -n\n").await.ok()?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let t = c
+            .execute(
+                "return document.querySelector('.xterm-rows').textContent;",
+                vec![],
+            )
+            .await
+            .ok()?;
+        t.as_str()
+            .filter(|t| t.contains("isoboot:"))
+            .map(str::to_string)
+    })
+    .await;
+    shot(c, "21-iso-serial").await;
+
+    // --- The install is done: take the ISO out, restart, and the CD drive is gone.
+    c.goto(&format!("{}/ui/vms/default/isovm", a.url))
+        .await
+        .unwrap();
+    c.find(Locator::Css("#disks button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(
+        c,
+        ".notice",
+        "the ISO removal confirmed",
+        Duration::from_secs(10),
+        |t| t.starts_with("The CD drive was taken out of isovm"),
+    )
+    .await;
+    let disks = text_of(c, "#disks").await.unwrap();
+    assert!(
+        !disks.contains("CD drive") && disks.contains("DataVolume isovm-rootdisk"),
+        "{disks}"
+    );
+    shot(c, "22-iso-removed").await;
+    let vm = a.vm("isovm").await.unwrap();
+    assert_eq!(
+        vm["spec"]["template"]["spec"]["volumes"],
+        json!([{"name": "rootdisk", "dataVolume": {"name": "isovm-rootdisk"}}])
+    );
+    assert_eq!(a.action("isovm", "restart").await, 202);
+    let old = vmi["metadata"]["uid"].as_str().unwrap();
+    let vmi = a.wait_running("isovm", Some(old), BOOT).await;
+    let (_, xml) = virsh(&["dumpxml", vmi["status"]["domainName"].as_str().unwrap()]);
+    assert!(!xml.contains("device='cdrom'"), "{xml}");
+    a.delete(&format!("{VMS}/isovm")).await;
+}

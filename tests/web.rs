@@ -1513,4 +1513,175 @@ async fn image_uploads_resume_where_they_stopped() {
         "the image is the file, whole"
     );
     assert_eq!(have().await, 0, "nothing partial left");
+    assert_eq!(img["status"]["iso"], false, "a disk, not an ISO: {img}");
+
+    // An ISO sent in parts with ?type=iso (as the page does when "An ISO" is ticked): its
+    // volume descriptor is checked once all of it is here.
+    let iso_url = format!("{}/apis/edgevirt.io/v1/images/cd/upload?type=iso", s.url);
+    let put_iso = |range: String, body: Vec<u8>| {
+        s.http
+            .put(&iso_url)
+            .bearer_auth(&token)
+            .header("content-type", "application/octet-stream")
+            .header("content-range", range)
+            .body(body)
+            .send()
+    };
+    let mut cd = vec![0u8; 40 << 10];
+    let r = put_iso("bytes 0-40959/40960".into(), cd.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(r.text().await.unwrap().contains("not an ISO"));
+    cd[32769..32774].copy_from_slice(b"CD001");
+    let r = put_iso("bytes 0-20479/40960".into(), cd[..20480].to_vec())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = put_iso("bytes 20480-40959/40960".into(), cd[20480..].to_vec())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let img: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        (&img["status"]["iso"], &img["status"]["format"]),
+        (&serde_json::json!(true), &serde_json::json!("raw")),
+        "{img}"
+    );
+}
+
+/// The New VM wizard's install from ISOs, through the real server: the ISO selects list
+/// only ISOs, the form makes the VM with its CD drives and blank DataVolume, the VM page's
+/// hardware list shows them, and "Remove ISO" takes a CD drive out through the API: only
+/// CD drives, only with the form's CSRF token, never for a viewer.
+#[tokio::test]
+async fn the_wizard_installs_from_isos_and_the_iso_comes_out() {
+    let s = start();
+    let token = s.initial("token");
+    let password = s.initial("password");
+    let mut cd = vec![0u8; 40 << 10];
+    cd[32769..32774].copy_from_slice(b"CD001");
+    for (name, body, query) in [
+        ("win11", cd.clone(), "?type=iso"),
+        ("virtio-win", cd.clone(), "?type=iso"),
+        ("plain-disk", vec![1u8; 4096], ""),
+    ] {
+        let r = s
+            .http
+            .put(format!(
+                "{}/apis/edgevirt.io/v1/images/{name}/upload{query}",
+                s.url
+            ))
+            .bearer_auth(&token)
+            .header("content-type", "application/octet-stream")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::CREATED, "{name}");
+    }
+    let b = login(&s, "admin", &password).await.unwrap();
+    let html = b.html(&s, "/ui/vms/new").await;
+    let iso_select = &html[html.find("id=\"iso\"").unwrap()..];
+    let iso_select = &iso_select[..iso_select.find("</select>").unwrap()];
+    assert!(
+        iso_select.contains("win11") && !iso_select.contains("plain-disk"),
+        "{iso_select}"
+    );
+    let image_select = &html[html.find("id=\"image\"").unwrap()..];
+    let image_select = &image_select[..image_select.find("</select>").unwrap()];
+    assert!(
+        image_select.contains("plain-disk") && !image_select.contains("win11"),
+        "{image_select}"
+    );
+    // A size that is no size is marked on its field, and nothing is created.
+    let mut fields = vec![
+        ("csrf", b.csrf.as_str()),
+        ("name", "win"),
+        ("namespace", "default"),
+        ("cpus", "2"),
+        ("memory", "4Gi"),
+        ("os", "windows"),
+        ("iso", "win11"),
+        ("drivers_iso", "virtio-win"),
+        ("disk_gib", "0"),
+        ("network", "nat"),
+    ];
+    let r = b.post(&s, "/ui/vms/new", &fields).await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(r.text().await.unwrap().contains("id=\"disk_gib-error\""));
+    fields.retain(|(k, _)| *k != "disk_gib");
+    fields.push(("disk_gib", "40"));
+    let r = b.post(&s, "/ui/vms/new", &fields).await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let vm: serde_json::Value = s
+        .http
+        .get(format!(
+            "{}/apis/kubevirt.io/v1/namespaces/default/virtualmachines/win",
+            s.url
+        ))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let t = &vm["spec"]["template"]["spec"];
+    assert_eq!(
+        vm["spec"]["dataVolumeTemplates"][0]["spec"]["storage"]["resources"]["requests"]["storage"],
+        "40Gi"
+    );
+    assert_eq!(t["domain"]["devices"]["disks"][0]["cdrom"]["bus"], "sata");
+    assert_eq!(t["domain"]["devices"]["tpm"], serde_json::json!({}));
+    let page = b.html(&s, "/ui/vms/default/win").await;
+    for want in [
+        "UEFI, Secure Boot",
+        "TPM 2.0",
+        "CD drive",
+        "image virtio-win",
+    ] {
+        assert!(page.contains(want), "{want} not on the VM page");
+    }
+    assert_eq!(page.matches("Remove ISO").count(), 2, "one per CD drive");
+
+    // Remove ISO: not without the form's token, not the VM's own disk, not for a viewer.
+    let eject = "/ui/vms/default/win/eject";
+    let r = b.post(&s, eject, &[("disk", "drivers")]).await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = b
+        .post(&s, eject, &[("csrf", &b.csrf), ("disk", "rootdisk")])
+        .await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    let r = b
+        .post(
+            &s,
+            "/ui/admin/users",
+            &[
+                ("csrf", &b.csrf),
+                ("name", "vic"),
+                ("role", "viewer"),
+                ("password", "viewer-pass"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let v = login(&s, "vic", "viewer-pass").await.unwrap();
+    assert!(
+        !v.html(&s, "/ui/vms/default/win")
+            .await
+            .contains("Remove ISO")
+    );
+    let r = v
+        .post(&s, eject, &[("csrf", &v.csrf), ("disk", "drivers")])
+        .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = b
+        .post(&s, eject, &[("csrf", &b.csrf), ("disk", "drivers")])
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let page = b.html(&s, "/ui/vms/default/win?done=eject").await;
+    assert!(page.contains("The CD drive was taken out of win"));
+    assert_eq!(page.matches("Remove ISO").count(), 1, "the installer stays");
+    assert!(!page.contains("image virtio-win"));
 }

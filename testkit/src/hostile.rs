@@ -1810,6 +1810,18 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                 &[404, 422],
             ),
             (
+                "dashboard-eject-missing-vm",
+                "/ui/vms/default/nosuch/eject",
+                form(&[("disk", "../../etc/passwd")]),
+                &[404],
+            ),
+            (
+                "dashboard-eject-without-disk",
+                "/ui/vms/default/nosuch/eject",
+                form(&[]),
+                &[400, 422],
+            ),
+            (
                 "dashboard-image-delete-traversal",
                 "/ui/images/..%2F..%2Fetc%2Fpasswd/delete",
                 form(&[]),

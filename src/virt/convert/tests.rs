@@ -46,6 +46,17 @@ fn ctx(accel: &str) -> Context {
             readonly: false,
         },
     );
+    for cd in ["installer", "drivers"] {
+        disks.insert(
+            cd.to_string(),
+            ResolvedDisk {
+                path: format!("/var/lib/edgevirt/run/vmi-uid/disk-{cd}.qcow2"),
+                format: "qcow2".into(),
+                shared: false,
+                readonly: false,
+            },
+        );
+    }
     Context {
         shares: BTreeMap::new(),
         domain_name: "ev-default-demo-0123abcd".into(),
@@ -215,6 +226,49 @@ fn windows_on_hygon_xml() {
             && tcg.contains("<spinlocks")
             && !tcg.contains("<vpindex")
     );
+}
+
+/// The dashboard wizard's Windows 11 install (`web::pages::create` writes its template to
+/// `tests/golden/wizard-windows11.yaml`) on the Hygon fixture with KVM: Secure Boot with SMM,
+/// a TPM 2.0, Hyper-V, the Hygon preset, the ISOs on SATA cdroms, the installer first.
+#[test]
+fn wizard_windows11_on_hygon() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let yaml = std::fs::read_to_string(dir.join("wizard-windows11.yaml")).unwrap();
+    let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(&yaml).unwrap();
+    let mut c = ctx("kvm");
+    c.kernel = None;
+    c.initrd = None;
+    let hygon = fixture_facts("hygon-c86-7285", "kvm");
+    c.cpu = resolve(
+        spec.domain.cpu.as_ref(),
+        GuestOs::Windows,
+        "host-model",
+        &hygon,
+        "kvm",
+    )
+    .unwrap();
+    let xml = domain_xml(&spec, &c).unwrap();
+    check_golden(&dir.join("wizard-windows11-hygon.xml"), &xml);
+    for want in [
+        "<feature enabled='yes' name='secure-boot'/>",
+        "<feature enabled='yes' name='enrolled-keys'/>",
+        "<smm state='on'/>",
+        "<tpm model='tpm-tis'>",
+        "<model fallback='forbid' vendor_id='AuthenticAMD'>Dhyana</model>",
+        "<relaxed state='on'/>",
+        "<timer name='hypervclock' present='yes'/>",
+        "disk-installer.qcow2",
+        "disk-drivers.qcow2",
+    ] {
+        assert!(xml.contains(want), "{want} not in {xml}");
+    }
+    assert_eq!(xml.matches("device='cdrom'").count(), 2, "{xml}");
+    assert_eq!(xml.matches("bus='sata'").count(), 2, "{xml}");
+    let installer = xml.find("disk-installer.qcow2").unwrap();
+    let rootdisk = xml.find("rootdisk.qcow2").unwrap();
+    assert!(installer < rootdisk);
+    assert!(xml.contains("<boot order='1'/>") && xml.contains("<boot order='2'/>"));
 }
 
 #[test]

@@ -35,8 +35,20 @@ pub struct VmForm {
     cpus: String,
     #[serde(default)]
     memory: String,
+    /// `linux` (or empty) or `windows`: the settings that OS wants.
+    #[serde(default)]
+    os: String,
     #[serde(default)]
     image: String,
+    /// An installer ISO to boot first (a SATA cdrom), with a blank disk to install onto.
+    #[serde(default)]
+    iso: String,
+    /// A second ISO, such as the virtio drivers for a Windows install.
+    #[serde(default)]
+    drivers_iso: String,
+    /// The blank install disk's size in GiB.
+    #[serde(default)]
+    disk_gib: String,
     #[serde(default)]
     kernel: String,
     #[serde(default)]
@@ -65,7 +77,11 @@ pub struct FormValues {
     namespace: String,
     cpus: String,
     memory: String,
+    os: String,
     image: String,
+    iso: String,
+    drivers_iso: String,
+    disk_gib: String,
     kernel: String,
     initrd: String,
     kernel_args: String,
@@ -96,7 +112,19 @@ impl From<VmForm> for FormValues {
             } else {
                 f.memory
             },
+            os: if f.os.is_empty() {
+                "linux".into()
+            } else {
+                f.os
+            },
             image: f.image,
+            iso: f.iso,
+            drivers_iso: f.drivers_iso,
+            disk_gib: if f.disk_gib.is_empty() {
+                "20".into()
+            } else {
+                f.disk_gib
+            },
             kernel: f.kernel,
             initrd: f.initrd,
             kernel_args: f.kernel_args,
@@ -121,7 +149,10 @@ struct NewVmTpl {
     f: FormValues,
     /// Problems by form field, shown next to each.
     errors: FieldErrors,
+    /// Disk images, kernels and initrds.
     images: Vec<String>,
+    /// ISO images.
+    isos: Vec<String>,
     /// The site networks (`namespace/name`) a NIC may join.
     networks: Vec<String>,
     yaml: String,
@@ -146,13 +177,15 @@ async fn network_names(st: &AppState) -> Vec<String> {
         .collect()
 }
 
-async fn image_names(st: &AppState) -> Vec<String> {
-    all::<Image>(st)
+/// The names of the site's images: disks (with kernels and initrds), then ISOs.
+async fn image_names(st: &AppState) -> (Vec<String>, Vec<String>) {
+    let (isos, disks): (Vec<Image>, Vec<Image>) = all::<Image>(st)
         .await
         .unwrap_or_default()
-        .iter()
-        .map(|i| i.name().to_string())
-        .collect()
+        .into_iter()
+        .partition(|i| i.status.as_ref().is_some_and(|s| s.iso));
+    let names = |l: Vec<Image>| l.iter().map(|i| i.name().to_string()).collect();
+    (names(disks), names(isos))
 }
 
 pub async fn new_vm(State(st): S, Extension(u): Extension<WebUser>) -> Response {
@@ -163,11 +196,13 @@ pub async fn new_vm(State(st): S, Extension(u): Extension<WebUser>) -> Response 
         start: Some("yes".into()),
         ..Default::default()
     };
+    let (images, isos) = image_names(&st).await;
     render(&NewVmTpl {
         c: Chrome::new(&u, "New VM"),
         f: blank.into(),
         errors: FieldErrors::new(),
-        images: image_names(&st).await,
+        images,
+        isos,
         networks: network_names(&st).await,
         yaml: example_yaml(&st).await,
     })
@@ -247,11 +282,118 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, FieldErrors> {
         },
         ..Default::default()
     };
+    let windows = match f.os.as_str() {
+        "linux" => false,
+        "windows" => true,
+        other => {
+            errors.push(("os", format!("OS type {other:?} is not linux or windows")));
+            false
+        }
+    };
+    // Windows has no virtio drivers of its own: without the drivers ISO its disk is SATA
+    // and its NIC an e1000e, as Proxmox's Windows defaults.
+    let plain_devices = windows && f.drivers_iso.is_empty();
+    let root_target = || {
+        if plain_devices {
+            Some(DiskTarget {
+                bus: Some("sata".into()),
+                ..Default::default()
+            })
+        } else {
+            virtio()
+        }
+    };
+    let mut templates = Vec::new();
+    let install = !f.iso.is_empty();
+    if install && !f.image.is_empty() {
+        errors.push((
+            "iso",
+            "boot from a disk image or install from an ISO, not both".into(),
+        ));
+    }
     let (disks, volumes) = (&mut spec.domain.devices.disks, &mut spec.volumes);
+    if install {
+        let gib: u32 = match f.disk_gib.trim().parse() {
+            Ok(n) if (1..=65536).contains(&n) => n,
+            _ => {
+                errors.push((
+                    "disk_gib",
+                    format!(
+                        "the disk size is a whole number of GiB from 1 to 65536, not {:?}",
+                        f.disk_gib
+                    ),
+                ));
+                1
+            }
+        };
+        let cdrom = || {
+            Some(DiskTarget {
+                bus: Some("sata".into()),
+                ..Default::default()
+            })
+        };
+        // The installer boots first; once the install is done the disk boots (the ISO can
+        // then be removed on the VM page).
+        disks.push(Disk {
+            name: "installer".into(),
+            cdrom: cdrom(),
+            boot_order: Some(1),
+            ..Default::default()
+        });
+        volumes.push(Volume {
+            name: "installer".into(),
+            container_disk: Some(crate::types::kubevirt::ContainerDisk {
+                image: f.iso.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        if !f.drivers_iso.is_empty() {
+            disks.push(Disk {
+                name: "drivers".into(),
+                cdrom: cdrom(),
+                ..Default::default()
+            });
+            volumes.push(Volume {
+                name: "drivers".into(),
+                container_disk: Some(crate::types::kubevirt::ContainerDisk {
+                    image: f.drivers_iso.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+        // A blank DataVolume the VM owns, as KubeVirt's `blank` source makes it.
+        let dv_name = format!("{}-rootdisk", f.name.trim());
+        match serde_json::from_value(serde_json::json!({
+            "metadata": {"name": dv_name},
+            "spec": {"source": {"blank": {}},
+                     "storage": {"resources": {"requests": {"storage": format!("{gib}Gi")}}}},
+        })) {
+            Ok(t) => templates.push(t),
+            Err(e) => errors.push(("disk_gib", e.to_string())),
+        }
+        disks.push(Disk {
+            name: "rootdisk".into(),
+            disk: root_target(),
+            boot_order: Some(2),
+            ..Default::default()
+        });
+        volumes.push(Volume {
+            name: "rootdisk".into(),
+            data_volume: Some(DataVolumeSource { name: dv_name }),
+            ..Default::default()
+        });
+    } else if !f.drivers_iso.is_empty() {
+        errors.push((
+            "drivers_iso",
+            "a drivers ISO goes with an installer ISO".into(),
+        ));
+    }
     if !f.image.is_empty() {
         disks.push(Disk {
             name: "rootdisk".into(),
-            disk: virtio(),
+            disk: root_target(),
             ..Default::default()
         });
         volumes.push(Volume {
@@ -283,6 +425,7 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, FieldErrors> {
         spec.domain.devices.interfaces = vec![Interface {
             name: "default".into(),
             masquerade: Some(Empty {}),
+            model: plain_devices.then(|| "e1000e".to_string()),
             ..Default::default()
         }];
         spec.networks = vec![Network {
@@ -304,6 +447,7 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, FieldErrors> {
         spec.domain.devices.interfaces.push(Interface {
             name: nic.into(),
             bridge: Some(Empty {}),
+            model: plain_devices.then(|| "e1000e".to_string()),
             ..Default::default()
         });
         spec.networks.push(Network {
@@ -330,11 +474,49 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, FieldErrors> {
             }),
             ..Default::default()
         });
-    } else if f.image.is_empty() {
+    } else if f.image.is_empty() && !install {
         errors.push((
             "image",
-            "choose a boot disk image or a kernel to boot".into(),
+            "choose a boot disk image, an installer ISO or a kernel to boot".into(),
         ));
+    }
+    let mut annotations = BTreeMap::new();
+    if windows {
+        // What Windows 11 and Server 2022 want: UEFI with Secure Boot (and SMM), a TPM
+        // 2.0, Hyper-V enlightenments and its clock; the annotation KubeVirt's Windows
+        // templates set, which also picks the CPU policy's Windows preset (Hygon's too).
+        if f.kernel.is_empty() {
+            spec.domain.firmware = Some(Firmware {
+                bootloader: Some(crate::types::kubevirt::Bootloader {
+                    efi: Some(crate::types::kubevirt::Efi { secure_boot: None }),
+                    bios: None,
+                }),
+                ..Default::default()
+            });
+        }
+        let windows_domain = serde_json::json!({
+            "features": {"acpi": {}, "apic": {}, "smm": {}, "hyperv": {
+                "relaxed": {}, "vapic": {}, "spinlocks": {"spinlocks": 8191},
+                "vpindex": {}, "synic": {}, "synictimer": {"direct": {}}, "frequencies": {},
+                "reset": {}, "runtime": {}, "tlbflush": {}, "ipi": {},
+            }},
+            "clock": {"utc": {}, "timer": {"hpet": {"present": false}, "pit": {"tickPolicy": "delay"},
+                      "rtc": {"tickPolicy": "catchup"}, "hyperv": {}}},
+            "devices": {"tpm": {}},
+        });
+        match (
+            serde_json::from_value(windows_domain["features"].clone()),
+            serde_json::from_value(windows_domain["clock"].clone()),
+            serde_json::from_value(windows_domain["devices"]["tpm"].clone()),
+        ) {
+            (Ok(features), Ok(clock), Ok(tpm)) => {
+                spec.domain.features = Some(features);
+                spec.domain.clock = Some(clock);
+                spec.domain.devices.tpm = Some(tpm);
+            }
+            _ => errors.push(("os", "the Windows settings do not parse".into())),
+        }
+        annotations.insert("vm.kubevirt.io/os".to_string(), "windows11".to_string());
     }
     if !errors.is_empty() {
         return Err(errors);
@@ -342,7 +524,7 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, FieldErrors> {
     let mut vm = VirtualMachine::new(
         f.name.trim(),
         VirtualMachineSpec {
-            data_volume_templates: Vec::new(),
+            data_volume_templates: templates,
             running: None,
             run_strategy: Some(if f.start {
                 RunStrategy::Always
@@ -355,6 +537,7 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, FieldErrors> {
             template: VirtualMachineInstanceTemplateSpec {
                 metadata: Some(TemplateMeta {
                     labels: labels.clone(),
+                    annotations,
                     ..Default::default()
                 }),
                 spec,
@@ -415,13 +598,15 @@ pub async fn create_from_form(
     };
     let mut c = Chrome::new(&u, "New VM");
     c.error = Some(general);
+    let (images, isos) = image_names(&st).await;
     render_status(
         code,
         &NewVmTpl {
             c,
             f,
             errors: fields,
-            images: image_names(&st).await,
+            images,
+            isos,
             networks: network_names(&st).await,
             yaml: example_yaml(&st).await,
         },
@@ -461,13 +646,16 @@ fn form_field(path: &str) -> Option<&'static str> {
         _ if p == "metadata.name" => "name",
         _ if p == "metadata.namespace" => "namespace",
         _ if p.contains("labels") => "labels",
+        _ if p.contains("datavolumetemplates") => "disk_gib",
         _ if p.contains("memory") || p.contains("resources.requests") => "memory",
         _ if p.contains("cpu") => "cpus",
         _ if p.contains("kernelboot") => "kernel",
         _ if p.contains("cloudinit") || p.contains("userdata") => "user_data",
         _ if p.contains("multus") => "lan1",
         _ if p.contains("networks") || p.contains("interfaces") => "network",
+        _ if p.contains("cdrom") => "iso",
         _ if p.contains("volumes") || p.contains("disks") => "image",
+        _ if p.contains("tpm") || p.contains("features") || p.contains("firmware") => "os",
         _ => return None,
     })
 }
@@ -476,7 +664,7 @@ fn form_field(path: &str) -> Option<&'static str> {
 /// disk (or a placeholder name when there is no image yet). Pasted back unchanged, it
 /// creates a VM.
 async fn example_yaml(st: &AppState) -> String {
-    let images = image_names(st).await;
+    let (images, _) = image_names(st).await;
     let mut f: FormValues = VmForm {
         name: "example".into(),
         ..Default::default()
@@ -534,13 +722,15 @@ pub async fn create_from_yaml(
         ..Default::default()
     }
     .into();
+    let (images, isos) = image_names(&st).await;
     render_status(
         code,
         &NewVmTpl {
             c,
             f: blank,
             errors: FieldErrors::new(),
-            images: image_names(&st).await,
+            images,
+            isos,
             networks: network_names(&st).await,
             yaml: form.yaml,
         },
@@ -569,6 +759,120 @@ mod tests {
             ..Default::default()
         }
         .into()
+    }
+
+    fn install(os: &str, drivers: &str) -> FormValues {
+        VmForm {
+            name: "win".into(),
+            cpus: "4".into(),
+            memory: "8Gi".into(),
+            os: os.into(),
+            iso: "win11".into(),
+            drivers_iso: drivers.into(),
+            disk_gib: "64".into(),
+            start: Some("yes".into()),
+            ..Default::default()
+        }
+        .into()
+    }
+
+    /// The wizard's Windows 11 install: the installer and the drivers on SATA cdroms, the
+    /// installer first, a blank 64Gi DataVolume after it, UEFI Secure Boot with SMM, a TPM,
+    /// Hyper-V, and the annotation that picks the CPU policy's Windows preset. Its template
+    /// is `tests/golden/wizard-windows11.yaml`, which the domain XML golden test renders on
+    /// the Hygon fixture.
+    #[test]
+    fn a_windows_install_from_isos() {
+        let vm = vm_from_form(&install("windows", "virtio-win")).unwrap();
+        let v = vm.to_value();
+        assert_eq!(
+            v["spec"]["dataVolumeTemplates"],
+            json!([{"metadata": {"name": "win-rootdisk"}, "spec": {"source": {"blank": {}},
+                "storage": {"resources": {"requests": {"storage": "64Gi"}}}}}])
+        );
+        let t = &v["spec"]["template"];
+        assert_eq!(
+            t["spec"]["domain"]["devices"]["disks"],
+            json!([
+                {"name": "installer", "cdrom": {"bus": "sata"}, "bootOrder": 1},
+                {"name": "drivers", "cdrom": {"bus": "sata"}},
+                {"name": "rootdisk", "disk": {"bus": "virtio"}, "bootOrder": 2},
+            ])
+        );
+        assert_eq!(
+            t["spec"]["volumes"],
+            json!([
+                {"name": "installer", "containerDisk": {"image": "win11"}},
+                {"name": "drivers", "containerDisk": {"image": "virtio-win"}},
+                {"name": "rootdisk", "dataVolume": {"name": "win-rootdisk"}},
+            ])
+        );
+        let d = &t["spec"]["domain"];
+        assert_eq!(d["firmware"], json!({"bootloader": {"efi": {}}}));
+        assert_eq!(d["devices"]["tpm"], json!({}));
+        assert!(d["features"]["smm"].is_object() && d["features"]["hyperv"]["relaxed"].is_object());
+        assert_eq!(
+            d["devices"]["interfaces"],
+            json!([{"name": "default", "masquerade": {}}])
+        );
+        let annotations: BTreeMap<String, String> =
+            serde_json::from_value(t["metadata"]["annotations"].clone()).unwrap();
+        assert_eq!(
+            crate::cpu::policy::GuestOs::detect(&BTreeMap::new(), &annotations),
+            crate::cpu::policy::GuestOs::Windows
+        );
+        // The API takes it as it is.
+        let spec: VirtualMachineInstanceSpec = serde_json::from_value(t["spec"].clone()).unwrap();
+        assert_eq!(spec.volumes.len(), 3);
+        let golden = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden/wizard-windows11.yaml");
+        let yaml = serde_yaml_ng::to_string(&t["spec"]).unwrap();
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&golden, &yaml).unwrap();
+        }
+        assert_eq!(
+            yaml,
+            std::fs::read_to_string(&golden).unwrap_or_default(),
+            "{} differs (UPDATE_GOLDEN=1 to rewrite)",
+            golden.display()
+        );
+
+        // Without the drivers ISO, Windows gets devices it has drivers for.
+        let v = vm_from_form(&install("windows", "")).unwrap().to_value();
+        let d = &v["spec"]["template"]["spec"]["domain"];
+        assert_eq!(d["devices"]["disks"][1]["disk"]["bus"], "sata");
+        assert_eq!(d["devices"]["interfaces"][0]["model"], "e1000e");
+        // Linux from an ISO: BIOS (the default), virtio, no TPM, no annotation.
+        let v = vm_from_form(&install("linux", "")).unwrap().to_value();
+        let t = &v["spec"]["template"];
+        assert!(t["spec"]["domain"].get("firmware").is_none(), "{t}");
+        assert!(t["spec"]["domain"]["devices"].get("tpm").is_none(), "{t}");
+        assert_eq!(
+            t["spec"]["domain"]["devices"]["disks"][1]["disk"]["bus"],
+            "virtio"
+        );
+        assert!(t["metadata"].get("annotations").is_none(), "{t}");
+    }
+
+    #[test]
+    fn install_choices_that_do_not_fit_are_marked_on_their_fields() {
+        let at = |f: FormValues| -> Vec<&'static str> {
+            vm_from_form(&f)
+                .unwrap_err()
+                .into_iter()
+                .map(|(f, _)| f)
+                .collect()
+        };
+        let mut f = install("windows", "");
+        f.image = "debian".into();
+        assert_eq!(at(f), ["iso"]);
+        let mut f = install("linux", "");
+        f.disk_gib = "0".into();
+        assert_eq!(at(f), ["disk_gib"]);
+        let mut f = install("linux", "virtio-win");
+        f.iso = String::new();
+        assert_eq!(at(f), ["drivers_iso", "image"]);
+        assert_eq!(at(install("beos", "")), ["os"]);
     }
 
     #[test]
@@ -668,7 +972,7 @@ mod tests {
             vm_from_form(&f).unwrap_err(),
             [(
                 "image",
-                "choose a boot disk image or a kernel to boot".to_string()
+                "choose a boot disk image, an installer ISO or a kernel to boot".to_string()
             )]
         );
         // Every field at fault at once, each named.

@@ -52,9 +52,26 @@ pub struct SpecView {
     run_strategy: String,
     cpus: String,
     memory: String,
-    disks: String,
+    /// BIOS, UEFI (with or without Secure Boot) or a kernel booted directly.
+    firmware: String,
+    /// "TPM 2.0" and how long its state lives, or "-".
+    tpm: String,
+    disks: Vec<DiskRow>,
     networks: String,
     labels: String,
+}
+
+/// One of the VM's disks (or CD drives) on its hardware list.
+pub struct DiskRow {
+    name: String,
+    /// `disk` or `cdrom` (`CD drive`).
+    device: &'static str,
+    bus: String,
+    boot_order: String,
+    /// Where its data comes from: `image NAME`, `DataVolume NAME`, `cloud-init`, ...
+    source: String,
+    /// A CD drive, which the page lets an operator take out (the ISO with it).
+    removable: bool,
 }
 
 #[derive(Template)]
@@ -300,13 +317,27 @@ fn spec_view(vm: &VirtualMachine) -> SpecView {
                 .unwrap_or_else(|_| q.to_string()),
             None => "-".into(),
         },
-        disks: or_dash(
-            &t.volumes
-                .iter()
-                .map(|v| format!("{} ({})", v.name, volume_source(v)))
-                .collect::<Vec<_>>()
-                .join(", "),
-        ),
+        firmware: {
+            let fw = t.domain.firmware.clone().unwrap_or_default();
+            let efi = fw.bootloader.as_ref().and_then(|b| b.efi.as_ref());
+            match (&fw.kernel_boot, efi) {
+                (Some(_), _) => "direct kernel boot".into(),
+                (None, Some(e)) if e.secure() => "UEFI, Secure Boot".into(),
+                (None, Some(_)) => "UEFI".into(),
+                (None, None) => "BIOS".into(),
+            }
+        },
+        tpm: match &t.domain.devices.tpm {
+            Some(tpm) if kubevirt::TpmDevice::on(&t.domain.devices.tpm) => {
+                if tpm.persistent == Some(true) {
+                    "TPM 2.0, state kept".into()
+                } else {
+                    "TPM 2.0".into()
+                }
+            }
+            _ => "-".into(),
+        },
+        disks: disk_rows(t),
         networks: or_dash(
             &t.networks
                 .iter()
@@ -316,6 +347,61 @@ fn spec_view(vm: &VirtualMachine) -> SpecView {
         ),
         labels: or_dash(&labels_text(vm)),
     }
+}
+
+/// The VM's disks and CD drives as the hardware list shows them, in the order of its
+/// `disks`, then volumes without a disk entry (KubeVirt gives each a virtio disk).
+fn disk_rows(t: &kubevirt::VirtualMachineInstanceSpec) -> Vec<DiskRow> {
+    let source = |v: Option<&Volume>| -> String {
+        let Some(v) = v else { return "-".into() };
+        if let Some(c) = &v.container_disk {
+            format!("image {}", c.image)
+        } else if let Some(d) = &v.data_volume {
+            format!("DataVolume {}", d.name)
+        } else if let Some(c) = &v.persistent_volume_claim {
+            format!("claim {}", c.claim_name)
+        } else if v.cloud_init_no_cloud.is_some() || v.cloud_init_config_drive.is_some() {
+            "cloud-init".into()
+        } else {
+            volume_source(v).to_string()
+        }
+    };
+    let mut rows: Vec<DiskRow> = t
+        .domain
+        .devices
+        .disks
+        .iter()
+        .map(|d| {
+            let (device, target) = match (&d.disk, &d.cdrom) {
+                (_, Some(c)) => ("cdrom", Some(c)),
+                (t, None) => ("disk", t.as_ref()),
+            };
+            let bus = target
+                .and_then(|t| t.bus.clone())
+                .unwrap_or_else(|| if device == "cdrom" { "sata" } else { "virtio" }.into());
+            DiskRow {
+                name: d.name.clone(),
+                device,
+                bus,
+                boot_order: d.boot_order.map(|b| b.to_string()).unwrap_or("-".into()),
+                source: source(t.volumes.iter().find(|v| v.name == d.name)),
+                removable: device == "cdrom",
+            }
+        })
+        .collect();
+    for v in &t.volumes {
+        if !rows.iter().any(|r| r.name == v.name) && !t.domain.devices.is_filesystem(&v.name) {
+            rows.push(DiskRow {
+                name: v.name.clone(),
+                device: "disk",
+                bus: "virtio".into(),
+                boot_order: "-".into(),
+                source: source(Some(v)),
+                removable: false,
+            });
+        }
+    }
+    rows
 }
 
 /// `?done=ACTION` after an action the API accepted.
@@ -336,6 +422,11 @@ fn done_notice(action: &str, name: &str) -> Option<String> {
         "unpause" => "Unpause",
         "softreboot" => "Soft reboot",
         "migrate" => "Migration",
+        "eject" => {
+            return Some(format!(
+                "The CD drive was taken out of {name}; a running VM keeps it until it restarts."
+            ));
+        }
         _ => return None,
     };
     Some(format!(
@@ -448,10 +539,20 @@ mod tests {
         assert_eq!(s.run_strategy, "RerunOnFailure");
         assert_eq!(s.cpus, "4");
         assert_eq!(s.memory, "1 GiB", "in units a reader takes in");
+        let disks: Vec<String> = s
+            .disks
+            .iter()
+            .map(|d| format!("{} {} {} {}", d.name, d.device, d.bus, d.source))
+            .collect();
         assert_eq!(
-            s.disks,
-            "root (containerDisk), ci (cloudInitNoCloud), data (persistentVolumeClaim)"
+            disks,
+            [
+                "root disk virtio image img",
+                "ci disk virtio cloud-init",
+                "data disk virtio claim d"
+            ]
         );
+        assert_eq!((s.firmware.as_str(), s.tpm.as_str()), ("BIOS", "-"));
         assert_eq!(s.networks, "default, second");
         assert_eq!(s.labels, "a=1, b=2");
 
@@ -460,6 +561,45 @@ mod tests {
         assert_eq!(bare.run_strategy, "running: false");
         assert_eq!(bare.cpus, "1");
         assert_eq!(bare.memory, "512 MiB");
-        assert_eq!((bare.disks.as_str(), bare.networks.as_str()), ("-", "-"));
+        assert!(bare.disks.is_empty());
+        assert_eq!(bare.networks, "-");
+    }
+
+    /// An install from ISOs: CD drives first, each removable, the disk after them; UEFI
+    /// with Secure Boot and a TPM.
+    #[test]
+    fn the_hardware_list_shows_cd_drives_firmware_and_tpm() {
+        let v = vm(json!({"runStrategy": "Always", "template": {"spec": {
+            "domain": {"devices": {
+                "disks": [{"name": "installer", "cdrom": {}, "bootOrder": 1},
+                          {"name": "rootdisk", "disk": {"bus": "sata"}, "bootOrder": 2}],
+                "tpm": {"persistent": true}},
+                "firmware": {"bootloader": {"efi": {}}}},
+            "volumes": [{"name": "installer", "containerDisk": {"image": "win11"}},
+                        {"name": "rootdisk", "dataVolume": {"name": "win-rootdisk"}}],
+        }}}));
+        let s = spec_view(&v);
+        let disks: Vec<_> = s
+            .disks
+            .iter()
+            .map(|d| {
+                (
+                    d.device,
+                    d.bus.as_str(),
+                    d.boot_order.as_str(),
+                    d.source.as_str(),
+                    d.removable,
+                )
+            })
+            .collect();
+        assert_eq!(
+            disks,
+            [
+                ("cdrom", "sata", "1", "image win11", true),
+                ("disk", "sata", "2", "DataVolume win-rootdisk", false)
+            ]
+        );
+        assert_eq!(s.firmware, "UEFI, Secure Boot");
+        assert_eq!(s.tpm, "TPM 2.0, state kept");
     }
 }

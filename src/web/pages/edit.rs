@@ -173,3 +173,66 @@ pub async fn vm_migrate(
     }
     Redirect::to(&format!("{}?done=migrate", detail_url(&ns, &name))).into_response()
 }
+
+#[derive(Deserialize)]
+pub struct EjectForm {
+    disk: String,
+}
+
+/// `POST /ui/vms/{ns}/{name}/eject`: take a CD drive (an installer or drivers ISO, once the
+/// install is done) out of the VM, with its volume, through the API. The VM's own disks
+/// are not taken out here. A running VM keeps the drive until it restarts.
+pub async fn eject(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    Path((ns, name)): Path<(String, String)>,
+    Form(f): Form<EjectForm>,
+) -> Response {
+    if let Some(r) = super::viewer_refused(&u, "change VMs") {
+        return r;
+    }
+    let mut vm = match load_raw_vm(&st, &ns, &name).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let spec = &mut vm["spec"]["template"]["spec"];
+    let Some(disks) = spec["domain"]["devices"]["disks"].as_array_mut() else {
+        return error_page(StatusCode::CONFLICT, &format!("VM {name} has no CD drive"));
+    };
+    let Some(at) = disks
+        .iter()
+        .position(|d| d["name"] == f.disk.as_str() && d.get("cdrom").is_some())
+    else {
+        return error_page(
+            StatusCode::CONFLICT,
+            &format!(
+                "VM {name} has no CD drive {:?}; only CD drives are taken out here",
+                f.disk
+            ),
+        );
+    };
+    disks.remove(at);
+    if let Some(volumes) = spec["volumes"].as_array_mut() {
+        volumes.retain(|v| v["name"] != f.disk.as_str());
+    }
+    if let Some(o) = vm.as_object_mut() {
+        o.remove("status");
+    }
+    // The stored resourceVersion goes along: a change made since is not overwritten.
+    let (code, v) = api
+        .call(
+            &p,
+            Method::PUT,
+            &vm_path(&ns, &name),
+            "application/json",
+            vm.to_string(),
+        )
+        .await;
+    if !code.is_success() {
+        return error_page(code, &api_message(&v));
+    }
+    tracing::info!(namespace = %ns, vm = %name, disk = %f.disk, user = %p.user, "took a CD drive out");
+    Redirect::to(&format!("{}?done=eject", detail_url(&ns, &name))).into_response()
+}

@@ -2158,3 +2158,94 @@ async fn iso_install_onto_a_blank_disk_under_bios_and_uefi() {
         200
     );
 }
+
+/// KubeVirt's `tpm.persistent` and `efi.persistent` on a real guest: it stores a value in
+/// its vTPM's NV storage (raw TPM 2.0 commands through `/dev/tpm0`, see `testkit::tpm`) and
+/// an EFI variable through efivarfs, and a new instance after a restart reads both back. The
+/// state lives in the VM's folder on the node, and libvirt's swtpm folder only links to it.
+#[tokio::test]
+#[ignore = "needs root, libvirtd, swtpm, OVMF and the test guest: run scripts/test.sh"]
+async fn tpm_and_efi_variables_survive_a_restart() {
+    const EFI_VAR: &str =
+        "/sys/firmware/efi/efivars/EdgevirtTest-3b0f4d4a-5a8c-4c4e-9d3e-0e5f2a1b7c6d";
+    let a = Appliance::start(&[]).await;
+    a.import_guest().await;
+    let yaml = Vm::guest("keeper")
+        .memory("512Mi")
+        .with(|v| {
+            let domain = Vm::domain_of(v);
+            domain["firmware"]["bootloader"] =
+                json!({"efi": {"secureBoot": false, "persistent": true}});
+            domain["devices"]["tpm"] = json!({"persistent": true});
+        })
+        .yaml();
+    let (code, v) = a.post_yaml(VMS, &yaml).await;
+    assert_eq!(code, 201, "{v}");
+    let vmi = a.wait_running("keeper", None, BOOT).await;
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    let (_, xml) = virsh(&["dumpxml", &dom]);
+    assert!(xml.contains("persistent_state='yes'"), "{xml}");
+    let vm_uid = a.vm("keeper").await.unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let folder = a.dir.join("volumes").join(&vm_uid);
+    assert!(
+        xml.contains(&format!(">{}/efi-vars.fd</nvram>", folder.display())),
+        "the EFI variables in the VM's folder: {xml}"
+    );
+    let tpm = |dom: &str, cmd: Vec<u8>| {
+        guest_exec(dom, "/bin/sh", &["-c", &tpm::guest_shell(&cmd)])
+            .and_then(|out| tpm::parse(&out))
+    };
+    wait_for("the guest agent", BOOT, || async {
+        guest_exec(&dom, "/bin/true", &[])
+    })
+    .await;
+    let (rc, _) = tpm(&dom, tpm::nv_define(8)).expect("an answer from /dev/tpm0");
+    assert_eq!(rc, 0, "NV_DefineSpace");
+    let (rc, _) = tpm(&dom, tpm::nv_write(b"edgevirt")).unwrap();
+    assert_eq!(rc, 0, "NV_Write");
+    let set_var = format!(
+        "mount -t efivarfs efivarfs /sys/firmware/efi/efivars 2>/dev/null; \
+         printf '\\007\\000\\000\\000kept-in-nvram' >{EFI_VAR} && echo set"
+    );
+    assert_eq!(
+        guest_exec(&dom, "/bin/sh", &["-c", &set_var])
+            .unwrap_or_default()
+            .trim(),
+        "set",
+        "an EFI variable written"
+    );
+    let read_var = format!(
+        "mount -t efivarfs efivarfs /sys/firmware/efi/efivars 2>/dev/null; tail -c +5 {EFI_VAR}"
+    );
+
+    // A new instance: the same TPM and EFI variables.
+    assert_eq!(a.action("keeper", "restart").await, 202);
+    let old = vmi["metadata"]["uid"].as_str().unwrap().to_string();
+    let vmi = a.wait_running("keeper", Some(&old), BOOT).await;
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    wait_for("the guest agent after the restart", BOOT, || async {
+        guest_exec(&dom, "/bin/true", &[])
+    })
+    .await;
+    let (rc, resp) = tpm(&dom, tpm::nv_read(8)).unwrap();
+    assert_eq!(rc, 0, "NV_Read after the restart: {resp:02x?}");
+    assert_eq!(tpm::nv_read_data(&resp).unwrap(), b"edgevirt");
+    assert_eq!(
+        guest_exec(&dom, "/bin/sh", &["-c", &read_var]).as_deref(),
+        Some("kept-in-nvram"),
+        "the EFI variable after the restart"
+    );
+    assert!(folder.join("efi-vars.fd").is_file());
+    assert!(
+        folder.join("tpm/tpm2/tpm2-00.permall").is_file(),
+        "the vTPM's state in the VM's folder"
+    );
+    a.delete(&format!("{VMS}/keeper")).await;
+    wait_for("the VM's folder removed", BOOT, || async {
+        (!folder.exists()).then_some(())
+    })
+    .await;
+}

@@ -1633,7 +1633,10 @@ async fn the_wizard_installs_from_isos_and_the_iso_comes_out() {
         "40Gi"
     );
     assert_eq!(t["domain"]["devices"]["disks"][0]["cdrom"]["bus"], "sata");
-    assert_eq!(t["domain"]["devices"]["tpm"], serde_json::json!({}));
+    assert_eq!(
+        t["domain"]["devices"]["tpm"],
+        serde_json::json!({"persistent": true})
+    );
     let page = b.html(&s, "/ui/vms/default/win").await;
     for want in [
         "UEFI, Secure Boot",

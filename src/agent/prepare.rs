@@ -393,6 +393,8 @@ pub async fn prepare(
         }
     }
 
+    let (nvram, firmware_state) = firmware_state(agent, vmi, &vol_dir).await?;
+    made_volume |= firmware_state;
     if made_volume {
         let patch =
             json!({"metadata": {"annotations": {VOLUMES_NODE_ANNOTATION: agent.cfg.node_name}}});
@@ -517,6 +519,7 @@ pub async fn prepare(
         shares,
         kernel,
         initrd,
+        nvram,
         cpu,
         pins,
         bridges,
@@ -525,6 +528,111 @@ pub async fn prepare(
     let path = run_dir.join("domain.xml");
     tokio::fs::write(&path, xml).await?;
     Ok(path)
+}
+
+/// The file of the VM's EFI variables in its folder (`efi.persistent`).
+pub const NVRAM_FILE: &str = "efi-vars.fd";
+/// The folder of the VM's vTPM state in its folder (`tpm.persistent`).
+pub const TPM_STATE_DIR: &str = "tpm";
+/// Where libvirt keeps each domain's swtpm state: `<this>/<domain uuid>/tpm2/`.
+const LIBVIRT_SWTPM_DIR: &str = "/var/lib/libvirt/swtpm";
+
+/// The firmware state a VMI keeps in its VM's folder (`vol_dir`), made ready: the EFI
+/// variables file's path when `efi.persistent` (libvirt fills a missing one from the
+/// firmware's template), and for `tpm.persistent` a state folder that libvirt's swtpm
+/// folder for the domain links to. A vTPM on a node without swtpm is refused here, with
+/// the reason. Returns the path and whether anything was created in `vol_dir`.
+async fn firmware_state(
+    agent: &Agent,
+    vmi: &VirtualMachineInstance,
+    vol_dir: &std::path::Path,
+) -> anyhow::Result<(Option<String>, bool)> {
+    use crate::types::kubevirt::TpmDevice;
+    let spec = &vmi.spec;
+    let fw = spec.domain.firmware.clone().unwrap_or_default();
+    let efi = fw.bootloader.as_ref().and_then(|b| b.efi.as_ref());
+    let mut made = false;
+    let nvram = if efi.is_some_and(|e| e.persistent == Some(true)) {
+        tokio::fs::create_dir_all(vol_dir).await?;
+        let path = vol_dir.join(NVRAM_FILE);
+        made |= !tokio::fs::try_exists(&path).await.unwrap_or(false);
+        Some(path.to_string_lossy().into_owned())
+    } else {
+        None
+    };
+    let tpm = &spec.domain.devices.tpm;
+    if !TpmDevice::on(tpm) {
+        return Ok((nvram, made));
+    }
+    if !["/usr/bin/swtpm", "/usr/local/bin/swtpm"]
+        .iter()
+        .any(|p| std::path::Path::new(p).exists())
+    {
+        bail!(
+            "the VM has a TPM (spec.domain.devices.tpm) but node {} has no swtpm: install the \
+             swtpm and swtpm-tools packages there, or run the VM on another node",
+            agent.cfg.node_name
+        );
+    }
+    if tpm.as_ref().is_some_and(|t| t.persistent == Some(true)) {
+        // The domain's uuid: the VM's firmware uuid, else the instance's (as the domain XML
+        // says), read back as a UUID so that no user text becomes a path.
+        let uuid = domain_uuid(vmi)?;
+        let state = vol_dir.join(TPM_STATE_DIR);
+        made |= !tokio::fs::try_exists(&state).await.unwrap_or(false);
+        tokio::fs::create_dir_all(&state).await?;
+        link_swtpm_state(std::path::Path::new(LIBVIRT_SWTPM_DIR), &uuid, &state).await?;
+    }
+    Ok((nvram, made))
+}
+
+/// The domain's uuid: the VM's firmware uuid, else the instance's (as the domain XML says),
+/// read back as a UUID so that no user text becomes a path.
+fn domain_uuid(vmi: &VirtualMachineInstance) -> anyhow::Result<uuid::Uuid> {
+    let fw = vmi.spec.domain.firmware.as_ref();
+    Ok(match fw.and_then(|f| f.uuid.as_deref()) {
+        Some(u) => uuid::Uuid::parse_str(u)
+            .map_err(|e| anyhow::anyhow!("spec.domain.firmware.uuid {u:?}: {e}"))?,
+        None => uuid::Uuid::parse_str(vmi.uid())?,
+    })
+}
+
+/// Once an instance's domain is gone from this node: remove the link to its VM's vTPM
+/// state from libvirt's swtpm folder (the state stays in the VM's folder).
+pub async fn unlink_swtpm_state(vmi: &VirtualMachineInstance) {
+    let Ok(uuid) = domain_uuid(vmi) else { return };
+    let link = std::path::Path::new(LIBVIRT_SWTPM_DIR).join(uuid.hyphenated().to_string());
+    if tokio::fs::symlink_metadata(&link)
+        .await
+        .is_ok_and(|m| m.file_type().is_symlink())
+    {
+        let _ = tokio::fs::remove_file(&link).await;
+    }
+}
+
+/// Make `<swtpm_dir>/<uuid>` a link to `state`, where libvirt's swtpm then reads and writes
+/// the domain's vTPM state. A folder there (state of an earlier instance whose TPM was not
+/// persistent) is removed first.
+async fn link_swtpm_state(
+    swtpm_dir: &std::path::Path,
+    uuid: &uuid::Uuid,
+    state: &std::path::Path,
+) -> anyhow::Result<()> {
+    tokio::fs::create_dir_all(swtpm_dir).await?;
+    let link = swtpm_dir.join(uuid.hyphenated().to_string());
+    match tokio::fs::symlink_metadata(&link).await {
+        Ok(m) if m.file_type().is_symlink() => {
+            if tokio::fs::read_link(&link).await? == state {
+                return Ok(());
+            }
+            tokio::fs::remove_file(&link).await?;
+        }
+        Ok(m) if m.is_dir() => tokio::fs::remove_dir_all(&link).await?,
+        Ok(_) => tokio::fs::remove_file(&link).await?,
+        Err(_) => {}
+    }
+    tokio::fs::symlink(state, &link).await?;
+    Ok(())
 }
 
 /// The bridge of each of the instance's `multus` networks, from its

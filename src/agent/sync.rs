@@ -542,6 +542,7 @@ async fn finish_deletion(
     agent.starting.lock().await.remove(uid);
     agent.prepare_retry.lock().await.remove(uid);
     super::guest::forget(agent, uid).await;
+    super::prepare::unlink_swtpm_state(vmi).await;
     let _ = tokio::fs::remove_dir_all(agent.run_dir(uid)).await;
     let _ = tokio::fs::remove_file(crate::launcher::socket_path(&agent.launchers_dir(), uid)).await;
     collect_container_disks(agent).await;

@@ -1147,8 +1147,9 @@ pub struct TpmDevice {
     /// `false` turns off a vTPM a preference asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
-    /// Keep the vTPM's state across restarts: not supported yet (it lives as long as the
-    /// instance).
+    /// Keep the vTPM's state (its keys and NV storage) across restarts and live
+    /// migrations, in the VM's folder on its node. Defaults to false: the state lives as
+    /// long as the instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistent: Option<bool>,
 }
@@ -1391,6 +1392,11 @@ pub struct Efi {
     /// in KubeVirt, and then `features.smm` must be on too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secure_boot: Option<bool>,
+    /// Keep the VM's EFI variables (boot entries, Secure Boot keys) across restarts, in a
+    /// file in the VM's folder on its node. Defaults to false: each instance starts from
+    /// the firmware's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent: Option<bool>,
 }
 
 impl Efi {

@@ -49,6 +49,9 @@ pub struct Context {
     pub shares: BTreeMap<String, String>,
     pub kernel: Option<String>,
     pub initrd: Option<String>,
+    /// Where the VM's EFI variables are kept when `efi.persistent` asks for it (a file in the
+    /// VM's folder, which libvirt fills from the firmware's template the first time).
+    pub nvram: Option<String>,
     /// The guest CPU chosen for this node (see [`crate::cpu::policy`]).
     pub cpu: GuestCpu,
     /// Dedicated host CPUs (`dedicatedCpuPlacement`), as the scheduler gave them.
@@ -283,6 +286,7 @@ struct DomainXml<'a> {
     machine: String,
     efi: bool,
     efi_secure: bool,
+    nvram: Option<String>,
     kernel: Option<String>,
     initrd: Option<String>,
     cmdline: Option<String>,
@@ -306,6 +310,8 @@ struct DomainXml<'a> {
     pins: Option<crate::rules::cpus::Pins>,
     /// A vTPM 2.0 emulated by swtpm.
     tpm: bool,
+    /// Its state kept when the domain ends (`persistent_state`).
+    tpm_persistent: bool,
     sound: Option<String>,
     panics: Vec<String>,
     iothreads: u32,
@@ -957,13 +963,6 @@ fn validate_devices(spec: &VirtualMachineInstanceSpec) -> Result<(), Invalid> {
     {
         return Err(Invalid(
             "spec.domain.cpu.isolateEmulatorThread: needs dedicatedCpuPlacement: true".into(),
-        ));
-    }
-    if dev.tpm.as_ref().is_some_and(|t| t.persistent == Some(true)) {
-        return Err(Invalid(
-            "spec.domain.devices.tpm.persistent: not supported yet; the vTPM's state lives as \
-             long as the instance (leave persistent out or false)"
-                .into(),
         ));
     }
     if let Some(w) = &dev.watchdog {
@@ -1673,6 +1672,16 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             .unwrap_or_else(|| "q35".into()),
         efi: efi.is_some(),
         efi_secure: efi.as_ref().is_some_and(Efi::secure),
+        nvram: match efi.as_ref().map(|e| e.persistent == Some(true)) {
+            Some(true) => Some(ctx.nvram.clone().ok_or_else(|| {
+                Invalid(
+                    "spec.domain.firmware.bootloader.efi.persistent: this node keeps no EFI \
+                     variables for the VM"
+                        .into(),
+                )
+            })?),
+            _ => None,
+        },
         kernel: ctx.kernel.clone(),
         initrd: ctx.initrd.clone(),
         cmdline: kernel_boot.and_then(|k| k.kernel_args),
@@ -1704,6 +1713,11 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
         video,
         tablets,
         tpm: crate::types::kubevirt::TpmDevice::on(&devs.tpm),
+        tpm_persistent: crate::types::kubevirt::TpmDevice::on(&devs.tpm)
+            && devs
+                .tpm
+                .as_ref()
+                .is_some_and(|t| t.persistent == Some(true)),
         pins: ctx.pins.clone(),
         watchdog: devs.watchdog.as_ref().map(|w| {
             w.i6300esb

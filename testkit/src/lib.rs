@@ -13,6 +13,7 @@
 //! - [`Kubectl`]: a kubectl binary with a kubeconfig for an appliance.
 //! - [`FileServer`]: plain HTTP downloads from a folder, on loopback.
 //! - [`prometheus`]: Debian's Prometheus scraping an appliance with the shipped config.
+//! - [`tpm`]: raw TPM 2.0 NV commands for a guest's `/dev/tpm0`.
 //! - host helpers: [`virsh`], [`domstate`], [`domid`], [`guest_uptime`], [`wait_for`],
 //!   [`serial_echo`].
 
@@ -23,6 +24,7 @@ mod kubectl;
 pub mod prometheus;
 pub mod registry;
 pub mod serve;
+pub mod tpm;
 mod vm;
 
 pub use appliance::*;

@@ -17,6 +17,7 @@
 # - kernel cmdline `edgevirt.hostname=NAME` sets the hostname (default evguest);
 # - DHCP on every ethN with busybox udhcpc (sends the hostname to the DHCP server);
 # - qemu-ga on the virtio-serial port named org.qemu.guest_agent.0;
+# - efivarfs loaded, so a test can mount it and write EFI variables under UEFI;
 # - prints EDGEVIRT-GUEST-READY on the console once qemu-ga is started;
 # - with edgevirt.diskroot=/dev/vdX, runs from an ext2 copy of itself on that disk (made at
 #   the first boot) instead of the initramfs, so its root is on a block device;
@@ -120,7 +121,7 @@ done < <(ldd "$QEMU_GA" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {p
 # kernel ships them uncompressed, but .ko.xz/.ko.zst/.ko.gz are handled too.
 MODULES="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci
 virtio_console virtio_blk failover net_failover virtio_net virtio_balloon button evdev
-fuse virtiofs"
+fuse virtiofs efivarfs"
 : >"$R/etc/modules-load"
 loaded=() builtin=() absent=()
 for m in $MODULES; do

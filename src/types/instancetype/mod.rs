@@ -595,6 +595,7 @@ fn prefer(spec: &mut VirtualMachineInstanceSpec, p: &PreferenceSpec) {
             let efi = f.preferred_efi.clone().or_else(|| {
                 f.preferred_use_efi.filter(|e| *e).map(|_| Efi {
                     secure_boot: f.preferred_use_secure_boot,
+                    ..Default::default()
                 })
             });
             firmware.bootloader = match (efi, f.preferred_use_bios) {

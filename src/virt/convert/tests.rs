@@ -74,6 +74,7 @@ fn ctx(accel: &str) -> Context {
         disks,
         kernel: Some("/var/lib/edgevirt/images/k-uid".into()),
         initrd: Some("/var/lib/edgevirt/images/i-uid".into()),
+        nvram: Some("/var/lib/edgevirt/volumes/vm-uid/efi-vars.fd".into()),
         cpu: resolve(
             None,
             GuestOs::Other,
@@ -336,10 +337,6 @@ fn device_settings_are_checked() {
         ("{watchdog: {name: w, i6300esb: {action: dump}}}", "action"),
         ("{sound: {name: s, model: sb16}}", "sound.model"),
         ("{panicDevices: [{model: s390}]}", "panicDevices[0].model"),
-        (
-            "{tpm: {persistent: true}}",
-            "tpm.persistent: not supported yet",
-        ),
     ] {
         let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(&format!(
             "domain: {{memory: {{guest: 64Mi}}, devices: {yaml}}}"
@@ -884,4 +881,40 @@ fn networks_and_bindings_that_do_not_fit_are_refused() {
     // A lone multus network with no interface gets KubeVirt's default NIC, bridged.
     let xml = domain_xml(&spec("", lan), &ctx("qemu")).unwrap();
     assert!(xml.contains("<source bridge='br0'/>"), "{xml}");
+}
+
+/// KubeVirt's `efi.persistent` and `tpm.persistent`: the EFI variables in the file the node
+/// derived in the VM's folder, the vTPM's state kept when the domain ends.
+#[test]
+fn persistent_efi_variables_and_tpm_state() {
+    let spec: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(
+        "domain:\n  memory: {guest: 64Mi}\n  features: {smm: {}}\n  firmware: {bootloader: {efi: {persistent: true}}}\n  devices: {tpm: {persistent: true}}",
+    )
+    .unwrap();
+    let mut c = ctx("qemu");
+    c.kernel = None;
+    c.initrd = None;
+    let xml = domain_xml(&spec, &c).unwrap();
+    assert!(
+        xml.contains("<nvram>/var/lib/edgevirt/volumes/vm-uid/efi-vars.fd</nvram>"),
+        "{xml}"
+    );
+    assert!(
+        xml.contains("<backend type='emulator' version='2.0' persistent_state='yes'/>"),
+        "{xml}"
+    );
+    // Not persistent: libvirt's own per-domain file, and state that goes with the domain.
+    let plain: VirtualMachineInstanceSpec = serde_yaml_ng::from_str(
+        "domain:\n  memory: {guest: 64Mi}\n  features: {smm: {}}\n  firmware: {bootloader: {efi: {}}}\n  devices: {tpm: {}}",
+    )
+    .unwrap();
+    let xml = domain_xml(&plain, &c).unwrap();
+    assert!(
+        !xml.contains("<nvram>") && !xml.contains("persistent_state"),
+        "{xml}"
+    );
+    // A node that derived no file for it refuses rather than losing the variables.
+    c.nvram = None;
+    let e = domain_xml(&spec, &c).unwrap_err().0;
+    assert!(e.contains("efi.persistent"), "{e}");
 }

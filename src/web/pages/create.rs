@@ -483,12 +483,17 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, FieldErrors> {
     let mut annotations = BTreeMap::new();
     if windows {
         // What Windows 11 and Server 2022 want: UEFI with Secure Boot (and SMM), a TPM
-        // 2.0, Hyper-V enlightenments and its clock; the annotation KubeVirt's Windows
+        // 2.0 whose keys survive restarts (BitLocker, Windows Hello), Hyper-V enlightenments
+        // and its clock; the annotation KubeVirt's Windows
         // templates set, which also picks the CPU policy's Windows preset (Hygon's too).
         if f.kernel.is_empty() {
             spec.domain.firmware = Some(Firmware {
                 bootloader: Some(crate::types::kubevirt::Bootloader {
-                    efi: Some(crate::types::kubevirt::Efi { secure_boot: None }),
+                    // Its boot entries and keys outlive a restart, as Windows expects.
+                    efi: Some(crate::types::kubevirt::Efi {
+                        secure_boot: None,
+                        persistent: Some(true),
+                    }),
                     bios: None,
                 }),
                 ..Default::default()
@@ -502,7 +507,7 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, FieldErrors> {
             }},
             "clock": {"utc": {}, "timer": {"hpet": {"present": false}, "pit": {"tickPolicy": "delay"},
                       "rtc": {"tickPolicy": "catchup"}, "hyperv": {}}},
-            "devices": {"tpm": {}},
+            "devices": {"tpm": {"persistent": true}},
         });
         match (
             serde_json::from_value(windows_domain["features"].clone()),
@@ -808,8 +813,11 @@ mod tests {
             ])
         );
         let d = &t["spec"]["domain"];
-        assert_eq!(d["firmware"], json!({"bootloader": {"efi": {}}}));
-        assert_eq!(d["devices"]["tpm"], json!({}));
+        assert_eq!(
+            d["firmware"],
+            json!({"bootloader": {"efi": {"persistent": true}}})
+        );
+        assert_eq!(d["devices"]["tpm"], json!({"persistent": true}));
         assert!(d["features"]["smm"].is_object() && d["features"]["hyperv"]["relaxed"].is_object());
         assert_eq!(
             d["devices"]["interfaces"],

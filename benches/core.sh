@@ -29,6 +29,9 @@
 #                        0: do not
 #   BENCH_SETTLE_TIMEOUT seconds to wait for a guest agent before going on anyway (default 120)
 #   BENCH_KEEP_LOGS      directory to copy serve.log and the launcher logs into at the end
+#   BENCH_FIRMWARE       bios (default): kernel boot, 128 MiB; uefi-tpm: the same under OVMF
+#                        (efi.persistent) with a persistent vTPM (swtpm started on both
+#                        sides), 512 MiB; the baseline's XML gets its own EFI variables file
 #
 # Uses only loopback (127.0.0.1) and the local libvirt. Creates a temp data dir, a libvirt NAT
 # network `evbench` (10.213.60.0/24), domains ev-default-bench-* (through edgevirt) and
@@ -36,6 +39,8 @@
 set -euo pipefail
 
 N=${BENCH_VMS:-10}
+FIRMWARE=${BENCH_FIRMWARE:-bios}
+case $FIRMWARE in bios|uefi-tpm) ;; *) echo "BENCH_FIRMWARE is bios or uefi-tpm" >&2; exit 2 ;; esac
 POLL_MS=${BENCH_POLL_MS:-20}
 TIMEOUT_S=${BENCH_TIMEOUT:-180}
 SETTLE=${BENCH_SETTLE:-1}
@@ -237,6 +242,13 @@ mib() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
 vmi_url() { echo "$SERVER/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances/$1"; }
 
 write_vm_yaml() {
+    local memory=128Mi bootloader="" tpm="" features=""
+    if [[ $FIRMWARE == uefi-tpm ]]; then
+        memory=512Mi
+        bootloader="bootloader: {efi: {secureBoot: false, persistent: true}}"
+        tpm="tpm: {persistent: true}"
+        features="features: {smm: {}}"
+    fi
     cat >"$2" <<EOF
 apiVersion: kubevirt.io/v1
 kind: VirtualMachine
@@ -249,10 +261,13 @@ spec:
       terminationGracePeriodSeconds: 0
       domain:
         cpu: {cores: 1}
-        memory: {guest: 128Mi}
+        memory: {guest: $memory}
+        $features
         devices:
           interfaces: [{name: default, masquerade: {}}]
+          $tpm
         firmware:
+          $bootloader
           kernelBoot:
             kernelArgs: console=ttyS0 edgevirt.hostname=bench
             container: {image: bench, kernelPath: bench-kernel, initrdPath: bench-initrd}
@@ -280,6 +295,9 @@ for iface in root.iter("interface"):
 for g in root.iter("graphics"):
     if g.get("socket"):
         g.set("socket", vnc)
+# Its own EFI variables file (libvirt fills it from the template), beside the VNC socket.
+for nv in root.iter("nvram"):
+    nv.text = vnc.rsplit("/", 1)[0] + "/" + name + "_VARS.fd"
 tree.write(dst)
 EOF
 }
@@ -412,7 +430,7 @@ if (( SETTLE )); then
 fi
 echo
 echo "=== summary ==="
-echo "bench_info version=\"$version\" bin=$BIN vms=$N poll_ms=$POLL_MS settle=$SETTLE other_domains=$others load_start=\"$load_start\" load_end=\"$(cut -d' ' -f1-3 /proc/loadavg)\" wall_s=$(( ($(now_ns) - bench_t0) / 1000000000 ))"
+echo "bench_info version=\"$version\" bin=$BIN firmware=$FIRMWARE vms=$N poll_ms=$POLL_MS settle=$SETTLE other_domains=$others load_start=\"$load_start\" load_end=\"$(cut -d' ' -f1-3 /proc/loadavg)\" wall_s=$(( ($(now_ns) - bench_t0) / 1000000000 ))"
 echo "create_to_running_p50_ms edgevirt=$ev50 virsh=$vi50 ratio=$(ratio "$ev50" "$vi50")"
 echo "create_to_running_p95_ms edgevirt=$ev95 virsh=$vi95 ratio=$(ratio "$ev95" "$vi95")"
 echo "serve_rss_idle_mib $(mib "$SERVE_IDLE_KB")"

@@ -1801,3 +1801,87 @@ async fn vms_join_the_site_lan_and_its_vlans_and_keep_them_across_migration() {
         "c200 reached v100 after the migration"
     );
 }
+
+/// KubeVirt's `tpm.persistent` across a live migration: the guest stores a value in its
+/// vTPM's NV storage on the host it started on (raw TPM 2.0 commands, `testkit::tpm`), moves
+/// to the other while it runs and reads the value back there; the vTPM's state is then in
+/// the VM's folder on that host.
+#[tokio::test]
+#[ignore = "needs root, libvirtd, swtpm, network namespaces and the test guest: run scripts/test.sh"]
+async fn a_persistent_tpm_moves_with_a_live_migration() {
+    let mut a = Host::up("a", 11);
+    let mut b = Host::up("b", 12);
+    let c = controller().await;
+    c.import_guest().await;
+    let (ta, tb) = (join_token(&c).await, join_token(&c).await);
+    a.start_agent(&c.url, Some(&ta));
+    b.start_agent(&c.url, Some(&tb));
+    wait_ready(&c, "a", Duration::from_secs(60)).await;
+    wait_ready(&c, "b", Duration::from_secs(60)).await;
+    let yaml = Vm::guest("tpmvm")
+        .memory("128Mi")
+        .with(|v| Vm::domain_of(v)["devices"]["tpm"] = json!({"persistent": true}))
+        .yaml();
+    let (code, v) = c.post_yaml(VMS, &yaml).await;
+    assert_eq!(code, 201, "{v}");
+    let vmi = c.wait_running("tpmvm", None, BOOT).await;
+    let (src, dst) = match vmi["status"]["nodeName"].as_str() {
+        Some("a") => (&a, &b),
+        _ => (&b, &a),
+    };
+    let dst_name = if std::ptr::eq(dst, &a) { "a" } else { "b" };
+    let tpm = |h: &Host, cmd: Vec<u8>| {
+        let dom = domain_of(h, "tpmvm")?;
+        h.guest_exec(&dom, "/bin/sh", &["-c", &tpm::guest_shell(&cmd)])
+            .and_then(|out| tpm::parse(&out))
+    };
+    let (rc, _) = wait_for("the guest's TPM", BOOT, || async {
+        tpm(src, tpm::nv_define(8))
+    })
+    .await;
+    assert_eq!(rc, 0, "NV_DefineSpace");
+    assert_eq!(
+        tpm(src, tpm::nv_write(b"migrated")).unwrap().0,
+        0,
+        "NV_Write"
+    );
+
+    let (code, m) = migrate(&c, "tpmvm").await;
+    assert_eq!(code, 201, "{m}");
+    let mname = m["metadata"]["name"].as_str().unwrap().to_string();
+    wait_migration_phase(&c, &mname, &["Succeeded"], Duration::from_secs(120)).await;
+    let vmi = c.vmi("tpmvm").await.unwrap();
+    assert_eq!(vmi["status"]["nodeName"], dst_name, "{vmi}");
+    let uptime = wait_for("the guest agent after the move", BOOT, || async {
+        domain_of(dst, "tpmvm").and_then(|d| dst.guest_uptime(&d))
+    })
+    .await;
+    let (rc, resp) = tpm(dst, tpm::nv_read(8)).unwrap();
+    assert_eq!(rc, 0, "NV_Read after the move: {resp:02x?}");
+    assert_eq!(tpm::nv_read_data(&resp).unwrap(), b"migrated");
+    assert!(
+        uptime > 5.0,
+        "the same guest, not a new boot: up {uptime} s"
+    );
+    let vm_uid = c.vm("tpmvm").await.unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let state = dst.data.join("volumes").join(&vm_uid).join("tpm/tpm2");
+    wait_for(
+        "the vTPM's state in the VM's folder there",
+        BOOT,
+        || async {
+            std::fs::read_dir(&state)
+                .ok()
+                .and_then(|mut d| d.next())
+                .map(|_| ())
+        },
+    )
+    .await;
+    c.delete(&format!("{VMS}/tpmvm")).await;
+    wait_for("tpmvm gone", BOOT, || async {
+        (a.domains().is_empty() && b.domains().is_empty()).then_some(())
+    })
+    .await;
+}

@@ -292,6 +292,9 @@ for md in root.findall("metadata"):
 for iface in root.iter("interface"):
     for mac in iface.findall("mac"):
         iface.remove(mac)
+    # edgevirt names its taps; the baseline's are libvirt's (vnetN).
+    for target in iface.findall("target"):
+        iface.remove(target)
 for g in root.iter("graphics"):
     if g.get("socket"):
         g.set("socket", vnc)

@@ -2011,7 +2011,8 @@ async fn accel_auto_trusts_kvm_only_once_a_probe_guest_booted() {
 /// first, and a blank 2Gi DataVolume as the install target. The VM boots from the ISO under
 /// BIOS and, after an edit, under UEFI with Secure Boot; the guest sees the 2Gi disk and
 /// "installs" onto it. With the cdrom removed, the VM still starts (by kernel boot) and its
-/// disk still holds what the install wrote. A disk image is refused as an ISO.
+/// disk still holds what the install wrote; its DataVolume then grows while the guest runs,
+/// which sees the new size at once. A disk image is refused as an ISO.
 #[tokio::test]
 #[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
 async fn iso_install_onto_a_blank_disk_under_bios_and_uefi() {
@@ -2152,6 +2153,27 @@ async fn iso_install_onto_a_blank_disk_under_bios_and_uefi() {
     );
     let kept = guest_exec(&dom, "/bin/sh", &["-c", "head -c 16 /dev/vda"]).unwrap_or_default();
     assert_eq!(kept, "installed-by-iso", "the installed disk kept its data");
+
+    // The disk fills up: its DataVolume grows to 3Gi and the running guest sees it at
+    // once; shrinking it is refused.
+    let (code, mut dv) = a.get(&format!("{DVS}/inst-root")).await;
+    assert_eq!(code, 200, "{dv}");
+    dv["spec"]["storage"]["resources"]["requests"]["storage"] = json!("1Gi");
+    let (code, v) = a.put_json(&format!("{DVS}/inst-root"), &dv).await;
+    assert_eq!(code, 422, "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("can only grow"),
+        "{v}"
+    );
+    dv["spec"]["storage"]["resources"]["requests"]["storage"] = json!("3Gi");
+    let (code, v) = a.put_json(&format!("{DVS}/inst-root"), &dv).await;
+    assert_eq!(code, 200, "{v}");
+    wait_for("the guest to see the 3Gi disk", BOOT, || async {
+        guest_exec(&dom, "/bin/cat", &["/sys/block/vda/size"]).filter(|s| s.trim() == "6291456")
+    })
+    .await;
+    let kept = guest_exec(&dom, "/bin/sh", &["-c", "head -c 16 /dev/vda"]).unwrap_or_default();
+    assert_eq!(kept, "installed-by-iso", "growing kept the data");
     // The ISO is no longer used, so it can go.
     assert_eq!(
         a.delete("/apis/edgevirt.io/v1/images/installer").await.0,

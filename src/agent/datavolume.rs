@@ -272,6 +272,7 @@ fn running_message(st: &DataVolumeStatus) -> Option<String> {
 /// remove the disks of DataVolumes that are gone.
 pub async fn run(agent: Arc<Agent>, cancel: CancellationToken) {
     let mut next_try: HashMap<String, Instant> = HashMap::new();
+    let mut sizes: HashMap<String, u64> = HashMap::new();
     let mut last_collect = Instant::now();
     loop {
         tokio::select! {
@@ -305,9 +306,99 @@ pub async fn run(agent: Arc<Agent>, cancel: CancellationToken) {
                 },
             }
         }
+        grow(&agent, &dvs, &mut sizes).await;
         if last_collect.elapsed() > Duration::from_secs(30) {
             last_collect = Instant::now();
             collect(&agent, &dvs).await;
+        }
+    }
+}
+
+/// Grow the disks of this node's DataVolumes whose size was raised (the API lets a
+/// DataVolume's size only grow): a disk that a guest running here uses through libvirt,
+/// which tells the guest at once; any other with `qemu-img resize`. `sizes` remembers
+/// each disk's size, so a disk is inspected once, not every round.
+async fn grow(agent: &Agent, dvs: &[Stored<DataVolume>], sizes: &mut HashMap<String, u64>) {
+    let here = agent.cfg.node_name.as_str();
+    sizes.retain(|uid, _| dvs.iter().any(|d| d.obj.uid() == uid));
+    let mut running: Option<Vec<Stored<crate::types::VirtualMachineInstance>>> = None;
+    for dv in dvs {
+        let d = &dv.obj;
+        let Some(want) = d.spec.size() else { continue };
+        if d.annotation(NODE_ANNOTATION) != Some(here)
+            || d.deleting()
+            || sizes.get(d.uid()).is_some_and(|s| *s >= want)
+        {
+            continue;
+        }
+        let Ok(loc) = Location::of(agent, d) else {
+            continue;
+        };
+        if !loc.filled() {
+            continue;
+        }
+        let path = loc.disk().to_path_buf();
+        let have = match crate::virt::image::inspect(&path, Some("qcow2")).await {
+            Ok((_, v)) => v,
+            Err(e) => {
+                tracing::warn!(datavolume = %d.name(), error = %e, "cannot read the DataVolume's disk size");
+                continue;
+            }
+        };
+        if have >= want {
+            sizes.insert(d.uid().to_string(), have);
+            continue;
+        }
+        // A guest here using it: its domain grows the disk.
+        if running.is_none() {
+            running = agent.cp.vmis_of(here).await.ok().map(|l| l.items);
+        }
+        let user = running.iter().flatten().find_map(|vmi| {
+            let v = &vmi.obj;
+            let uses = v.namespace() == d.namespace()
+                && v.spec
+                    .volumes
+                    .iter()
+                    .any(|vol| vol.data_volume.as_ref().is_some_and(|s| s.name == d.name()));
+            let dom = v.status.as_ref().and_then(|s| s.domain_name.clone());
+            uses.then_some(dom).flatten()
+        });
+        let how = match &user {
+            Some(dom) => {
+                let (hv, dom, p) = (
+                    agent.hv.clone(),
+                    dom.clone(),
+                    path.to_string_lossy().into_owned(),
+                );
+                match tokio::task::spawn_blocking(move || hv.block_resize(&dom, &p, want)).await {
+                    Ok(r) => r.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+            None => tokio::process::Command::new("qemu-img")
+                .args(["resize", "-f", "qcow2"])
+                .arg(&path)
+                .arg(want.to_string())
+                .output()
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|o| {
+                    if o.status.success() {
+                        Ok(())
+                    } else {
+                        Err(String::from_utf8_lossy(&o.stderr).trim().to_string())
+                    }
+                }),
+        };
+        match how {
+            Ok(()) => {
+                tracing::info!(namespace = %d.namespace(), datavolume = %d.name(), from = have, to = want, domain = ?user, "grew the DataVolume's disk");
+                sizes.insert(d.uid().to_string(), want);
+            }
+            // Tried again next round (a domain that just stopped, say).
+            Err(e) => {
+                tracing::warn!(namespace = %d.namespace(), datavolume = %d.name(), error = %e, "cannot grow the DataVolume's disk")
+            }
         }
     }
 }

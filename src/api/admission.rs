@@ -260,10 +260,9 @@ pub async fn admit(
             if let Some(old) = existing
                 && old["spec"] != canon
             {
-                return Err(ApiError::invalid(
-                    "the spec of a DataVolume cannot be changed once created (as in CDI); \
-                     create another one",
-                ));
+                let before: DataVolumeSpec =
+                    serde_json::from_value(old["spec"].clone()).map_err(ApiError::internal)?;
+                before.check_update(&dv).map_err(ApiError::invalid)?;
             }
             obj["spec"] = canon;
         }

@@ -130,6 +130,12 @@ pub trait Hypervisor: Send + Sync + 'static {
         let _ = (name, dest_uri, dest_xml, block, shared_storage);
         Err(Error::Libvirt("this backend cannot migrate".into()))
     }
+    /// Grow a disk of a running domain (named by its source path) to `bytes`; the guest
+    /// sees the new size at once.
+    fn block_resize(&self, name: &str, disk: &str, bytes: u64) -> Result<()> {
+        let _ = (name, disk, bytes);
+        Err(Error::Libvirt("this backend cannot resize disks".into()))
+    }
     /// Abort the domain's running job (a migration).
     fn abort_job(&self, name: &str) -> Result<()> {
         let _ = name;

@@ -1220,19 +1220,43 @@ async fn data_volumes_are_checked_whole_and_named_by_vms() {
     let good = json!({"source": {"blank": {}}, "storage": {"resources": {"requests": {"storage": "1Gi"}}}});
     let (code, s) = post(DVS, dv("disk", good.clone())).await;
     assert_eq!(code, StatusCode::CREATED, "{s}");
-    let mut grown = good.clone();
-    grown["storage"]["resources"]["requests"]["storage"] = json!("2Gi");
-    let (code, s) = call(
-        &t,
-        "PUT",
-        &format!("{DVS}/disk"),
-        Some("admin-tok"),
-        "application/json",
-        &dv("disk", grown),
-    )
-    .await;
+    // Only its size may change, and only upwards (as a PVC's expansion).
+    let put = |spec: Value| {
+        let body = dv("disk", spec);
+        let t = &t;
+        async move {
+            call(
+                t,
+                "PUT",
+                &format!("{DVS}/disk"),
+                Some("admin-tok"),
+                "application/json",
+                &body,
+            )
+            .await
+        }
+    };
+    let mut other = good.clone();
+    other["source"] = json!({"http": {"url": "http://x/y.qcow2"}});
+    let (code, s) = put(other).await;
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{s}");
     assert!(s["message"].as_str().unwrap().contains("cannot be changed"));
+    let mut smaller = good.clone();
+    smaller["storage"]["resources"]["requests"]["storage"] = json!("512Mi");
+    let (code, s) = put(smaller).await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{s}");
+    assert!(
+        s["message"].as_str().unwrap().contains("can only grow"),
+        "{s}"
+    );
+    let mut grown = good.clone();
+    grown["storage"]["resources"]["requests"]["storage"] = json!("2Gi");
+    let (code, s) = put(grown).await;
+    assert_eq!(code, StatusCode::OK, "{s}");
+    assert_eq!(
+        s["spec"]["storage"]["resources"]["requests"]["storage"],
+        "2Gi"
+    );
 
     // A VM names an existing DataVolume and one of its own templates.
     let mut v: Value = serde_json::from_str(&vm("user", json!({}))).unwrap();

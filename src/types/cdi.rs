@@ -252,6 +252,43 @@ impl DataVolumeSpec {
         self.storage.as_ref().or(self.pvc.as_ref())
     }
 
+    /// Whether `new` differs from this spec only by a larger size (the one change a
+    /// DataVolume takes, as a PVC's expansion): `Ok(true)` when it grows, `Ok(false)` when
+    /// nothing changed, `Err` with the reason otherwise.
+    pub fn check_update(&self, new: &DataVolumeSpec) -> Result<bool, String> {
+        let field = if new.storage.is_some() {
+            "spec.storage.resources.requests.storage"
+        } else {
+            "spec.pvc.resources.requests.storage"
+        };
+        let (old_size, new_size) = (self.size(), new.size());
+        let mut same = new.clone();
+        if let (Some(c), Some(old_q)) = (
+            same.storage.as_mut().or(same.pvc.as_mut()),
+            self.claim()
+                .and_then(|c| c.resources.as_ref())
+                .and_then(|r| r.requests.get("storage")),
+        ) && let Some(r) = c.resources.as_mut()
+        {
+            r.requests.insert("storage".into(), old_q.clone());
+        }
+        if &same != self {
+            return Err(
+                "the spec of a DataVolume cannot be changed once created (as in CDI), except \
+                 to grow its size; create another one"
+                    .into(),
+            );
+        }
+        match (old_size, new_size) {
+            (Some(o), Some(n)) if n < o => Err(format!(
+                "{field}: a DataVolume can only grow, not shrink from {o} to {n} bytes (the \
+                 guest's data past the new end would be lost)"
+            )),
+            (Some(o), Some(n)) => Ok(n > o),
+            _ => Ok(false),
+        }
+    }
+
     /// The storage class it asks for: `local` unless it names a shared pool.
     pub fn storage_class(&self) -> &str {
         self.claim()
@@ -532,6 +569,40 @@ mod tests {
 
     fn spec(v: serde_json::Value) -> DataVolumeSpec {
         serde_json::from_value(v).unwrap()
+    }
+
+    /// A DataVolume may only grow: a larger size is taken, a smaller one or any other
+    /// change refused, each with its reason.
+    #[test]
+    fn a_datavolume_only_grows() {
+        let of = |size: &str, class: Option<&str>| {
+            let mut storage = serde_json::json!({"resources": {"requests": {"storage": size}}});
+            if let Some(c) = class {
+                storage["storageClassName"] = c.into();
+            }
+            spec(serde_json::json!({"source": {"blank": {}}, "storage": storage}))
+        };
+        let two = of("2Gi", None);
+        assert_eq!(two.check_update(&of("4Gi", None)), Ok(true));
+        assert_eq!(two.check_update(&of("2048Mi", None)), Ok(false));
+        let e = two.check_update(&of("1Gi", None)).unwrap_err();
+        assert!(
+            e.starts_with("spec.storage.resources.requests.storage: a DataVolume can only grow"),
+            "{e}"
+        );
+        let e = two.check_update(&of("4Gi", Some("site"))).unwrap_err();
+        assert!(e.contains("except to grow its size"), "{e}");
+        let pvc = spec(serde_json::json!({"source": {"blank": {}},
+            "pvc": {"resources": {"requests": {"storage": "1Gi"}}}}));
+        let bigger = spec(serde_json::json!({"source": {"blank": {}},
+            "pvc": {"resources": {"requests": {"storage": "3Gi"}}}}));
+        assert_eq!(pvc.check_update(&bigger), Ok(true));
+        assert!(
+            bigger
+                .check_update(&pvc)
+                .unwrap_err()
+                .starts_with("spec.pvc.")
+        );
     }
 
     fn problems(v: serde_json::Value) -> Vec<String> {

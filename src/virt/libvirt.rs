@@ -157,6 +157,12 @@ impl Hypervisor for Libvirt {
         self.on_domain(name, |d| d.destroy())
     }
 
+    fn block_resize(&self, name: &str, disk: &str, bytes: u64) -> Result<()> {
+        self.on_domain(name, |d| {
+            d.block_resize(disk, bytes, sys::VIR_DOMAIN_BLOCK_RESIZE_BYTES)
+        })
+    }
+
     fn migrate(
         &self,
         name: &str,

@@ -95,18 +95,8 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         login_problems.is_empty(),
         "the login page: {login_problems:?}"
     );
-    c.find(Locator::Id("username"))
-        .await
-        .unwrap()
-        .send_keys("admin")
-        .await
-        .unwrap();
-    c.find(Locator::Id("password"))
-        .await
-        .unwrap()
-        .send_keys("wrong-password")
-        .await
-        .unwrap();
+    type_into(c, "username", "admin").await;
+    type_into(c, "password", "wrong-password").await;
     click(c, "login").await;
     let err = wait_text(
         c,
@@ -117,12 +107,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     )
     .await;
     assert!(err.contains("wrong username or password"), "{err}");
-    c.find(Locator::Id("password"))
-        .await
-        .unwrap()
-        .send_keys(&password)
-        .await
-        .unwrap();
+    type_into(c, "password", &password).await;
     click(c, "login").await;
     let h1 = wait_text(c, "h1", "the overview", Duration::from_secs(10), |t| {
         t == "Overview"
@@ -178,12 +163,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
 
     // --- Create a VM from the form: the test guest, booted from its kernel and initrd.
     c.goto(&format!("{}/ui/vms/new", a.url)).await.unwrap();
-    c.find(Locator::Id("name"))
-        .await
-        .unwrap()
-        .send_keys("browser")
-        .await
-        .unwrap();
+    type_into(c, "name", "browser").await;
     let mem = c.find(Locator::Id("memory")).await.unwrap();
     mem.clear().await.unwrap();
     mem.send_keys("192Mi").await.unwrap();
@@ -205,12 +185,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         .select_by_value("test-initrd")
         .await
         .unwrap();
-    c.find(Locator::Id("kernel_args"))
-        .await
-        .unwrap()
-        .send_keys("console=ttyS0 edgevirt.hostname=browser")
-        .await
-        .unwrap();
+    type_into(c, "kernel_args", "console=ttyS0 edgevirt.hostname=browser").await;
     shot(c, "02-new-vm-form").await;
     click(c, "create").await;
     wait_text(c, "h1", "the VM's page", Duration::from_secs(10), |t| {
@@ -287,21 +262,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     shot(c, "04-console").await;
 
     // --- The serial console: a prompt with the guest's name.
-    c.goto(&format!("{}/ui/vms/default/browser/serial", a.url))
-        .await
-        .unwrap();
-    wait_text(
-        c,
-        "#state",
-        "the serial console to connect",
-        Duration::from_secs(30),
-        |t| t.starts_with("Connected"),
-    )
-    .await;
-    let input = c
-        .find(Locator::Css(".xterm-helper-textarea"))
-        .await
-        .unwrap();
+    let input = open_serial(c, &a.url, "browser").await;
     input
         .send_keys("echo from-the-browser-$((6*7))\n")
         .await
@@ -310,16 +271,9 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         "the guest's answer in the terminal",
         Duration::from_secs(30),
         || async {
-            let t = c
-                .execute(
-                    "return document.querySelector('.xterm-rows').textContent;",
-                    vec![],
-                )
+            terminal_text(c)
                 .await
-                .ok()?;
-            t.as_str()
                 .filter(|t| t.contains("from-the-browser-42") && t.contains("browser:"))
-                .map(str::to_string)
         },
     )
     .await;
@@ -530,12 +484,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
     )
     .await
     .unwrap();
-    c.find(Locator::Id("upload-file"))
-        .await
-        .unwrap()
-        .send_keys(upload.path().to_str().unwrap())
-        .await
-        .unwrap();
+    type_into(c, "upload-file", upload.path().to_str().unwrap()).await;
     let name = c.find(Locator::Id("upload-name")).await.unwrap();
     let suggested = name.prop("value").await.unwrap().unwrap_or_default();
     assert!(
@@ -715,23 +664,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         t == "edgevirt"
     })
     .await;
-    for (id, text) in [("username", "vic"), ("password", "viewer-pass")] {
-        c.find(Locator::Id(id))
-            .await
-            .unwrap()
-            .send_keys(text)
-            .await
-            .unwrap();
-    }
-    click(c, "login").await;
-    wait_text(
-        c,
-        "h1",
-        "the viewer's overview",
-        Duration::from_secs(10),
-        |t| t == "Overview",
-    )
-    .await;
+    log_in(c, &a.url, "vic", "viewer-pass").await;
     let viewer_sees = r#"return {newVm: !!document.querySelector('a[href="/ui/vms/new"]'),
         actions: !!document.getElementById('actions'), migrate: !!document.getElementById('migrate'),
         edit: !!document.querySelector('a[href$="/edit"]'), forms: document.querySelectorAll('main form').length};"#;
@@ -833,29 +766,11 @@ async fn iso_install_from_the_wizard() {
     let password = serve::initial_admin(&a.dir, "password");
     let d = start_browser(&[]).await;
     let c = &d.client;
-    c.goto(&format!("{}/ui/login", a.url)).await.unwrap();
-    for (id, text) in [("username", "admin"), ("password", password.as_str())] {
-        c.find(Locator::Id(id))
-            .await
-            .unwrap()
-            .send_keys(text)
-            .await
-            .unwrap();
-    }
-    click(c, "login").await;
-    wait_text(c, "h1", "the overview", Duration::from_secs(10), |t| {
-        t == "Overview"
-    })
-    .await;
+    log_in(c, &a.url, "admin", &password).await;
 
     // --- The ISO, uploaded from the images page and marked as one.
     c.goto(&format!("{}/ui/images", a.url)).await.unwrap();
-    c.find(Locator::Id("upload-file"))
-        .await
-        .unwrap()
-        .send_keys(iso.to_str().unwrap())
-        .await
-        .unwrap();
+    type_into(c, "upload-file", iso.to_str().unwrap()).await;
     let name = c.find(Locator::Id("upload-name")).await.unwrap();
     name.clear().await.unwrap();
     name.send_keys("installer").await.unwrap();
@@ -888,12 +803,7 @@ async fn iso_install_from_the_wizard() {
 
     // --- The wizard: install from the ISO onto a blank 2 GiB disk.
     c.goto(&format!("{}/ui/vms/new", a.url)).await.unwrap();
-    c.find(Locator::Id("name"))
-        .await
-        .unwrap()
-        .send_keys("isovm")
-        .await
-        .unwrap();
+    type_into(c, "name", "isovm").await;
     c.find(Locator::Id("iso"))
         .await
         .unwrap()
@@ -919,34 +829,11 @@ async fn iso_install_from_the_wizard() {
     let vmi = a.wait_running("isovm", None, BOOT).await;
 
     // --- The serial console shows the guest the ISO booted.
-    c.goto(&format!("{}/ui/vms/default/isovm/serial", a.url))
-        .await
-        .unwrap();
-    wait_text(
-        c,
-        "#state",
-        "the serial console to connect",
-        Duration::from_secs(30),
-        |t| t.starts_with("Connected"),
-    )
-    .await;
-    let input = c
-        .find(Locator::Css(".xterm-helper-textarea"))
-        .await
-        .unwrap();
+    let input = open_serial(c, &a.url, "isovm").await;
     wait_for("the ISO's guest in the terminal", BOOT, || async {
         input.send_keys("uname -n\n").await.ok()?;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let t = c
-            .execute(
-                "return document.querySelector('.xterm-rows').textContent;",
-                vec![],
-            )
-            .await
-            .ok()?;
-        t.as_str()
-            .filter(|t| t.contains("isoboot:"))
-            .map(str::to_string)
+        terminal_text(c).await.filter(|t| t.contains("isoboot:"))
     })
     .await;
     shot(c, "21-iso-serial").await;

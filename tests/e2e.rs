@@ -1733,6 +1733,21 @@ async fn instancetypes_probes_and_access_credentials_on_a_real_guest() {
 }
 
 /// The libvirt domain of a VM's instance.
+/// Restart the VM `name` whose instance is `vmi`: the new instance once it runs, its domain
+/// and the domain's live XML.
+async fn restart(
+    a: &Appliance,
+    name: &str,
+    vmi: &serde_json::Value,
+) -> (serde_json::Value, String, String) {
+    assert_eq!(a.action(name, "restart").await, 202);
+    let old = vmi["metadata"]["uid"].as_str().unwrap();
+    let vmi = a.wait_running(name, Some(old), BOOT).await;
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    let (_, xml) = virsh(&["dumpxml", &dom]);
+    (vmi, dom, xml)
+}
+
 async fn domain_of(a: &Appliance, name: &str) -> String {
     a.vmi(name).await.unwrap()["status"]["domainName"]
         .as_str()
@@ -2110,11 +2125,7 @@ async fn iso_install_onto_a_blank_disk_under_bios_and_uefi() {
     vm["spec"]["template"]["spec"]["domain"]["features"] = json!({"smm": {}});
     let (code, v) = a.put_json(&format!("{VMS}/inst"), &vm).await;
     assert_eq!(code, 200, "{v}");
-    assert_eq!(a.action("inst", "restart").await, 202);
-    let old = vmi["metadata"]["uid"].as_str().unwrap().to_string();
-    let vmi = a.wait_running("inst", Some(&old), BOOT).await;
-    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
-    let (_, xml) = virsh(&["dumpxml", &dom]);
+    let (vmi, dom, xml) = restart(&a, "inst", &vmi).await;
     assert!(xml.contains("secure='yes'"), "Secure Boot firmware: {xml}");
     assert_eq!(
         hostname(dom.clone()).await,
@@ -2140,11 +2151,7 @@ async fn iso_install_onto_a_blank_disk_under_bios_and_uefi() {
     spec["volumes"] = json!([{"name": "root", "dataVolume": {"name": "inst-root"}}]);
     let (code, v) = a.put_json(&format!("{VMS}/inst"), &vm).await;
     assert_eq!(code, 200, "{v}");
-    assert_eq!(a.action("inst", "restart").await, 202);
-    let old = vmi["metadata"]["uid"].as_str().unwrap().to_string();
-    let vmi = a.wait_running("inst", Some(&old), BOOT).await;
-    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
-    let (_, xml) = virsh(&["dumpxml", &dom]);
+    let (_, dom, xml) = restart(&a, "inst", &vmi).await;
     assert!(!xml.contains("device='cdrom'"), "no CD drive left: {xml}");
     assert_eq!(
         hostname(dom.clone()).await,
@@ -2244,10 +2251,7 @@ async fn tpm_and_efi_variables_survive_a_restart() {
     );
 
     // A new instance: the same TPM and EFI variables.
-    assert_eq!(a.action("keeper", "restart").await, 202);
-    let old = vmi["metadata"]["uid"].as_str().unwrap().to_string();
-    let vmi = a.wait_running("keeper", Some(&old), BOOT).await;
-    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    let (_, dom, _) = restart(&a, "keeper", &vmi).await;
     wait_for("the guest agent after the restart", BOOT, || async {
         guest_exec(&dom, "/bin/true", &[])
     })

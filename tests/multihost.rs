@@ -187,6 +187,18 @@ async fn join_token(c: &Appliance) -> String {
     v["token"].as_str().unwrap().to_string()
 }
 
+/// Join hosts a and b to the controller, each with a join token of its own, and wait until
+/// both nodes are ready; their nodes, in that order.
+async fn join_both(c: &Appliance, a: &mut Host, b: &mut Host) -> (Value, Value) {
+    let (ta, tb) = (join_token(c).await, join_token(c).await);
+    a.start_agent(&c.url, Some(&ta));
+    b.start_agent(&c.url, Some(&tb));
+    (
+        wait_ready(c, "a", Duration::from_secs(60)).await,
+        wait_ready(c, "b", Duration::from_secs(60)).await,
+    )
+}
+
 async fn node(c: &Appliance, name: &str) -> Option<Value> {
     let (code, v) = c.get(&format!("/apis/edgevirt.io/v1/nodes/{name}")).await;
     (code == 200).then_some(v)
@@ -689,11 +701,7 @@ async fn vms_live_migrate_cancel_and_drain() {
     // back to the controller's relay.
     a.env
         .push(("EDGEVIRT_MIGRATION_ADDRESS".into(), "127.0.0.1".into()));
-    let (ta, tb) = (join_token(&c).await, join_token(&c).await);
-    a.start_agent(&c.url, Some(&ta));
-    b.start_agent(&c.url, Some(&tb));
-    let na = wait_ready(&c, "a", Duration::from_secs(60)).await;
-    wait_ready(&c, "b", Duration::from_secs(60)).await;
+    let (na, _) = join_both(&c, &mut a, &mut b).await;
     assert_eq!(na["status"]["sharedPool"]["name"], "site", "{na}");
     let (ok, out) = cli(&c, &["node", "list", "-o", "wide"]);
     assert!(
@@ -1133,17 +1141,8 @@ async fn dashboard(c: &Appliance) -> chromium::Driver {
     // The controller's certificate is its own: this browser does not pin it.
     let d = chromium::start_browser(&["--ignore-certificate-errors"]).await;
     let b = &d.client;
-    b.goto(&format!("{}/ui/login", c.url)).await.unwrap();
     let password = serve::initial_admin(&c.dir, "password");
-    for (id, text) in [("username", "admin"), ("password", password.as_str())] {
-        let e = b.find(Locator::Id(id)).await.unwrap();
-        e.send_keys(text).await.unwrap();
-    }
-    chromium::click(b, "login").await;
-    chromium::wait_text(b, "h1", "the overview", Duration::from_secs(20), |t| {
-        t == "Overview"
-    })
-    .await;
+    chromium::log_in(b, &c.url, "admin", &password).await;
     d
 }
 
@@ -1287,11 +1286,7 @@ async fn migration_refused_when_the_target_cpu_lacks_a_feature() {
         .push(("EDGEVIRT_CPUINFO".into(), narrow.display().to_string()));
     let c = controller().await;
     c.import_guest().await;
-    let (ta, tb) = (join_token(&c).await, join_token(&c).await);
-    a.start_agent(&c.url, Some(&ta));
-    b.start_agent(&c.url, Some(&tb));
-    wait_ready(&c, "a", Duration::from_secs(60)).await;
-    let nb = wait_ready(&c, "b", Duration::from_secs(60)).await;
+    let (_, nb) = join_both(&c, &mut a, &mut b).await;
     assert!(
         !nb["status"]["cpu"]["flags"]
             .as_array()
@@ -1432,11 +1427,7 @@ async fn vms_join_the_site_lan_and_its_vlans_and_keep_them_across_migration() {
     }
     let c = controller().await;
     c.import_guest().await;
-    let (ta, tb) = (join_token(&c).await, join_token(&c).await);
-    a.start_agent(&c.url, Some(&ta));
-    b.start_agent(&c.url, Some(&tb));
-    let na = wait_ready(&c, "a", Duration::from_secs(60)).await;
-    wait_ready(&c, "b", Duration::from_secs(60)).await;
+    let (na, _) = join_both(&c, &mut a, &mut b).await;
     // Each node reports the operator's bridge, VLAN filtering on.
     assert!(
         na["status"]["bridges"]
@@ -1813,11 +1804,7 @@ async fn a_persistent_tpm_moves_with_a_live_migration() {
     let mut b = Host::up("b", 12);
     let c = controller().await;
     c.import_guest().await;
-    let (ta, tb) = (join_token(&c).await, join_token(&c).await);
-    a.start_agent(&c.url, Some(&ta));
-    b.start_agent(&c.url, Some(&tb));
-    wait_ready(&c, "a", Duration::from_secs(60)).await;
-    wait_ready(&c, "b", Duration::from_secs(60)).await;
+    join_both(&c, &mut a, &mut b).await;
     let yaml = Vm::guest("tpmvm")
         .memory("128Mi")
         .with(|v| Vm::domain_of(v)["devices"]["tpm"] = json!({"persistent": true}))

@@ -162,6 +162,22 @@ impl Browser {
             .await
             .unwrap()
     }
+
+    /// As an admin: add the viewer `name` (password `viewer-pass`) on the admin page, and
+    /// log it in.
+    async fn add_viewer(&self, s: &Server, name: &str) -> Browser {
+        let form = [
+            ("csrf", self.csrf.as_str()),
+            ("name", name),
+            ("role", "viewer"),
+            ("password", "viewer-pass"),
+        ];
+        let r = self.post(s, "/ui/admin/users", &form).await;
+        assert_eq!(r.status(), 200);
+        let page = r.text().await.unwrap();
+        assert!(page.contains(&format!("User {name} created.")), "{page}");
+        login(s, name, "viewer-pass").await.unwrap()
+    }
 }
 
 /// `pattern` with `&{lt}`/`&{gt}` as either named or numeric entities is in `html`.
@@ -459,21 +475,7 @@ async fn login_sessions_csrf_escaping_and_roles() {
     assert!(!html.contains(evil));
 
     // Admins add users; a viewer sees but changes nothing and opens no console.
-    let r = b
-        .post(
-            &s,
-            "/ui/admin/users",
-            &[
-                ("csrf", &b.csrf),
-                ("name", "vera"),
-                ("role", "viewer"),
-                ("password", "viewer-pass"),
-            ],
-        )
-        .await;
-    assert_eq!(r.status(), 200);
-    assert!(r.text().await.unwrap().contains("User vera created."));
-    let v = login(&s, "vera", "viewer-pass").await.unwrap();
+    let v = b.add_viewer(&s, "vera").await;
     let list = v.get(&s, "/ui/vms").await.text().await.unwrap();
     assert!(list.contains("csrf-test"), "viewers see VMs");
     assert!(
@@ -987,19 +989,7 @@ async fn nodes_hosts_and_images_from_the_dashboard() {
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
 
     // A viewer: no actions on the node page, each one refused, no upload form.
-    admin
-        .post(
-            &s,
-            "/ui/admin/users",
-            &[
-                ("csrf", &admin.csrf),
-                ("name", "val"),
-                ("role", "viewer"),
-                ("password", "viewer-pass"),
-            ],
-        )
-        .await;
-    let v = login(&s, "val", "viewer-pass").await.unwrap();
+    let v = admin.add_viewer(&s, "val").await;
     let page = v.html(&s, "/ui/nodes/shop-2").await;
     assert!(page.contains("Node shop-2") && !page.contains("node-actions"));
     for action in ["cordon", "uncordon", "drain", "delete"] {
@@ -1656,20 +1646,7 @@ async fn the_wizard_installs_from_isos_and_the_iso_comes_out() {
         .post(&s, eject, &[("csrf", &b.csrf), ("disk", "rootdisk")])
         .await;
     assert_eq!(r.status(), StatusCode::CONFLICT);
-    let r = b
-        .post(
-            &s,
-            "/ui/admin/users",
-            &[
-                ("csrf", &b.csrf),
-                ("name", "vic"),
-                ("role", "viewer"),
-                ("password", "viewer-pass"),
-            ],
-        )
-        .await;
-    assert_eq!(r.status(), 200);
-    let v = login(&s, "vic", "viewer-pass").await.unwrap();
+    let v = b.add_viewer(&s, "vic").await;
     assert!(
         !v.html(&s, "/ui/vms/default/win")
             .await

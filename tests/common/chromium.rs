@@ -134,3 +134,55 @@ pub async fn click(c: &Client, id: &str) {
         .await
         .unwrap();
 }
+
+/// Type `text` into the element with this id.
+pub async fn type_into(c: &Client, id: &str, text: &str) {
+    c.find(Locator::Id(id))
+        .await
+        .unwrap()
+        .send_keys(text)
+        .await
+        .unwrap();
+}
+
+/// On the login page at `url`: log in as `user` and wait for the overview.
+pub async fn log_in(c: &Client, url: &str, user: &str, password: &str) {
+    c.goto(&format!("{url}/ui/login")).await.unwrap();
+    type_into(c, "username", user).await;
+    type_into(c, "password", password).await;
+    click(c, "login").await;
+    wait_text(c, "h1", "the overview", Duration::from_secs(20), |t| {
+        t == "Overview"
+    })
+    .await;
+}
+
+/// Open the serial console of `default/vm` and wait until it is connected; its keyboard.
+pub async fn open_serial(c: &Client, url: &str, vm: &str) -> fantoccini::elements::Element {
+    c.goto(&format!("{url}/ui/vms/default/{vm}/serial"))
+        .await
+        .unwrap();
+    wait_text(
+        c,
+        "#state",
+        "the serial console to connect",
+        Duration::from_secs(30),
+        |t| t.starts_with("Connected"),
+    )
+    .await;
+    c.find(Locator::Css(".xterm-helper-textarea"))
+        .await
+        .unwrap()
+}
+
+/// What the serial console's terminal shows.
+pub async fn terminal_text(c: &Client) -> Option<String> {
+    c.execute(
+        "return document.querySelector('.xterm-rows').textContent;",
+        vec![],
+    )
+    .await
+    .ok()?
+    .as_str()
+    .map(str::to_string)
+}

@@ -209,9 +209,11 @@ async fn store_image(
         .map_err(ApiError::internal)?;
     let uid = uuid::Uuid::new_v4().to_string();
     let tmp = dir.join(format!(".upload-{uid}"));
-    let mut file = tokio::fs::File::create(&tmp)
+    let file = tokio::fs::File::create(&tmp)
         .await
         .map_err(ApiError::internal)?;
+    // The body comes in chunks of a few KiB: written a MiB at a time.
+    let mut out = tokio::io::BufWriter::with_capacity(WRITE_BUFFER, file);
     let mut hasher = Sha256::new();
     let mut size = 0u64;
     let mut stream = body.into_data_stream();
@@ -221,9 +223,10 @@ async fn store_image(
                 chunk.map_err(|e| ApiError::bad_request(format!("upload interrupted: {e}")))?;
             hasher.update(&chunk);
             size += chunk.len() as u64;
-            file.write_all(&chunk).await.map_err(ApiError::internal)?;
+            out.write_all(&chunk).await.map_err(ApiError::internal)?;
         }
-        file.sync_all().await.map_err(ApiError::internal)?;
+        out.flush().await.map_err(ApiError::internal)?;
+        out.get_ref().sync_all().await.map_err(ApiError::internal)?;
         Ok(())
     }
     .await;
@@ -239,6 +242,9 @@ async fn store_image(
     };
     finish_image(st, name, meta, got, declared).await
 }
+
+/// How much of an upload is gathered before it is written to its file.
+const WRITE_BUFFER: usize = 1 << 20;
 
 /// An upload received whole, in a temporary file of the images folder.
 struct Received {
@@ -408,14 +414,15 @@ async fn upload_part(
         r.headers_mut().insert("upload-offset", have.into());
         return Ok(r);
     }
-    let mut file = tokio::fs::OpenOptions::new()
+    let file = tokio::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(&path)
         .await
         .map_err(ApiError::internal)?;
+    let mut out = tokio::io::BufWriter::with_capacity(WRITE_BUFFER, file);
     let want = end - start + 1;
-    // Bytes of this part written to the file: only whole chunks within the range are.
+    // Bytes of this part taken (buffered or written): only whole chunks within the range.
     let mut written = 0u64;
     let mut stream = body.into_data_stream();
     let result: Result<(), ApiError> = async {
@@ -427,20 +434,28 @@ async fn upload_part(
                     "the part is longer than its Content-Range says ({want} bytes)"
                 )));
             }
-            file.write_all(&chunk).await.map_err(ApiError::internal)?;
+            out.write_all(&chunk).await.map_err(ApiError::internal)?;
             written += chunk.len() as u64;
         }
-        file.sync_all().await.map_err(ApiError::internal)?;
+        out.flush().await.map_err(ApiError::internal)?;
+        out.get_ref().sync_all().await.map_err(ApiError::internal)?;
         Ok(())
     }
     .await;
     if let Err(e) = result {
-        // What arrived within the range stays: the client resumes after it. (A write that
-        // failed half-way is cut back to the last whole chunk.)
-        let _ = file.set_len(have + written).await;
+        // What arrived within the range stays: the client resumes after it. When what was
+        // buffered cannot be written, the file goes back to where this part started.
+        let keep = if out.flush().await.is_ok() {
+            have + written
+        } else {
+            have
+        };
+        let file = out.into_inner();
+        let _ = file.set_len(keep).await;
         let _ = file.sync_all().await;
         return Err(e);
     }
+    let file = out.into_inner();
     if written != want {
         return Err(ApiError::bad_request(format!(
             "the part has {written} bytes, its Content-Range says {want}; {} bytes are kept",

@@ -485,7 +485,8 @@ async fn put_file(
     );
     bar.set_message(format!("uploading {what}"));
     let b2 = bar.clone();
-    let stream = tokio_util::io::ReaderStream::new(f).inspect(move |chunk| {
+    // Read a MiB at a time (the default of 4 KiB makes as many HTTP chunks).
+    let stream = tokio_util::io::ReaderStream::with_capacity(f, 1 << 20).inspect(move |chunk| {
         if let Ok(c) = chunk {
             b2.inc(c.len() as u64);
         }

@@ -885,9 +885,14 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             "namespaceSelector",
         ),
         (
-            "tpm-persistent",
-            json!({"domain": {"devices": {"tpm": {"persistent": true}}}}),
+            "tpm-persistent-not-a-bool",
+            json!({"domain": {"devices": {"tpm": {"persistent": "../../etc"}}}}),
             "tpm.persistent",
+        ),
+        (
+            "efi-persistent-not-a-bool",
+            json!({"domain": {"firmware": {"bootloader": {"efi": {"persistent": "yes"}}}}}),
+            "efi.persistent",
         ),
         (
             "eviction-strategy-unknown",

@@ -2027,7 +2027,8 @@ async fn accel_auto_trusts_kvm_only_once_a_probe_guest_booted() {
 /// BIOS and, after an edit, under UEFI with Secure Boot; the guest sees the 2Gi disk and
 /// "installs" onto it. With the cdrom removed, the VM still starts (by kernel boot) and its
 /// disk still holds what the install wrote; its DataVolume then grows while the guest runs,
-/// which sees the new size at once. A disk image is refused as an ISO.
+/// which sees the new size at once. A disk image is refused as an ISO. Last, an ISO at a
+/// URL boots as KubeVirt users attach one: a DataVolume with an `http` source.
 #[tokio::test]
 #[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
 async fn iso_install_onto_a_blank_disk_under_bios_and_uefi() {
@@ -2186,6 +2187,37 @@ async fn iso_install_onto_a_blank_disk_under_bios_and_uefi() {
         a.delete("/apis/edgevirt.io/v1/images/installer").await.0,
         200
     );
+
+    // KubeVirt's way to an ISO at a URL, unchanged: a DataVolume with an `http` source as
+    // a cdrom. The node downloads it and the guest boots from it.
+    let files = tempfile::tempdir().unwrap();
+    std::fs::copy(&iso, files.path().join("installer.iso")).unwrap();
+    let web = FileServer::start(files.path().to_path_buf());
+    let yaml = Vm::guest("urliso")
+        .memory("256Mi")
+        .with(|v| {
+            v["spec"]["dataVolumeTemplates"] = json!([{
+                "metadata": {"name": "urliso-cd"},
+                "spec": {"source": {"http": {"url": format!("{}/installer.iso", web.url)}},
+                         "storage": {"resources": {"requests": {"storage": "100Mi"}}}},
+            }]);
+            let spec = &mut v["spec"]["template"]["spec"];
+            spec["domain"]["firmware"] = json!({"bootloader": {"bios": {}}});
+            spec["domain"]["devices"]["disks"] =
+                json!([{"name": "cd", "cdrom": {"bus": "sata"}, "bootOrder": 1}]);
+            spec["volumes"] = json!([{"name": "cd", "dataVolume": {"name": "urliso-cd"}}]);
+        })
+        .yaml();
+    let (code, v) = a.post_yaml(VMS, &yaml).await;
+    assert_eq!(code, 201, "{v}");
+    let vmi = a.wait_running("urliso", None, BOOT).await;
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    assert_eq!(
+        hostname(dom).await,
+        "isoboot",
+        "booted from the downloaded ISO"
+    );
+    a.delete(&format!("{VMS}/urliso")).await;
 }
 
 /// KubeVirt's `tpm.persistent` and `efi.persistent` on a real guest: it stores a value in

@@ -1664,4 +1664,90 @@ async fn the_wizard_installs_from_isos_and_the_iso_comes_out() {
     assert!(page.contains("The CD drive was taken out of win"));
     assert_eq!(page.matches("Remove ISO").count(), 1, "the installer stays");
     assert!(!page.contains("image virtio-win"));
+
+    // Grow the disk from the hardware list: its DataVolume's size through the API, which
+    // refuses a smaller one; only the VM's own DataVolumes, only for operators.
+    assert!(
+        page.contains("DataVolume win-rootdisk, 40 GiB"),
+        "the disk's size"
+    );
+    assert!(page.contains("name=\"gib\" type=\"number\" min=\"41\""));
+    let grow = "/ui/vms/default/win/grow";
+    let r = b
+        .post(
+            &s,
+            grow,
+            &[
+                ("csrf", &b.csrf),
+                ("datavolume", "win-rootdisk"),
+                ("gib", "48"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let dv: serde_json::Value = s
+        .http
+        .get(format!(
+            "{}/apis/cdi.kubevirt.io/v1beta1/namespaces/default/datavolumes/win-rootdisk",
+            s.url
+        ))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        dv["spec"]["storage"]["resources"]["requests"]["storage"],
+        "48Gi"
+    );
+    let page = b.html(&s, "/ui/vms/default/win?done=grow").await;
+    assert!(page.contains("The disk of win grows") && page.contains("48 GiB"));
+    for (form, code) in [
+        (
+            [
+                ("csrf", b.csrf.as_str()),
+                ("datavolume", "win-rootdisk"),
+                ("gib", "20"),
+            ],
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            [
+                ("csrf", b.csrf.as_str()),
+                ("datavolume", "win-rootdisk"),
+                ("gib", "lots"),
+            ],
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            [
+                ("csrf", b.csrf.as_str()),
+                ("datavolume", "other"),
+                ("gib", "60"),
+            ],
+            StatusCode::CONFLICT,
+        ),
+        (
+            [
+                ("csrf", v.csrf.as_str()),
+                ("datavolume", "win-rootdisk"),
+                ("gib", "60"),
+            ],
+            StatusCode::FORBIDDEN,
+        ),
+    ] {
+        let who = if form[0].1 == v.csrf { &v } else { &b };
+        let r = who.post(&s, grow, &form).await;
+        assert_eq!(r.status(), code, "{form:?}");
+        if code == StatusCode::UNPROCESSABLE_ENTITY && form[2].1 == "20" {
+            assert!(r.text().await.unwrap().contains("can only grow"));
+        }
+    }
+    assert!(
+        !v.html(&s, "/ui/vms/default/win")
+            .await
+            .contains("name=\"gib\"")
+    );
 }

@@ -119,6 +119,7 @@ where
         .route("/ui/vms/{ns}/{name}/action", post(pages::vm_action))
         .route("/ui/vms/{ns}/{name}/migrate", post(pages::vm_migrate))
         .route("/ui/vms/{ns}/{name}/eject", post(pages::eject))
+        .route("/ui/vms/{ns}/{name}/grow", post(pages::grow))
         .route("/ui/vms/{ns}/{name}/console", get(pages::console))
         .route("/ui/vms/{ns}/{name}/serial", get(pages::serial))
         .route("/ui/admin", get(pages::admin))

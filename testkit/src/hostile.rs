@@ -1821,6 +1821,18 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                 &[404],
             ),
             (
+                "dashboard-grow-missing-vm",
+                "/ui/vms/default/nosuch/grow",
+                form(&[("datavolume", "../../etc"), ("gib", "2")]),
+                &[404],
+            ),
+            (
+                "dashboard-grow-huge",
+                "/ui/vms/default/nosuch/grow",
+                form(&[("datavolume", "x"), ("gib", "99999999999999999999999")]),
+                &[422],
+            ),
+            (
                 "dashboard-eject-without-disk",
                 "/ui/vms/default/nosuch/eject",
                 form(&[]),

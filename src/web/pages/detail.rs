@@ -72,6 +72,9 @@ pub struct DiskRow {
     source: String,
     /// A CD drive, which the page lets an operator take out (the ISO with it).
     removable: bool,
+    /// Its DataVolume's name and size in whole GiB, when it has one: the page offers to
+    /// grow it.
+    grows: Option<(String, u64)>,
 }
 
 #[derive(Template)]
@@ -386,6 +389,7 @@ fn disk_rows(t: &kubevirt::VirtualMachineInstanceSpec) -> Vec<DiskRow> {
                 boot_order: d.boot_order.map(|b| b.to_string()).unwrap_or("-".into()),
                 source: source(t.volumes.iter().find(|v| v.name == d.name)),
                 removable: device == "cdrom",
+                grows: None,
             }
         })
         .collect();
@@ -398,10 +402,43 @@ fn disk_rows(t: &kubevirt::VirtualMachineInstanceSpec) -> Vec<DiskRow> {
                 boot_order: "-".into(),
                 source: source(Some(v)),
                 removable: false,
+                grows: None,
             });
         }
     }
     rows
+}
+
+/// Each disk on a DataVolume (in the VM's namespace), with the DataVolume's size in the
+/// source column and the size the page offers to grow from.
+fn with_sizes(
+    spec: &mut SpecView,
+    vm: &VirtualMachine,
+    ns: &str,
+    dvs: &[crate::types::cdi::DataVolume],
+) {
+    let volumes = &vm.spec.template.spec.volumes;
+    for row in &mut spec.disks {
+        let Some(name) = volumes
+            .iter()
+            .find(|v| v.name == row.name)
+            .and_then(|v| v.data_volume.as_ref())
+            .map(|d| d.name.as_str())
+        else {
+            continue;
+        };
+        let Some(size) = dvs
+            .iter()
+            .find(|d| d.namespace() == ns && d.name() == name)
+            .and_then(|d| d.spec.size())
+        else {
+            continue;
+        };
+        row.source = format!("{}, {}", row.source, super::human_bytes(size));
+        if row.device == "disk" {
+            row.grows = Some((name.to_string(), size.div_ceil(1 << 30)));
+        }
+    }
 }
 
 /// `?done=ACTION` after an action the API accepted.
@@ -425,6 +462,12 @@ fn done_notice(action: &str, name: &str) -> Option<String> {
         "eject" => {
             return Some(format!(
                 "The CD drive was taken out of {name}; a running VM keeps it until it restarts."
+            ));
+        }
+        "grow" => {
+            return Some(format!(
+                "The disk of {name} grows; a running guest sees the new size within seconds \
+                 (then grow its partition and filesystem)."
             ));
         }
         _ => return None,
@@ -482,7 +525,16 @@ pub async fn vm_detail(
             ..Chrome::new(&u, name.clone())
         },
         st: status_view(&st, &vm, vmi.as_ref()),
-        spec: spec_view(&vm),
+        spec: {
+            let mut spec = spec_view(&vm);
+            let dvs = st
+                .store
+                .all::<crate::types::cdi::DataVolume>()
+                .await
+                .unwrap_or_default();
+            with_sizes(&mut spec, &vm, &ns, &dvs);
+            spec
+        },
         changes,
         events,
         graphs_url: format!(

@@ -175,6 +175,90 @@ pub async fn vm_migrate(
 }
 
 #[derive(Deserialize)]
+pub struct GrowForm {
+    datavolume: String,
+    gib: String,
+}
+
+/// `POST /ui/vms/{ns}/{name}/grow`: grow one of the VM's DataVolumes to `gib` GiB through
+/// the API, which refuses a smaller size. The node holding the disk grows it, and a running
+/// guest sees the new size at once.
+pub async fn grow(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    Path((ns, name)): Path<(String, String)>,
+    Form(f): Form<GrowForm>,
+) -> Response {
+    if let Some(r) = super::viewer_refused(&u, "grow disks") {
+        return r;
+    }
+    let gib: u64 = match f.gib.trim().parse() {
+        Ok(n) if (1..=65536).contains(&n) => n,
+        _ => {
+            return error_page(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &format!(
+                    "the size is a whole number of GiB from 1 to 65536, not {:?}",
+                    f.gib
+                ),
+            );
+        }
+    };
+    let vm = match load_raw_vm(&st, &ns, &name).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let uses = vm["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .is_some_and(|v| {
+            v.iter()
+                .any(|v| v["dataVolume"]["name"] == f.datavolume.as_str())
+        });
+    if !uses {
+        return error_page(
+            StatusCode::CONFLICT,
+            &format!("VM {name} has no disk on DataVolume {:?}", f.datavolume),
+        );
+    }
+    let dv_path = format!(
+        "/apis/cdi.kubevirt.io/v1beta1/namespaces/{}/datavolumes/{}",
+        url_encode(&ns),
+        url_encode(&f.datavolume)
+    );
+    let (code, mut dv) = api
+        .call(&p, Method::GET, &dv_path, "application/json", "")
+        .await;
+    if !code.is_success() {
+        return error_page(code, &api_message(&dv));
+    }
+    let claim = if dv["spec"].get("storage").is_some() {
+        "storage"
+    } else {
+        "pvc"
+    };
+    dv["spec"][claim]["resources"]["requests"]["storage"] = format!("{gib}Gi").into();
+    if let Some(o) = dv.as_object_mut() {
+        o.remove("status");
+    }
+    let (code, v) = api
+        .call(
+            &p,
+            Method::PUT,
+            &dv_path,
+            "application/json",
+            dv.to_string(),
+        )
+        .await;
+    if !code.is_success() {
+        return error_page(code, &api_message(&v));
+    }
+    tracing::info!(namespace = %ns, vm = %name, datavolume = %f.datavolume, gib, user = %p.user, "grew a disk");
+    Redirect::to(&format!("{}?done=grow", detail_url(&ns, &name))).into_response()
+}
+
+#[derive(Deserialize)]
 pub struct EjectForm {
     disk: String,
 }

@@ -48,6 +48,19 @@ impl Server {
     fn initial(&self, key: &str) -> String {
         serve::initial_admin(self.dir.path(), key)
     }
+
+    /// An API object as JSON, read with the bearer token `token`.
+    async fn api_get(&self, token: &str, path: &str) -> serde_json::Value {
+        self.http
+            .get(format!("{}{path}", self.url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
 }
 
 /// `name=value` of a Set-Cookie header, and the whole header line.
@@ -1604,19 +1617,12 @@ async fn the_wizard_installs_from_isos_and_the_iso_comes_out() {
     fields.push(("disk_gib", "40"));
     let r = b.post(&s, "/ui/vms/new", &fields).await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let vm: serde_json::Value = s
-        .http
-        .get(format!(
-            "{}/apis/kubevirt.io/v1/namespaces/default/virtualmachines/win",
-            s.url
-        ))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let vm = s
+        .api_get(
+            &token,
+            "/apis/kubevirt.io/v1/namespaces/default/virtualmachines/win",
+        )
+        .await;
     let t = &vm["spec"]["template"]["spec"];
     assert_eq!(
         vm["spec"]["dataVolumeTemplates"][0]["spec"]["storage"]["resources"]["requests"]["storage"],
@@ -1685,19 +1691,12 @@ async fn the_wizard_installs_from_isos_and_the_iso_comes_out() {
         )
         .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let dv: serde_json::Value = s
-        .http
-        .get(format!(
-            "{}/apis/cdi.kubevirt.io/v1beta1/namespaces/default/datavolumes/win-rootdisk",
-            s.url
-        ))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let dv = s
+        .api_get(
+            &token,
+            "/apis/cdi.kubevirt.io/v1beta1/namespaces/default/datavolumes/win-rootdisk",
+        )
+        .await;
     assert_eq!(
         dv["spec"]["storage"]["resources"]["requests"]["storage"],
         "48Gi"

@@ -326,38 +326,28 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, FieldErrors> {
                 1
             }
         };
-        let cdrom = || {
-            Some(DiskTarget {
-                bus: Some("sata".into()),
-                ..Default::default()
-            })
-        };
         // The installer boots first; once the install is done the disk boots (the ISO can
-        // then be removed on the VM page).
-        disks.push(Disk {
-            name: "installer".into(),
-            cdrom: cdrom(),
-            boot_order: Some(1),
-            ..Default::default()
-        });
-        volumes.push(Volume {
-            name: "installer".into(),
-            container_disk: Some(crate::types::kubevirt::ContainerDisk {
-                image: f.iso.clone(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        if !f.drivers_iso.is_empty() {
+        // then be removed on the VM page). The drivers ISO, if any, rides along.
+        for (name, image, boot_order) in [
+            ("installer", &f.iso, Some(1)),
+            ("drivers", &f.drivers_iso, None),
+        ] {
+            if image.is_empty() {
+                continue;
+            }
             disks.push(Disk {
-                name: "drivers".into(),
-                cdrom: cdrom(),
+                name: name.into(),
+                cdrom: Some(DiskTarget {
+                    bus: Some("sata".into()),
+                    ..Default::default()
+                }),
+                boot_order,
                 ..Default::default()
             });
             volumes.push(Volume {
-                name: "drivers".into(),
+                name: name.into(),
                 container_disk: Some(crate::types::kubevirt::ContainerDisk {
-                    image: f.drivers_iso.clone(),
+                    image: image.clone(),
                     ..Default::default()
                 }),
                 ..Default::default()

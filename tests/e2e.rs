@@ -2190,6 +2190,8 @@ async fn iso_install_onto_a_blank_disk_under_bios_and_uefi() {
     .await;
     let kept = guest_exec(&dom, "/bin/sh", &["-c", "head -c 16 /dev/vda"]).unwrap_or_default();
     assert_eq!(kept, "installed-by-iso", "growing kept the data");
+
+    hotplug_a_disk_into(&a, "inst", &dom).await;
     // The ISO is no longer used, so it can go.
     assert_eq!(
         a.delete("/apis/edgevirt.io/v1/images/installer").await.0,
@@ -2226,6 +2228,144 @@ async fn iso_install_onto_a_blank_disk_under_bios_and_uefi() {
         "booted from the downloaded ISO"
     );
     a.delete(&format!("{VMS}/urliso")).await;
+}
+
+/// KubeVirt's `addvolume` and `removevolume` on the running VM `vm` (domain `dom`): a blank
+/// DataVolume appears in the guest as a SCSI disk, persistently (the VM's spec has it) or for
+/// the instance only, and goes again; the disk the VM was defined with cannot be removed.
+async fn hotplug_a_disk_into(a: &Appliance, vm: &str, dom: &str) {
+    let sub = |what: &str, on: &str| {
+        format!("/apis/subresources.kubevirt.io/v1/namespaces/default/{on}/{vm}/{what}")
+    };
+    let dv = r#"{"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        "metadata": {"name": "extra"},
+        "spec": {"source": {"blank": {}},
+                 "storage": {"resources": {"requests": {"storage": "1Gi"}}}}}"#;
+    let (code, v) = a.post_yaml(DVS, dv).await;
+    assert_eq!(code, 201, "{v}");
+    let add = json!({"name": "extra", "disk": {"disk": {"bus": "scsi"}},
+                     "volumeSource": {"dataVolume": {"name": "extra"}}});
+    let body = |v: &serde_json::Value| Some(("application/json", serde_json::to_vec(v).unwrap()));
+    let (code, v) = a
+        .call(
+            reqwest::Method::PUT,
+            &sub("addvolume", "virtualmachines"),
+            body(&add),
+        )
+        .await;
+    assert_eq!(code, 202, "{v}");
+    // The guest sees a 1Gi SCSI disk appear (2097152 sectors), without a restart.
+    wait_for("the guest to see the hotplugged disk", BOOT, || async {
+        guest_exec(dom, "/bin/cat", &["/sys/block/sda/size"]).filter(|s| s.trim() == "2097152")
+    })
+    .await;
+    let vmi = a.vmi(vm).await.unwrap();
+    let st = vmi["status"]["volumeStatus"]
+        .as_array()
+        .and_then(|l| l.iter().find(|s| s["name"] == "extra").cloned())
+        .unwrap_or_default();
+    assert_eq!(st["phase"], "Ready", "{vmi}");
+    assert_eq!(st["target"], "sda", "{vmi}");
+    assert!(st["hotplugVolume"].is_object(), "{vmi}");
+    let spec = &a.vm(vm).await.unwrap()["spec"]["template"]["spec"];
+    assert!(
+        spec["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "extra" && v["dataVolume"]["hotpluggable"] == true),
+        "persistent on the VM: {spec}"
+    );
+    let wrote = guest_exec(
+        dom,
+        "/bin/sh",
+        &[
+            "-c",
+            "printf hotplugged | dd of=/dev/sda conv=fsync 2>/dev/null && echo done",
+        ],
+    )
+    .unwrap_or_default();
+    assert_eq!(wrote.trim(), "done");
+    // The same name again is a conflict; the VM's own disk cannot be taken out.
+    let (code, v) = a
+        .call(
+            reqwest::Method::PUT,
+            &sub("addvolume", "virtualmachines"),
+            body(&add),
+        )
+        .await;
+    assert_eq!(code, 409, "{v}");
+    let (code, v) = a
+        .call(
+            reqwest::Method::PUT,
+            &sub("removevolume", "virtualmachines"),
+            body(&json!({"name": "root"})),
+        )
+        .await;
+    assert_eq!(code, 422, "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("not hotplugged"),
+        "{v}"
+    );
+
+    // removevolume: gone from the guest, the domain, the VM and the status.
+    let (code, v) = a
+        .call(
+            reqwest::Method::PUT,
+            &sub("removevolume", "virtualmachines"),
+            body(&json!({"name": "extra"})),
+        )
+        .await;
+    assert_eq!(code, 202, "{v}");
+    wait_for("the disk to leave the guest", BOOT, || async {
+        guest_exec(dom, "/bin/sh", &["-c", "ls /sys/block"]).filter(|s| !s.contains("sda"))
+    })
+    .await;
+    wait_for("the status to drop it", BOOT, || async {
+        let vmi = a.vmi(vm).await?;
+        let l = vmi["status"]["volumeStatus"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        (!l.iter().any(|s| s["name"] == "extra")).then_some(())
+    })
+    .await;
+    let (_, xml) = virsh(&["dumpxml", dom]);
+    assert!(!xml.contains("ua-extra"), "{xml}");
+    let spec = &a.vm(vm).await.unwrap()["spec"]["template"]["spec"];
+    assert!(!spec.to_string().contains("extra"), "{spec}");
+
+    // On the instance only: the VM's spec does not get it, and the data written is there.
+    let (code, v) = a
+        .call(
+            reqwest::Method::PUT,
+            &sub("addvolume", "virtualmachineinstances"),
+            body(&json!({"name": "again", "volumeSource": {"dataVolume": {"name": "extra"}}})),
+        )
+        .await;
+    assert_eq!(code, 202, "{v}");
+    let back = wait_for("the disk to come back", BOOT, || async {
+        guest_exec(dom, "/bin/sh", &["-c", "head -c 10 /dev/sda"]).filter(|s| !s.is_empty())
+    })
+    .await;
+    assert_eq!(
+        back, "hotplugged",
+        "the DataVolume kept what the guest wrote"
+    );
+    let spec = &a.vm(vm).await.unwrap()["spec"]["template"]["spec"];
+    assert!(!spec.to_string().contains("again"), "{spec}");
+    let (code, v) = a
+        .call(
+            reqwest::Method::PUT,
+            &sub("removevolume", "virtualmachineinstances"),
+            body(&json!({"name": "again"})),
+        )
+        .await;
+    assert_eq!(code, 202, "{v}");
+    wait_for("the disk to leave the guest again", BOOT, || async {
+        guest_exec(dom, "/bin/sh", &["-c", "ls /sys/block"]).filter(|s| !s.contains("sda"))
+    })
+    .await;
 }
 
 /// KubeVirt's `tpm.persistent` and `efi.persistent` on a real guest: it stores a value in

@@ -622,6 +622,13 @@ async fn run_source(
         (Some(live_cpu), Some(planned)) => xml.replacen(&planned, &live_cpu, 1),
         _ => xml.to_string(),
     };
+    // A domain an earlier edgevirt started has no controller for hotplugged disks; the
+    // target must define the same devices.
+    let xml = if live.contains("model='virtio-scsi'") {
+        xml
+    } else {
+        xml.replacen(crate::virt::convert::HOTPLUG_CONTROLLER, "", 1)
+    };
     // Writable disks on the shared pool stay where they are: the target opens the same
     // files. (A block migration of such an instance is refused before it gets here: the copy
     // would write each shared disk onto itself.)

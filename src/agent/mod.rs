@@ -11,6 +11,7 @@ mod direct;
 #[cfg(test)]
 mod fake;
 mod guest;
+mod hotplug;
 pub mod join;
 mod launchers;
 mod migrate;

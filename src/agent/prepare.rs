@@ -516,6 +516,7 @@ pub async fn prepare(
         vnc_socket: Some(run_dir.join("vnc.sock").to_string_lossy().into_owned()),
         serial_socket: Some(run_dir.join("serial.sock").to_string_lossy().into_owned()),
         disks,
+        targets: hotplug_targets(vmi),
         shares,
         kernel,
         initrd,
@@ -528,6 +529,48 @@ pub async fn prepare(
     let path = run_dir.join("domain.xml");
     tokio::fs::write(&path, xml).await?;
     Ok(path)
+}
+
+/// The disk of a volume `addvolume` added: a DataVolume's own disk or a claim's, as a
+/// start would resolve it (those are the two sources KubeVirt hotplugs).
+pub async fn hotplug_disk(
+    agent: &Agent,
+    ns: &str,
+    v: &crate::types::kubevirt::Volume,
+) -> anyhow::Result<ResolvedDisk> {
+    crate::types::check_name("volume name", &v.name)?;
+    if let Some(dv) = &v.data_volume {
+        let Some((disk, shared)) = super::datavolume::disk(agent, ns, &dv.name).await? else {
+            bail!("DataVolume {ns}/{} does not exist", dv.name);
+        };
+        return Ok(ResolvedDisk {
+            shared,
+            ..local_disk(&disk)
+        });
+    }
+    if let Some(claim) = &v.persistent_volume_claim {
+        let (path, format) = claim_disk(agent, ns, &claim.claim_name).await?;
+        return Ok(ResolvedDisk {
+            path: path.to_string_lossy().into_owned(),
+            format,
+            shared: true,
+            readonly: claim.read_only.unwrap_or(false),
+        });
+    }
+    bail!(
+        "volume {:?}: only a dataVolume or a persistentVolumeClaim can be hotplugged",
+        v.name
+    )
+}
+
+/// The devices the instance's hotplugged volumes were attached as, from its status.
+pub fn hotplug_targets(vmi: &VirtualMachineInstance) -> BTreeMap<String, String> {
+    vmi.status
+        .iter()
+        .flat_map(|s| &s.volume_status)
+        .filter(|v| v.hotplug_volume.is_some() && !v.target.is_empty())
+        .map(|v| (v.name.clone(), v.target.clone()))
+        .collect()
 }
 
 /// The file of the VM's EFI variables in its folder (`efi.persistent`).

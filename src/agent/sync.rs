@@ -226,7 +226,22 @@ pub(super) async fn sync_vmi(
     // migrationState is not the sync loop's: left out, the server keeps the stored one.
     let mut before = vmi.status.clone().unwrap_or_default();
     before.migration_state = None;
-    let after = running_status(agent, vmi, &before, &now_status, &guest);
+    let mut after = running_status(agent, vmi, &before, &now_status, &guest);
+    // Hotplugged disks, while no migration moves the domain.
+    let migrating = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.migration_state.as_ref())
+        .is_some_and(|m| !m.completed && !m.failed);
+    if !migrating
+        && matches!(
+            now_status.status.state,
+            Some(DomainState::Running | DomainState::Paused)
+        )
+        && let Some(hp) = super::hotplug::sync(agent, vmi, &dom).await
+    {
+        super::hotplug::merge(&mut after.volume_status, hp);
+    }
     if after != before {
         let mut body = stored.status_change(&Some(before), &Some(after));
         if let Some(o) = body.as_object_mut() {

@@ -7,6 +7,7 @@
 
 pub mod admission;
 mod discovery;
+mod hotplug;
 mod images;
 pub mod join;
 mod openapi;

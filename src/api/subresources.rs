@@ -1,5 +1,5 @@
 //! Subresources: KubeVirt's actions under `subresources.kubevirt.io` (start, stop, restart,
-//! pause, unpause, softreboot, rename, migrate, guestosinfo), the `status` subresource
+//! pause, unpause, softreboot, rename, migrate, addvolume, removevolume, guestosinfo), the `status` subresource
 //! agents write through, and image upload and download. A request is parsed into a
 //! [`Request`] first (path, method and body); [`Request::access`] declares who may make it,
 //! in one place; [`execute`] carries it out. Actions record intent in the store; the
@@ -44,6 +44,15 @@ enum Request {
     Pause,
     Unpause,
     SoftReboot,
+    /// `addvolume`: persistent on a VM, for this instance only on a VMI.
+    AddVolume {
+        vmi_only: bool,
+        options: super::hotplug::AddVolumeOptions,
+    },
+    RemoveVolume {
+        vmi_only: bool,
+        options: super::hotplug::RemoveVolumeOptions,
+    },
     GuestOsInfo,
     /// `userlist` and `filesystemlist`: what the guest agent reported, as KubeVirt's lists.
     GuestList(GuestList),
@@ -132,6 +141,8 @@ impl Request {
             | Request::Pause
             | Request::Unpause
             | Request::SoftReboot
+            | Request::AddVolume { .. }
+            | Request::RemoveVolume { .. }
             | Request::ImageUpload => Access::Operate,
         }
     }
@@ -178,6 +189,14 @@ impl Request {
                 (&Method::PUT, _, "pause") if vm_or_vmi => Ok(Request::Pause),
                 (&Method::PUT, _, "unpause") if vm_or_vmi => Ok(Request::Unpause),
                 (&Method::PUT, _, "softreboot") if vm_or_vmi => Ok(Request::SoftReboot),
+                (&Method::PUT, plural, "addvolume") if vm_or_vmi => Ok(Request::AddVolume {
+                    vmi_only: plural == "virtualmachineinstances",
+                    options: super::hotplug::parse_add(body)?,
+                }),
+                (&Method::PUT, plural, "removevolume") if vm_or_vmi => Ok(Request::RemoveVolume {
+                    vmi_only: plural == "virtualmachineinstances",
+                    options: super::hotplug::parse_remove(body)?,
+                }),
                 (&Method::GET, ..) => Err(ApiError::not_found(format!(
                     "subresource {:?} does not exist or is not readable",
                     at.sub
@@ -566,6 +585,14 @@ async fn execute(
                 crate::types::VirtualMachineInstanceMigration::from_value(created.clone())?;
             tracing::info!(namespace = %ns, vmi = %name, migration = %migration.name(), user = %p.user, "migration requested");
             Ok((StatusCode::CREATED, Json(created)).into_response())
+        }
+        Request::AddVolume { vmi_only, options } => {
+            super::hotplug::add(store, ns, name, vmi_only, options).await?;
+            accepted()
+        }
+        Request::RemoveVolume { vmi_only, options } => {
+            super::hotplug::remove(store, ns, name, vmi_only, options).await?;
+            accepted()
         }
         Request::Pause | Request::Unpause | Request::SoftReboot => {
             let Some(vmi) = store.get_typed::<VirtualMachineInstance>(ns, name).await? else {

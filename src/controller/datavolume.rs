@@ -378,6 +378,7 @@ pub fn volume_status(
                 claim_name: Some(claim),
                 access_modes: vec![mode.to_string()],
             }),
+            ..Default::default()
         });
     }
     out

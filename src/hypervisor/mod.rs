@@ -136,6 +136,16 @@ pub trait Hypervisor: Send + Sync + 'static {
         let _ = (name, disk, bytes);
         Err(Error::Libvirt("this backend cannot resize disks".into()))
     }
+    /// Add a device (a `<disk>` element) to a running domain.
+    fn attach_device(&self, name: &str, xml: &str) -> Result<()> {
+        let _ = (name, xml);
+        Err(Error::Libvirt("this backend cannot hotplug devices".into()))
+    }
+    /// Take a device (a `<disk>` element naming its target) out of a running domain.
+    fn detach_device(&self, name: &str, xml: &str) -> Result<()> {
+        let _ = (name, xml);
+        Err(Error::Libvirt("this backend cannot hotplug devices".into()))
+    }
     /// Abort the domain's running job (a migration).
     fn abort_job(&self, name: &str) -> Result<()> {
         let _ = name;
@@ -350,10 +360,19 @@ pub struct DomainDisk {
     pub target: String,
     pub file: String,
     pub readonly: bool,
+    /// The device's alias (`ua-` and the volume's name, for edgevirt's disks).
+    pub alias: String,
 }
 
 /// The file-backed disks of a domain's XML.
 pub fn domain_disks(xml: &str) -> Vec<DomainDisk> {
+    let mut all = all_domain_disks(xml);
+    all.retain(|d| !d.file.is_empty());
+    all
+}
+
+/// Every disk of a domain's XML, an empty CD drive's too.
+pub fn all_domain_disks(xml: &str) -> Vec<DomainDisk> {
     use quick_xml::events::Event;
     let mut reader = quick_xml::Reader::from_str(xml);
     let (mut out, mut cur): (Vec<DomainDisk>, Option<DomainDisk>) = (Vec::new(), None);
@@ -370,6 +389,7 @@ pub fn domain_disks(xml: &str) -> Vec<DomainDisk> {
                     target: String::new(),
                     file: String::new(),
                     readonly: false,
+                    alias: String::new(),
                 });
             }
             Ok(Event::Start(e)) | Ok(Event::Empty(e)) => {
@@ -378,12 +398,13 @@ pub fn domain_disks(xml: &str) -> Vec<DomainDisk> {
                         b"source" => d.file = attr(&e, b"file").unwrap_or_default(),
                         b"target" => d.target = attr(&e, b"dev").unwrap_or_default(),
                         b"readonly" => d.readonly = true,
+                        b"alias" => d.alias = attr(&e, b"name").unwrap_or_default(),
                         _ => {}
                     }
                 }
             }
             Ok(Event::End(e)) if e.local_name().as_ref() == b"disk" => {
-                out.extend(cur.take().filter(|d| !d.file.is_empty()));
+                out.extend(cur.take());
             }
             Ok(Event::Eof) | Err(_) => break,
             _ => {}

@@ -1087,8 +1087,8 @@ pub struct Devices {
     /// either way; no separate log is kept yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_serial_console: Option<bool>,
-    /// Accepted: edgevirt does not hotplug volumes or interfaces yet, so there is nothing
-    /// to disable.
+    /// No virtio-scsi controller waits for hotplugged disks (`addvolume` is then refused by
+    /// the node), unless a disk on the `scsi` bus needs one anyway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disable_hotplug: Option<bool>,
     /// Folders shared with the guest over virtiofs, each presenting the volume of the same
@@ -1096,6 +1096,21 @@ pub struct Devices {
     /// pool is shared. The guest mounts it by its name: `mount -t virtiofs NAME /mnt`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub filesystems: Vec<Filesystem>,
+}
+
+impl Volume {
+    /// Added to a running guest by `addvolume` (a `dataVolume` or `persistentVolumeClaim`
+    /// marked `hotpluggable`).
+    pub fn hotpluggable(&self) -> bool {
+        self.data_volume
+            .as_ref()
+            .and_then(|d| d.hotpluggable)
+            .or(self
+                .persistent_volume_claim
+                .as_ref()
+                .and_then(|c| c.hotpluggable))
+            == Some(true)
+    }
 }
 
 impl Devices {
@@ -1742,6 +1757,9 @@ pub struct PersistentVolumeClaimSource {
     /// Attach the disk read-only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_only: Option<bool>,
+    /// Added to the running guest (`addvolume`), and taken away by `removevolume`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hotpluggable: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -1776,6 +1794,9 @@ pub struct DataVolumeSource {
     /// The name of a DataVolume in the VM's namespace (or of one of its
     /// `dataVolumeTemplates`); else of an imported image, as edgevirt's dashboard writes it.
     pub name: String,
+    /// Added to the running guest (`addvolume`), and taken away by `removevolume`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hotpluggable: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -1897,7 +1918,25 @@ pub struct VolumeStatus {
     /// The claim behind a `persistentVolumeClaim` or `dataVolume` volume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistent_volume_claim_info: Option<PersistentVolumeClaimInfo>,
+    /// A hotplugged volume's phase: `Pending` until the node attached it, then `Ready`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Why it is in that phase (`VolumeReady`, `AttachFailed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What happened to it, in words (the device it was attached as, or why not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Set on the volumes `addvolume` added (KubeVirt names the pod that attached it here;
+    /// edgevirt has none, so it is empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hotplug_volume: Option<HotplugVolumeStatus>,
 }
+
+/// KubeVirt's `HotplugVolumeStatus`: present on a hotplugged volume.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HotplugVolumeStatus {}
 
 /// What KubeVirt caches about a volume's claim: its name and access modes.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

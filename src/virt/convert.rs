@@ -45,6 +45,9 @@ pub struct Context {
     pub serial_socket: Option<String>,
     /// Volume name → the disk prepared for it.
     pub disks: BTreeMap<String, ResolvedDisk>,
+    /// Hotplugged volume → the device it was attached as (the instance's volume status), so
+    /// that a new rendering (a migration's target) names it the same.
+    pub targets: BTreeMap<String, String>,
     /// Volume name → the host folder a virtiofs filesystem shares.
     pub shares: BTreeMap<String, String>,
     pub kernel: Option<String>,
@@ -249,6 +252,9 @@ fn pci_address(s: &str) -> Option<(u16, u8, u8, u8)> {
 #[template(path = "domain.xml")]
 struct DomainXml<'a> {
     accel: &'a str,
+    /// The virtio-scsi controller: for `scsi` disks, and for the disks `addvolume` hotplugs
+    /// unless `disableHotplug` says not to wait for any.
+    scsi_controller: bool,
     name: &'a str,
     uuid: &'a str,
     install_id: &'a str,
@@ -1350,6 +1356,194 @@ fn clock_xml(spec: &VirtualMachineInstanceSpec, hyperv: bool) -> (String, Vec<Ti
     (offset, timers)
 }
 
+/// The disks of a spec in device order, with whether each asks for a dedicated I/O thread.
+fn spec_disks(
+    spec: &VirtualMachineInstanceSpec,
+    resolved_disks: &BTreeMap<String, ResolvedDisk>,
+    targets: &BTreeMap<String, String>,
+) -> Result<(Vec<DiskXml>, Vec<bool>), Invalid> {
+    let mut disks = Vec::new();
+    let mut dedicated: Vec<bool> = Vec::new();
+    // Hotplugged disks keep the device they were attached as; the others take the first free
+    // name of their bus's prefix, in spec order (so a spec without hotplugged disks names
+    // them as it always did).
+    let mut used: std::collections::BTreeSet<String> = targets.values().cloned().collect();
+    for d in &spec.domain.devices.disks {
+        let vol = spec
+            .volumes
+            .iter()
+            .find(|v| v.name == d.name)
+            .ok_or_else(|| Invalid(format!("disk {:?} has no volume", d.name)))?;
+        let resolved = resolved_disks
+            .get(&vol.name)
+            .ok_or_else(|| Invalid(format!("volume {:?} was not prepared", vol.name)))?;
+        let (device, target) = match (&d.disk, &d.cdrom) {
+            (_, Some(c)) => ("cdrom", c.clone()),
+            (Some(t), None) => ("disk", t.clone()),
+            (None, None) => ("disk", Default::default()),
+        };
+        let bus = target
+            .bus
+            .clone()
+            .unwrap_or_else(|| if device == "cdrom" { "sata" } else { "virtio" }.into());
+        let prefix = if bus == "virtio" { "vd" } else { "sd" };
+        let dev = match targets.get(&d.name) {
+            Some(t) if t.starts_with(prefix) => t.clone(),
+            Some(t) => {
+                return Err(Invalid(format!(
+                    "disk {:?}: it was attached as {t}, which is not a {bus} device",
+                    d.name
+                )));
+            }
+            None => next_target(prefix, &mut used)?,
+        };
+        let shareable = d.shareable == Some(true);
+        if shareable && resolved.format != "raw" {
+            return Err(Invalid(format!(
+                "disk {:?}: shareable needs a raw disk ({} is {}; QEMU cannot let two VMs \
+                 write one qcow2)",
+                d.name, resolved.path, resolved.format
+            )));
+        }
+        if resolved.shared && d.cache.as_deref().is_some_and(|c| c != "none") {
+            return Err(Invalid(format!(
+                "disk {:?}: a disk on the shared pool must use cache none (another host opens \
+                 it when the VM migrates)",
+                d.name
+            )));
+        }
+        let must_be_direct = resolved.shared || shareable || d.io.as_deref() == Some("native");
+        disks.push(DiskXml {
+            device,
+            format: resolved.format.clone(),
+            path: resolved.path.clone(),
+            target: dev,
+            bus,
+            readonly: device == "cdrom" || target.readonly.unwrap_or(false) || resolved.readonly,
+            boot_order: d.boot_order,
+            serial: d.serial.clone(),
+            alias: d.name.clone(),
+            transitional: false,
+            queues: None,
+            iothread: None,
+            cache: d
+                .cache
+                .clone()
+                .or_else(|| must_be_direct.then(|| "none".to_string())),
+            io: d.io.clone().filter(|io| io != "default"),
+            error_policy: d.error_policy.clone(),
+            shareable,
+            blockio: d
+                .block_size
+                .as_ref()
+                .and_then(|b| b.custom.as_ref())
+                .map(|c| {
+                    (
+                        c.logical,
+                        c.physical,
+                        c.discard_granularity.filter(|g| *g != 0),
+                    )
+                }),
+        });
+        dedicated.push(d.dedicated_io_thread == Some(true));
+    }
+    // Volumes without a disk or filesystem entry (KubeVirt adds a disk for each): virtio
+    // disks.
+    let devs = &spec.domain.devices;
+    for v in &spec.volumes {
+        if devs.disks.iter().any(|d| d.name == v.name) || devs.is_filesystem(&v.name) {
+            continue;
+        }
+        let resolved = resolved_disks
+            .get(&v.name)
+            .ok_or_else(|| Invalid(format!("volume {:?} was not prepared", v.name)))?;
+        let dev = next_target("vd", &mut used)?;
+        disks.push(DiskXml {
+            device: "disk",
+            format: resolved.format.clone(),
+            path: resolved.path.clone(),
+            target: dev,
+            bus: "virtio".into(),
+            readonly: resolved.readonly,
+            boot_order: None,
+            serial: None,
+            alias: v.name.clone(),
+            transitional: false,
+            queues: None,
+            iothread: None,
+            cache: resolved.shared.then(|| "none".to_string()),
+            io: None,
+            error_policy: None,
+            shareable: false,
+            blockio: None,
+        });
+        dedicated.push(false);
+    }
+    Ok((disks, dedicated))
+}
+
+/// The first device name with `prefix` (`vda`, `sdb`...) not yet used, now taken.
+fn next_target(
+    prefix: &str,
+    used: &mut std::collections::BTreeSet<String>,
+) -> Result<String, Invalid> {
+    let t = (b'a'..=b'z')
+        .map(|c| format!("{prefix}{}", c as char))
+        .find(|t| !used.contains(t))
+        .ok_or_else(|| Invalid(format!("more than 26 {prefix}* disks")))?;
+    used.insert(t.clone());
+    Ok(t)
+}
+
+/// The controller every domain gets for hotplugged disks (see `DomainXml::scsi_controller`),
+/// as rendered: a migration from a node whose domain predates it leaves it out of the
+/// target's XML.
+pub const HOTPLUG_CONTROLLER: &str =
+    "\n    <controller type='scsi' index='0' model='virtio-scsi'/>";
+
+/// The `<disk>` element that attaches volume `volume` of `spec` to a running guest as
+/// `target`, exactly as [`domain_xml`] would render it with that target.
+pub fn hotplug_disk_xml(
+    spec: &VirtualMachineInstanceSpec,
+    volume: &str,
+    resolved: &ResolvedDisk,
+    target: &str,
+) -> Result<String, Invalid> {
+    let mut one = VirtualMachineInstanceSpec::default();
+    one.domain.devices.disks = spec
+        .domain
+        .devices
+        .disks
+        .iter()
+        .filter(|d| d.name == volume)
+        .cloned()
+        .collect();
+    one.volumes = spec
+        .volumes
+        .iter()
+        .filter(|v| v.name == volume)
+        .cloned()
+        .collect();
+    if one.domain.devices.disks.len() != 1 || one.volumes.len() != 1 {
+        return Err(Invalid(format!(
+            "volume {volume:?} needs exactly one disk and one volume"
+        )));
+    }
+    let resolved = BTreeMap::from([(volume.to_string(), resolved.clone())]);
+    let targets = BTreeMap::from([(volume.to_string(), target.to_string())]);
+    let (disks, _) = spec_disks(&one, &resolved, &targets)?;
+    DiskElement { d: &disks[0] }
+        .render()
+        .map_err(|e| Invalid(format!("rendering the disk: {e}")))
+}
+
+/// One `<disk>` element, as the domain template includes it.
+#[derive(Template)]
+#[template(path = "disk.xml")]
+struct DiskElement<'a> {
+    d: &'a DiskXml,
+}
+
 /// Render the domain XML for a VMI spec.
 pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<String, Invalid> {
     validate(spec)?;
@@ -1416,117 +1610,8 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
     let efi = firmware.bootloader.as_ref().and_then(|b| b.efi.clone());
     let kernel_boot = firmware.kernel_boot.clone();
 
-    let mut disks = Vec::new();
-    let mut dedicated: Vec<bool> = Vec::new();
-    let mut counters: BTreeMap<&str, u8> = BTreeMap::new();
-    for d in &spec.domain.devices.disks {
-        let vol = spec
-            .volumes
-            .iter()
-            .find(|v| v.name == d.name)
-            .ok_or_else(|| Invalid(format!("disk {:?} has no volume", d.name)))?;
-        let resolved = ctx
-            .disks
-            .get(&vol.name)
-            .ok_or_else(|| Invalid(format!("volume {:?} was not prepared", vol.name)))?;
-        let (device, target) = match (&d.disk, &d.cdrom) {
-            (_, Some(c)) => ("cdrom", c.clone()),
-            (Some(t), None) => ("disk", t.clone()),
-            (None, None) => ("disk", Default::default()),
-        };
-        let bus = target
-            .bus
-            .clone()
-            .unwrap_or_else(|| if device == "cdrom" { "sata" } else { "virtio" }.into());
-        let prefix = if bus == "virtio" { "vd" } else { "sd" };
-        let n = counters.entry(prefix).or_insert(0);
-        let dev = format!("{prefix}{}", (b'a' + *n) as char);
-        *n += 1;
-        let shareable = d.shareable == Some(true);
-        if shareable && resolved.format != "raw" {
-            return Err(Invalid(format!(
-                "disk {:?}: shareable needs a raw disk ({} is {}; QEMU cannot let two VMs \
-                 write one qcow2)",
-                d.name, resolved.path, resolved.format
-            )));
-        }
-        if resolved.shared && d.cache.as_deref().is_some_and(|c| c != "none") {
-            return Err(Invalid(format!(
-                "disk {:?}: a disk on the shared pool must use cache none (another host opens \
-                 it when the VM migrates)",
-                d.name
-            )));
-        }
-        let must_be_direct = resolved.shared || shareable || d.io.as_deref() == Some("native");
-        disks.push(DiskXml {
-            device,
-            format: resolved.format.clone(),
-            path: resolved.path.clone(),
-            target: dev,
-            bus,
-            readonly: device == "cdrom" || target.readonly.unwrap_or(false) || resolved.readonly,
-            boot_order: d.boot_order,
-            serial: d.serial.clone(),
-            alias: d.name.clone(),
-            transitional: false,
-            queues: None,
-            iothread: None,
-            cache: d
-                .cache
-                .clone()
-                .or_else(|| must_be_direct.then(|| "none".to_string())),
-            io: d.io.clone().filter(|io| io != "default"),
-            error_policy: d.error_policy.clone(),
-            shareable,
-            blockio: d
-                .block_size
-                .as_ref()
-                .and_then(|b| b.custom.as_ref())
-                .map(|c| {
-                    (
-                        c.logical,
-                        c.physical,
-                        c.discard_granularity.filter(|g| *g != 0),
-                    )
-                }),
-        });
-        dedicated.push(d.dedicated_io_thread == Some(true));
-    }
-    // Volumes without a disk or filesystem entry (KubeVirt adds a disk for each): virtio
-    // disks.
+    let (mut disks, dedicated) = spec_disks(spec, &ctx.disks, &ctx.targets)?;
     let devs = &spec.domain.devices;
-    for v in &spec.volumes {
-        if devs.disks.iter().any(|d| d.name == v.name) || devs.is_filesystem(&v.name) {
-            continue;
-        }
-        let resolved = ctx
-            .disks
-            .get(&v.name)
-            .ok_or_else(|| Invalid(format!("volume {:?} was not prepared", v.name)))?;
-        let n = counters.entry("vd").or_insert(0);
-        let dev = format!("vd{}", (b'a' + *n) as char);
-        *n += 1;
-        disks.push(DiskXml {
-            device: "disk",
-            format: resolved.format.clone(),
-            path: resolved.path.clone(),
-            target: dev,
-            bus: "virtio".into(),
-            readonly: resolved.readonly,
-            boot_order: None,
-            serial: None,
-            alias: v.name.clone(),
-            transitional: false,
-            queues: None,
-            iothread: None,
-            cache: resolved.shared.then(|| "none".to_string()),
-            io: None,
-            error_policy: None,
-            shareable: false,
-            blockio: None,
-        });
-        dedicated.push(false);
-    }
     let filesystems = devs
         .filesystems
         .iter()
@@ -1629,6 +1714,8 @@ pub fn domain_xml(spec: &VirtualMachineInstanceSpec, ctx: &Context) -> Result<St
             "restart"
         },
         accel: &ctx.accel,
+        scsi_controller: devs.disable_hotplug != Some(true)
+            || disks.iter().any(|d| d.bus == "scsi"),
         name: &ctx.domain_name,
         // The SMBIOS UUID the guest sees is the domain's (libvirt wants them equal).
         uuid: fw.uuid.as_deref().unwrap_or(&ctx.domain_uuid),

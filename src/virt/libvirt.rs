@@ -197,6 +197,18 @@ impl Hypervisor for Libvirt {
         })
     }
 
+    fn attach_device(&self, name: &str, xml: &str) -> Result<()> {
+        self.on_domain(name, |d| {
+            d.attach_device_flags(xml, sys::VIR_DOMAIN_AFFECT_LIVE)
+        })
+    }
+
+    fn detach_device(&self, name: &str, xml: &str) -> Result<()> {
+        self.on_domain(name, |d| {
+            d.detach_device_flags(xml, sys::VIR_DOMAIN_AFFECT_LIVE)
+        })
+    }
+
     fn abort_job(&self, name: &str) -> Result<()> {
         let d = self.domain(name)?;
         // SAFETY: `d` is a live domain handle for the duration of the call;

@@ -121,7 +121,7 @@ done < <(ldd "$QEMU_GA" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {p
 # kernel ships them uncompressed, but .ko.xz/.ko.zst/.ko.gz are handled too.
 MODULES="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci
 virtio_console virtio_blk failover net_failover virtio_net virtio_balloon button evdev
-fuse virtiofs efivarfs"
+fuse virtiofs efivarfs scsi_common scsi_mod sd_mod virtio_scsi"
 : >"$R/etc/modules-load"
 loaded=() builtin=() absent=()
 for m in $MODULES; do

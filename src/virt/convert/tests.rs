@@ -59,6 +59,7 @@ fn ctx(accel: &str) -> Context {
     }
     Context {
         shares: BTreeMap::new(),
+        targets: BTreeMap::new(),
         domain_name: "ev-default-demo-0123abcd".into(),
         domain_uuid: "0123abcd-0000-4000-8000-000000000001".into(),
         install_id: "install-1".into(),

@@ -371,7 +371,10 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, FieldErrors> {
         });
         volumes.push(Volume {
             name: "rootdisk".into(),
-            data_volume: Some(DataVolumeSource { name: dv_name }),
+            data_volume: Some(DataVolumeSource {
+                name: dv_name,
+                hotpluggable: None,
+            }),
             ..Default::default()
         });
     } else if !f.drivers_iso.is_empty() {
@@ -392,6 +395,7 @@ fn vm_from_form(f: &FormValues) -> Result<VirtualMachine, FieldErrors> {
             // would forget every write at the next restart.
             data_volume: Some(DataVolumeSource {
                 name: f.image.clone(),
+                hotpluggable: None,
             }),
             ..Default::default()
         });

@@ -1,0 +1,222 @@
+//! Disks added to and taken from a running guest (KubeVirt's `addvolume` and
+//! `removevolume`). The API puts a `hotpluggable` volume and its `scsi` disk into the
+//! instance's spec (or takes them out); each sync round this node makes the domain's disks
+//! match, and records each hotplugged volume's device in the instance's `volumeStatus`, so
+//! that a migration's target renders the disk under the same name.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::hypervisor::{DomainDisk, all_domain_disks};
+use crate::types::kubevirt::{HotplugVolumeStatus, VolumeStatus};
+use crate::types::{Meta, VirtualMachineInstance};
+use crate::virt::convert;
+
+use super::Agent;
+
+/// KubeVirt's phases and reasons for a hotplugged volume.
+const READY: &str = "Ready";
+const PENDING: &str = "Pending";
+const DETACHING: &str = "Detaching";
+
+/// Bring the domain `dom`'s hotplugged disks in line with the instance's spec; the volume
+/// statuses of its hotplugged volumes afterwards, or `None` when the domain could not be
+/// read (the statuses stay as they are).
+pub async fn sync(
+    agent: &Agent,
+    vmi: &VirtualMachineInstance,
+    dom: &str,
+) -> Option<Vec<VolumeStatus>> {
+    let hv = agent.hv.clone();
+    let d2 = dom.to_string();
+    let live = match tokio::task::spawn_blocking(move || hv.xml(&d2)).await {
+        Ok(Ok(xml)) => xml,
+        _ => return None,
+    };
+    let disks = all_domain_disks(&live);
+    let spec = &vmi.spec;
+    let wanted: Vec<_> = spec
+        .volumes
+        .iter()
+        .filter(|v| v.hotpluggable() && spec.domain.devices.disks.iter().any(|d| d.name == v.name))
+        .collect();
+    let prior: BTreeMap<&str, &VolumeStatus> = vmi
+        .status
+        .iter()
+        .flat_map(|s| &s.volume_status)
+        .filter(|v| v.hotplug_volume.is_some())
+        .map(|v| (v.name.as_str(), v))
+        .collect();
+    let by_alias = |name: &str| {
+        disks
+            .iter()
+            .find(|d| d.alias.strip_prefix("ua-") == Some(name))
+    };
+    let mut out = Vec::new();
+
+    // Taken out of the spec: out of the domain.
+    for (name, st) in &prior {
+        if wanted.iter().any(|v| v.name == *name) {
+            continue;
+        }
+        let Some(d) = by_alias(name) else { continue };
+        match detach(agent, dom, d).await {
+            Ok(()) => {
+                tracing::info!(%dom, volume = %name, target = %d.target, "hotplugged disk removed")
+            }
+            Err(e) => {
+                let message = format!("removing the disk failed: {e}");
+                if st.message.as_deref() != Some(message.as_str()) {
+                    tracing::warn!(%dom, volume = %name, %message);
+                }
+                out.push(status(name, &d.target, DETACHING, "DetachFailed", message));
+            }
+        }
+    }
+
+    // Put into the spec: into the domain.
+    let mut used: BTreeSet<String> = disks.iter().map(|d| d.target.clone()).collect();
+    let has_controller = live.contains("model='virtio-scsi'");
+    let ns = match vmi.namespace() {
+        "" => "default",
+        ns => ns,
+    };
+    for v in wanted {
+        if let Some(d) = by_alias(&v.name) {
+            let msg = format!("attached as {}", d.target);
+            out.push(status(&v.name, &d.target, READY, "VolumeReady", msg));
+            continue;
+        }
+        let attached = if has_controller {
+            attach(agent, dom, vmi, ns, &v.name, &mut used).await
+        } else {
+            Err(anyhow::anyhow!(
+                "the domain has no virtio-scsi controller to add disks to (it was started by an \
+                 earlier edgevirt, or with disableHotplug); restart the VM once"
+            ))
+        };
+        match attached {
+            Ok(target) => {
+                tracing::info!(%dom, volume = %v.name, %target, "disk hotplugged");
+                let msg = format!("attached as {target}");
+                out.push(status(&v.name, &target, READY, "VolumeReady", msg));
+            }
+            Err(e) => {
+                let message = format!("{e:#}");
+                if prior
+                    .get(v.name.as_str())
+                    .and_then(|s| s.message.as_deref())
+                    != Some(&message)
+                {
+                    tracing::warn!(%dom, volume = %v.name, %message, "hotplugging a disk failed");
+                }
+                out.push(status(&v.name, "", PENDING, "AttachFailed", message));
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Attach volume `name` of the instance's spec as the first free `sd` device; that device.
+async fn attach(
+    agent: &Agent,
+    dom: &str,
+    vmi: &VirtualMachineInstance,
+    ns: &str,
+    name: &str,
+    used: &mut BTreeSet<String>,
+) -> anyhow::Result<String> {
+    let v = vmi
+        .spec
+        .volumes
+        .iter()
+        .find(|v| v.name == name)
+        .ok_or_else(|| anyhow::anyhow!("volume {name:?} is not in the spec"))?;
+    let resolved = super::prepare::hotplug_disk(agent, ns, v).await?;
+    let target = (b'a'..=b'z')
+        .map(|c| format!("sd{}", c as char))
+        .find(|t| !used.contains(t))
+        .ok_or_else(|| anyhow::anyhow!("no free sd* device name"))?;
+    let xml = convert::hotplug_disk_xml(&vmi.spec, name, &resolved, &target)
+        .map_err(|e| anyhow::anyhow!("{}", e.0))?;
+    let (hv, d2) = (agent.hv.clone(), dom.to_string());
+    tokio::task::spawn_blocking(move || hv.attach_device(&d2, &xml)).await??;
+    used.insert(target.clone());
+    Ok(target)
+}
+
+/// Detach one disk of the domain, named by its target.
+async fn detach(agent: &Agent, dom: &str, d: &DomainDisk) -> anyhow::Result<()> {
+    let xml = format!(
+        "<disk type='file' device='disk'><source file='{}'/><target dev='{}' bus='scsi'/></disk>",
+        quick_xml::escape::escape(d.file.as_str()),
+        quick_xml::escape::escape(d.target.as_str()),
+    );
+    let (hv, d2) = (agent.hv.clone(), dom.to_string());
+    tokio::task::spawn_blocking(move || hv.detach_device(&d2, &xml)).await??;
+    Ok(())
+}
+
+fn status(name: &str, target: &str, phase: &str, reason: &str, message: String) -> VolumeStatus {
+    VolumeStatus {
+        name: name.to_string(),
+        target: target.to_string(),
+        phase: Some(phase.to_string()),
+        reason: Some(reason.to_string()),
+        message: Some(message),
+        hotplug_volume: Some(HotplugVolumeStatus {}),
+        ..Default::default()
+    }
+}
+
+/// The instance's volume statuses with its hotplugged ones replaced by `hotplugged`: an
+/// entry of the same name (the scheduler's, with its claim) takes the hotplug fields.
+pub fn merge(list: &mut Vec<VolumeStatus>, hotplugged: Vec<VolumeStatus>) {
+    list.retain(|v| v.hotplug_volume.is_none() || hotplugged.iter().any(|h| h.name == v.name));
+    for h in hotplugged {
+        match list.iter_mut().find(|v| v.name == h.name) {
+            Some(v) => {
+                v.target = h.target;
+                v.phase = h.phase;
+                v.reason = h.reason;
+                v.message = h.message;
+                v.hotplug_volume = h.hotplug_volume;
+            }
+            None => list.push(h),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hotplug_statuses_merge_into_the_schedulers_and_go_when_removed() {
+        let claim = VolumeStatus {
+            name: "data".into(),
+            persistent_volume_claim_info: Some(Default::default()),
+            ..Default::default()
+        };
+        let gone = status("old", "sdc", READY, "VolumeReady", "attached as sdc".into());
+        let mut list = vec![claim, gone];
+        merge(
+            &mut list,
+            vec![
+                status(
+                    "data",
+                    "sdb",
+                    READY,
+                    "VolumeReady",
+                    "attached as sdb".into(),
+                ),
+                status("new", "", PENDING, "AttachFailed", "no".into()),
+            ],
+        );
+        let names: Vec<_> = list.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["data", "new"]);
+        assert_eq!(list[0].target, "sdb");
+        assert!(list[0].persistent_volume_claim_info.is_some());
+        assert!(list[0].hotplug_volume.is_some());
+        assert_eq!(list[1].phase.as_deref(), Some(PENDING));
+    }
+}

@@ -1024,6 +1024,67 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                 .expect(&[404]),
         );
     }
+    // Hotplug: a stopped VM gets nothing added; bodies are KubeVirt's options, checked.
+    let vm_sub = |what: &str| {
+        format!(
+            "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachines/{BASE_VM}/{what}"
+        )
+    };
+    let add_dv = json!({"name": "extra", "disk": {"disk": {"bus": "scsi"}},
+                        "volumeSource": {"dataVolume": {"name": "extra"}}});
+    c.push(
+        Case::new("addvolume-stopped-vm", Method::PUT, vm_sub("addvolume"))
+            .json(&add_dv)
+            .expect(&[409])
+            .msg("not running"),
+    );
+    c.push(
+        Case::new("addvolume-missing-vmi", Method::PUT, vmi_sub("addvolume"))
+            .json(&add_dv)
+            .expect(&[404]),
+    );
+    c.push(
+        Case::new("addvolume-without-body", Method::PUT, vm_sub("addvolume"))
+            .raw(Some("application/json"), "")
+            .expect(&[400])
+            .msg("needs a body"),
+    );
+    c.push(
+        Case::new("addvolume-not-json", Method::PUT, vm_sub("addvolume"))
+            .raw(Some("application/json"), "{\"name\": ")
+            .expect(&[400]),
+    );
+    c.push(
+        Case::new("addvolume-unknown-field", Method::PUT, vm_sub("addvolume"))
+            .json(&json!({"name": "x", "volumeSource": {}, "hostPath": "/etc"}))
+            .expect(&[400])
+            .msg("unknown field"),
+    );
+    c.push(
+        Case::new("addvolume-traversal-name", Method::PUT, vm_sub("addvolume"))
+            .json(&json!({"name": "../../etc/passwd",
+                          "volumeSource": {"dataVolume": {"name": "x"}}}))
+            .expect(&[400, 422]),
+    );
+    c.push(
+        Case::new(
+            "removevolume-stopped-vm",
+            Method::PUT,
+            vm_sub("removevolume"),
+        )
+        .json(&json!({"name": "rootdisk"}))
+        .expect(&[409])
+        .msg("not running"),
+    );
+    c.push(
+        Case::new(
+            "removevolume-wrong-type",
+            Method::PUT,
+            vm_sub("removevolume"),
+        )
+        .json(&json!({"name": ["rootdisk"]}))
+        .expect(&[400]),
+    );
     let stats = "/apis/edgevirt.io/v1/nodes/hostile-node/stats";
     c.push(
         Case::new("node-stats-not-json", Method::PUT, stats)

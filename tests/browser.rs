@@ -838,6 +838,57 @@ async fn iso_install_from_the_wizard() {
     .await;
     shot(c, "21-iso-serial").await;
 
+    // --- A disk added from the hardware list reaches the running guest, and goes again.
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    c.goto(&format!("{}/ui/vms/default/isovm", a.url))
+        .await
+        .unwrap();
+    let gib = c
+        .find(Locator::Css("#add-disk input[name=gib]"))
+        .await
+        .unwrap();
+    gib.clear().await.unwrap();
+    gib.send_keys("1").await.unwrap();
+    c.find(Locator::Css("#add-disk button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(
+        c,
+        ".notice",
+        "the added disk confirmed",
+        Duration::from_secs(10),
+        |t| t.starts_with("A new disk was added to isovm"),
+    )
+    .await;
+    let disks = text_of(c, "#disks").await.unwrap();
+    assert!(disks.contains("DataVolume isovm-disk-1"), "{disks}");
+    wait_for("the guest to see the added 1 GiB disk", BOOT, || async {
+        guest_exec(&dom, "/bin/cat", &["/sys/block/sda/size"]).filter(|s| s.trim() == "2097152")
+    })
+    .await;
+    shot(c, "21b-disk-added").await;
+    c.find(Locator::Css("#disks form[action$='/detach'] button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(
+        c,
+        ".notice",
+        "the detach confirmed",
+        Duration::from_secs(10),
+        |t| t.starts_with("The disk was taken out of isovm"),
+    )
+    .await;
+    wait_for("the disk to leave the guest", BOOT, || async {
+        guest_exec(&dom, "/bin/sh", &["-c", "ls /sys/block"]).filter(|s| !s.contains("sda"))
+    })
+    .await;
+
     // --- The install is done: take the ISO out, restart, and the CD drive is gone.
     c.goto(&format!("{}/ui/vms/default/isovm", a.url))
         .await

@@ -120,6 +120,8 @@ where
         .route("/ui/vms/{ns}/{name}/migrate", post(pages::vm_migrate))
         .route("/ui/vms/{ns}/{name}/eject", post(pages::eject))
         .route("/ui/vms/{ns}/{name}/grow", post(pages::grow))
+        .route("/ui/vms/{ns}/{name}/adddisk", post(pages::add_disk))
+        .route("/ui/vms/{ns}/{name}/detach", post(pages::detach))
         .route("/ui/vms/{ns}/{name}/console", get(pages::console))
         .route("/ui/vms/{ns}/{name}/serial", get(pages::serial))
         .route("/ui/admin", get(pages::admin))

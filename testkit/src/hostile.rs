@@ -1894,6 +1894,30 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                 &[422],
             ),
             (
+                "dashboard-adddisk-missing-vm",
+                "/ui/vms/default/nosuch/adddisk",
+                form(&[("gib", "1")]),
+                &[404],
+            ),
+            (
+                "dashboard-adddisk-huge",
+                "/ui/vms/default/nosuch/adddisk",
+                form(&[("gib", "99999999999999999999999")]),
+                &[422],
+            ),
+            (
+                "dashboard-detach-missing-vm",
+                "/ui/vms/default/nosuch/detach",
+                form(&[("disk", "data")]),
+                &[404],
+            ),
+            (
+                "dashboard-detach-traversal-disk",
+                "/ui/vms/default/nosuch/detach",
+                form(&[("disk", "../../etc")]),
+                &[422],
+            ),
+            (
                 "dashboard-eject-without-disk",
                 "/ui/vms/default/nosuch/eject",
                 form(&[]),

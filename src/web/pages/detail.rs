@@ -75,6 +75,8 @@ pub struct DiskRow {
     /// Its DataVolume's name and size in whole GiB, when it has one: the page offers to
     /// grow it.
     grows: Option<(String, u64)>,
+    /// Added to the running guest (`addvolume`): the page offers to detach it.
+    hotplugged: bool,
 }
 
 #[derive(Template)]
@@ -390,6 +392,10 @@ fn disk_rows(t: &kubevirt::VirtualMachineInstanceSpec) -> Vec<DiskRow> {
                 source: source(t.volumes.iter().find(|v| v.name == d.name)),
                 removable: device == "cdrom",
                 grows: None,
+                hotplugged: t
+                    .volumes
+                    .iter()
+                    .any(|v| v.name == d.name && v.hotpluggable()),
             }
         })
         .collect();
@@ -403,6 +409,7 @@ fn disk_rows(t: &kubevirt::VirtualMachineInstanceSpec) -> Vec<DiskRow> {
                 source: source(Some(v)),
                 removable: false,
                 grows: None,
+                hotplugged: false,
             });
         }
     }
@@ -463,6 +470,15 @@ fn done_notice(action: &str, name: &str) -> Option<String> {
             return Some(format!(
                 "The CD drive was taken out of {name}; a running VM keeps it until it restarts."
             ));
+        }
+        "adddisk" => {
+            return Some(format!(
+                "A new disk was added to {name}; the running guest sees it within seconds, \
+                 and the VM keeps it."
+            ));
+        }
+        "detach" => {
+            return Some(format!("The disk was taken out of {name} and its guest."));
         }
         "grow" => {
             return Some(format!(

@@ -100,14 +100,7 @@ pub async fn vm_action(
 ) -> Response {
     let (method, uri) = match f.action.as_str() {
         "delete" => (Method::DELETE, vm_path(&ns, &name)),
-        a @ ("start" | "stop" | "restart") => (
-            Method::PUT,
-            format!(
-                "/apis/subresources.kubevirt.io/v1/namespaces/{}/virtualmachines/{}/{a}",
-                url_encode(&ns),
-                url_encode(&name)
-            ),
-        ),
+        a @ ("start" | "stop" | "restart") => (Method::PUT, subresource(&ns, &name, a)),
         a @ ("pause" | "unpause" | "softreboot") => (
             Method::PUT,
             format!(
@@ -319,4 +312,160 @@ pub async fn eject(
     }
     tracing::info!(namespace = %ns, vm = %name, disk = %f.disk, user = %p.user, "took a CD drive out");
     Redirect::to(&format!("{}?done=eject", detail_url(&ns, &name))).into_response()
+}
+
+#[derive(Deserialize)]
+pub struct AddDiskForm {
+    gib: String,
+}
+
+/// `POST /ui/vms/{ns}/{name}/adddisk`: a blank DataVolume of `gib` GiB, `<vm>-disk-N`, added
+/// to the running guest through the API's `addvolume` (persistent: the VM keeps it). The
+/// DataVolume goes again when the API refuses the disk.
+pub async fn add_disk(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    Path((ns, name)): Path<(String, String)>,
+    Form(f): Form<AddDiskForm>,
+) -> Response {
+    if let Some(r) = super::viewer_refused(&u, "add disks") {
+        return r;
+    }
+    let gib: u64 = match f.gib.trim().parse() {
+        Ok(n) if (1..=65536).contains(&n) => n,
+        _ => {
+            return error_page(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &format!(
+                    "the size is a whole number of GiB from 1 to 65536, not {:?}",
+                    f.gib
+                ),
+            );
+        }
+    };
+    let vm = match load_raw_vm(&st, &ns, &name).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let volumes = vm["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let dvs = format!(
+        "/apis/cdi.kubevirt.io/v1beta1/namespaces/{}/datavolumes",
+        url_encode(&ns)
+    );
+    // The first free name: no volume of the VM and no DataVolume has it.
+    let mut pick = None;
+    for n in 1..=64 {
+        let (vol, dv) = (format!("disk-{n}"), format!("{name}-disk-{n}"));
+        if volumes.iter().any(|v| v["name"] == vol.as_str()) || dv.len() > 63 {
+            continue;
+        }
+        let (code, _) = api
+            .call(
+                &p,
+                Method::GET,
+                &format!("{dvs}/{}", url_encode(&dv)),
+                "application/json",
+                "",
+            )
+            .await;
+        if code == StatusCode::NOT_FOUND {
+            pick = Some((vol, dv));
+            break;
+        }
+    }
+    let Some((vol, dv)) = pick else {
+        return error_page(
+            StatusCode::CONFLICT,
+            &format!("no free disk name for VM {name} (disk-1 to disk-64 are taken)"),
+        );
+    };
+    let body = serde_json::json!({
+        "apiVersion": "cdi.kubevirt.io/v1beta1",
+        "kind": "DataVolume",
+        "metadata": {"name": dv, "namespace": ns},
+        "spec": {"source": {"blank": {}},
+                 "storage": {"resources": {"requests": {"storage": format!("{gib}Gi")}}}},
+    });
+    let (code, v) = api
+        .call(&p, Method::POST, &dvs, "application/json", body.to_string())
+        .await;
+    if !code.is_success() {
+        return error_page(code, &api_message(&v));
+    }
+    let add = serde_json::json!({
+        "name": vol,
+        "disk": {"disk": {"bus": "scsi"}},
+        "volumeSource": {"dataVolume": {"name": dv}},
+    });
+    let (code, v) = api
+        .call(
+            &p,
+            Method::PUT,
+            &subresource(&ns, &name, "addvolume"),
+            "application/json",
+            add.to_string(),
+        )
+        .await;
+    if !code.is_success() {
+        let _ = api
+            .call(
+                &p,
+                Method::DELETE,
+                &format!("{dvs}/{}", url_encode(&dv)),
+                "application/json",
+                "",
+            )
+            .await;
+        return error_page(code, &api_message(&v));
+    }
+    tracing::info!(namespace = %ns, vm = %name, datavolume = %dv, gib, user = %p.user, "added a disk");
+    Redirect::to(&format!("{}?done=adddisk", detail_url(&ns, &name))).into_response()
+}
+
+#[derive(Deserialize)]
+pub struct DetachForm {
+    disk: String,
+}
+
+/// `POST /ui/vms/{ns}/{name}/detach`: a hotplugged disk out of the running guest and the VM
+/// (`removevolume`); its DataVolume stays. The API refuses the VM's own disks.
+pub async fn detach(
+    Extension(u): Extension<WebUser>,
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    Path((ns, name)): Path<(String, String)>,
+    Form(f): Form<DetachForm>,
+) -> Response {
+    if let Some(r) = super::viewer_refused(&u, "detach disks") {
+        return r;
+    }
+    let body = serde_json::json!({"name": f.disk});
+    let (code, v) = api
+        .call(
+            &p,
+            Method::PUT,
+            &subresource(&ns, &name, "removevolume"),
+            "application/json",
+            body.to_string(),
+        )
+        .await;
+    if !code.is_success() {
+        return error_page(code, &api_message(&v));
+    }
+    tracing::info!(namespace = %ns, vm = %name, disk = %f.disk, user = %p.user, "detached a disk");
+    Redirect::to(&format!("{}?done=detach", detail_url(&ns, &name))).into_response()
+}
+
+/// A VM's KubeVirt subresource, as the API serves it.
+fn subresource(ns: &str, name: &str, what: &str) -> String {
+    format!(
+        "/apis/subresources.kubevirt.io/v1/namespaces/{}/virtualmachines/{}/{what}",
+        url_encode(ns),
+        url_encode(name)
+    )
 }

@@ -808,6 +808,55 @@ async fn vms_live_migrate_cancel_and_drain() {
     };
     assert_eq!(cond(&vmi)["status"], "True", "{vmi}");
 
+    // --- A disk on the pool hotplugged into mig (addvolume) goes along with it.
+    let hot = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        "metadata": {"name": "mig-hot"},
+        "spec": {"source": {"blank": {}}, "storage": {"storageClassName": "site",
+            "resources": {"requests": {"storage": "16Mi"}}}}});
+    let (code, v) = c.post_yaml(dvs, &hot.to_string()).await;
+    assert_eq!(code, 201, "{v}");
+    let (code, v) = c
+        .call(
+            reqwest::Method::PUT,
+            "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachines/mig/addvolume",
+            Some((
+                "application/json",
+                json!({"name": "hot", "volumeSource": {"dataVolume": {"name": "mig-hot"}}})
+                    .to_string()
+                    .into_bytes(),
+            )),
+        )
+        .await;
+    assert_eq!(code, 202, "{v}");
+    let marked = wait_for("the hotplugged disk in the guest on a", BOOT, || async {
+        a.guest_exec(
+            &dom,
+            "/bin/sh",
+            &["-c", "[ \"$(cat /sys/block/sda/size)\" = 32768 ] && printf moved-along | dd of=/dev/sda conv=fsync 2>/dev/null && echo ok"],
+        )
+        .filter(|o| o.trim() == "ok")
+    })
+    .await;
+    assert_eq!(marked.trim(), "ok");
+    let hot_status = |v: &Value| {
+        v["status"]["volumeStatus"]
+            .as_array()
+            .and_then(|l| l.iter().find(|s| s["name"] == "hot").cloned())
+            .unwrap_or(Value::Null)
+    };
+    let vmi = wait_for("hot's status", BOOT, || async {
+        let v = c.vmi("mig").await?;
+        (hot_status(&v)["phase"] == "Ready").then_some(v)
+    })
+    .await;
+    let st = hot_status(&vmi);
+    assert_eq!(st["target"], "sda", "{vmi}");
+    assert_eq!(
+        st["persistentVolumeClaimInfo"]["accessModes"],
+        json!(["ReadWriteMany"]),
+        "on the pool: no copy needed: {vmi}"
+    );
+
     // --- A live migration a -> b: the guest keeps running (uptime grows), now on b.
     let (code, m) = migrate(&c, "mig").await;
     assert_eq!(code, 201, "{m}");
@@ -843,6 +892,13 @@ async fn vms_live_migrate_cancel_and_drain() {
     })
     .await;
     assert!(up1 > up0, "the guest did not reboot: uptime {up0} -> {up1}");
+    // The hotplugged disk came along under the same name, with what the guest wrote.
+    let kept = b
+        .guest_exec(&dom, "/bin/sh", &["-c", "head -c 11 /dev/sda"])
+        .unwrap_or_default();
+    assert_eq!(kept, "moved-along", "the hotplugged disk on b");
+    let (_, xml) = b.virsh(&["dumpxml", &dom]);
+    assert!(xml.contains("ua-hot"), "{xml}");
     let vmi = c.wait_running("mig", None, BOOT).await;
     assert_eq!(vmi["status"]["nodeName"], "b", "adopted on b: {vmi}");
 

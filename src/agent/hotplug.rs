@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::hypervisor::{DomainDisk, all_domain_disks};
-use crate::types::kubevirt::{HotplugVolumeStatus, VolumeStatus};
+use crate::types::kubevirt::{HotplugVolumeStatus, PersistentVolumeClaimInfo, VolumeStatus};
 use crate::types::{Meta, VirtualMachineInstance};
 use crate::virt::convert;
 
@@ -80,10 +80,36 @@ pub async fn sync(
         "" => "default",
         ns => ns,
     };
+    // Where each disk lives, which the migration rules read: a disk on the shared pool
+    // needs no copy.
+    let pool = agent.cfg.shared_pool.as_ref().map(|(_, p)| p.clone());
+    let claim = |v: &crate::types::kubevirt::Volume, d: &DomainDisk| {
+        let name = v.data_volume.as_ref().map(|d| d.name.clone()).or(v
+            .persistent_volume_claim
+            .as_ref()
+            .map(|c| c.claim_name.clone()))?;
+        let shared = pool
+            .as_ref()
+            .is_some_and(|p| std::path::Path::new(&d.file).starts_with(p));
+        Some(PersistentVolumeClaimInfo {
+            claim_name: Some(name),
+            access_modes: vec![
+                if shared {
+                    "ReadWriteMany"
+                } else {
+                    "ReadWriteOnce"
+                }
+                .into(),
+            ],
+        })
+    };
     for v in wanted {
         if let Some(d) = by_alias(&v.name) {
             let msg = format!("attached as {}", d.target);
-            out.push(status(&v.name, &d.target, READY, "VolumeReady", msg));
+            out.push(VolumeStatus {
+                persistent_volume_claim_info: claim(v, d),
+                ..status(&v.name, &d.target, READY, "VolumeReady", msg)
+            });
             continue;
         }
         let attached = if has_controller {
@@ -95,10 +121,17 @@ pub async fn sync(
             ))
         };
         match attached {
-            Ok(target) => {
+            Ok((target, file)) => {
                 tracing::info!(%dom, volume = %v.name, %target, "disk hotplugged");
                 let msg = format!("attached as {target}");
-                out.push(status(&v.name, &target, READY, "VolumeReady", msg));
+                let d = DomainDisk {
+                    file,
+                    ..Default::default()
+                };
+                out.push(VolumeStatus {
+                    persistent_volume_claim_info: claim(v, &d),
+                    ..status(&v.name, &target, READY, "VolumeReady", msg)
+                });
             }
             Err(e) => {
                 let message = format!("{e:#}");
@@ -116,7 +149,8 @@ pub async fn sync(
     Some(out)
 }
 
-/// Attach volume `name` of the instance's spec as the first free `sd` device; that device.
+/// Attach volume `name` of the instance's spec as the first free `sd` device; that device
+/// and the disk's file.
 async fn attach(
     agent: &Agent,
     dom: &str,
@@ -124,7 +158,7 @@ async fn attach(
     ns: &str,
     name: &str,
     used: &mut BTreeSet<String>,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<(String, String)> {
     let v = vmi
         .spec
         .volumes
@@ -141,7 +175,7 @@ async fn attach(
     let (hv, d2) = (agent.hv.clone(), dom.to_string());
     tokio::task::spawn_blocking(move || hv.attach_device(&d2, &xml)).await??;
     used.insert(target.clone());
-    Ok(target)
+    Ok((target, resolved.path))
 }
 
 /// Detach one disk of the domain, named by its target.
@@ -180,6 +214,9 @@ pub fn merge(list: &mut Vec<VolumeStatus>, hotplugged: Vec<VolumeStatus>) {
                 v.reason = h.reason;
                 v.message = h.message;
                 v.hotplug_volume = h.hotplug_volume;
+                if h.persistent_volume_claim_info.is_some() {
+                    v.persistent_volume_claim_info = h.persistent_volume_claim_info;
+                }
             }
             None => list.push(h),
         }

@@ -289,6 +289,16 @@ pub async fn add(
     if !o.dry_run.is_empty() {
         return Ok(());
     }
+    // Where its disk lives, as the scheduler records it for the others: the migration
+    // rules read it (a disk on the shared pool needs no copy).
+    let probe_vmi = VirtualMachineInstance {
+        spec: probe,
+        ..vmi.clone()
+    };
+    let places = crate::controller::datavolume::used_by(store, &probe_vmi).await?;
+    let claim = crate::controller::datavolume::volume_status(&probe_vmi, &places)
+        .into_iter()
+        .find(|s| s.name == o.name);
     let (d2, v2) = (disk.clone(), volume.clone());
     let updated = store
         .update_typed(ns, name, move |i: &mut VirtualMachineInstance| {
@@ -298,6 +308,9 @@ pub async fn add(
             }
             i.spec.domain.devices.disks.push(d2.clone());
             i.spec.volumes.push(v2.clone());
+            let st = i.status.get_or_insert_default();
+            st.volume_status.retain(|s| s.name != v2.name);
+            st.volume_status.extend(claim.clone());
             Ok(())
         })
         .await?;
@@ -354,9 +367,15 @@ pub async fn remove(
         spec.volumes.retain(|v| v.name != gone || !v.hotpluggable());
     };
     let d2 = drop_it.clone();
+    let gone = o.name.clone();
     store
         .update_typed(ns, name, move |i: &mut VirtualMachineInstance| {
             d2(&mut i.spec);
+            // Its entry goes with it once the node detached it; one it never marked, now.
+            if let Some(st) = i.status.as_mut() {
+                st.volume_status
+                    .retain(|s| s.name != gone || s.hotplug_volume.is_some());
+            }
             Ok(())
         })
         .await?;

@@ -355,7 +355,7 @@ fn slot<T: Default>(v: &mut Vec<T>, i: usize) -> &mut T {
 
 /// One `<disk>` of a domain's XML: its target device, source file, and whether the guest
 /// may write to it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct DomainDisk {
     pub target: String,
     pub file: String,

@@ -155,6 +155,16 @@ impl Drop for Host {
     fn drop(&mut self) {
         self.kill_agent();
         kill_launchers(&self.data);
+        if std::thread::panicking() {
+            // The host's libvirt and QEMU logs go with its state: keep them with the data.
+            let state =
+                std::env::var("EDGEVIRT_MH_STATE").unwrap_or_else(|_| "/run/edgevirt-mh".into());
+            let _ = std::process::Command::new("cp")
+                .arg("-a")
+                .arg(format!("{state}/{}/log", self.name))
+                .arg(self.data.join("libvirt-log"))
+                .status();
+        }
         let _ = host_sh(&["down", &self.name]);
         if std::thread::panicking()
             && let Some(t) = self._tmp.take()
@@ -1861,9 +1871,16 @@ async fn a_persistent_tpm_moves_with_a_live_migration() {
     let c = controller().await;
     c.import_guest().await;
     join_both(&c, &mut a, &mut b).await;
+    const EFI_VAR: &str =
+        "/sys/firmware/efi/efivars/EdgevirtMoved-3b0f4d4a-5a8c-4c4e-9d3e-0e5f2a1b7c6d";
     let yaml = Vm::guest("tpmvm")
-        .memory("128Mi")
-        .with(|v| Vm::domain_of(v)["devices"]["tpm"] = json!({"persistent": true}))
+        .memory("512Mi")
+        .with(|v| {
+            let domain = Vm::domain_of(v);
+            domain["devices"]["tpm"] = json!({"persistent": true});
+            domain["firmware"]["bootloader"] =
+                json!({"efi": {"secureBoot": false, "persistent": true}});
+        })
         .yaml();
     let (code, v) = c.post_yaml(VMS, &yaml).await;
     assert_eq!(code, 201, "{v}");
@@ -1888,6 +1905,18 @@ async fn a_persistent_tpm_moves_with_a_live_migration() {
         0,
         "NV_Write"
     );
+    let efivars = "mount -t efivarfs efivarfs /sys/firmware/efi/efivars 2>/dev/null";
+    let set_var =
+        format!("{efivars}; printf '\\007\\000\\000\\000went-along' >{EFI_VAR} && echo set");
+    let dom = domain_of(src, "tpmvm").unwrap();
+    assert_eq!(
+        src.guest_exec(&dom, "/bin/sh", &["-c", &set_var])
+            .unwrap_or_default()
+            .trim(),
+        "set",
+        "an EFI variable written"
+    );
+    let read_var = format!("{efivars}; tail -c +5 {EFI_VAR}");
 
     let (code, m) = migrate(&c, "tpmvm").await;
     assert_eq!(code, 201, "{m}");
@@ -1922,6 +1951,39 @@ async fn a_persistent_tpm_moves_with_a_live_migration() {
         },
     )
     .await;
+    // The EFI variables: QEMU writes the flash it brought along into the target's file
+    // once the guest runs there, so the VM's folder on the target holds the variable.
+    let nvram = dst.data.join("volumes").join(&vm_uid).join("efi-vars.fd");
+    let utf16: Vec<u8> = "EdgevirtMoved"
+        .encode_utf16()
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    wait_for("the EFI variable in the target's file", BOOT, || async {
+        let file = std::fs::read(&nvram).ok()?;
+        file.windows(utf16.len()).any(|w| w == utf16).then_some(())
+    })
+    .await;
+    // A restart on the target (the source tainted): the new instance reads both back.
+    let src_name = if dst_name == "a" { "b" } else { "a" };
+    let (ok, out) = cli(&c, &["node", "taint", src_name, "moved=away:NoSchedule"]);
+    assert!(ok, "{out}");
+    let old = vmi["metadata"]["uid"].as_str().unwrap().to_string();
+    assert_eq!(c.action("tpmvm", "restart").await, 202);
+    let vmi = c.wait_running("tpmvm", Some(&old), BOOT).await;
+    assert_eq!(vmi["status"]["nodeName"], dst_name, "{vmi}");
+    let dom = domain_of(dst, "tpmvm").unwrap();
+    let var = wait_for("the EFI variable after the restart", BOOT, || async {
+        dst.guest_exec(&dom, "/bin/sh", &["-c", &read_var])
+            .filter(|v| !v.is_empty())
+    })
+    .await;
+    assert_eq!(
+        var, "went-along",
+        "the EFI variable on the target after a restart"
+    );
+    let (rc, resp) = tpm(dst, tpm::nv_read(8)).unwrap();
+    assert_eq!(rc, 0, "NV_Read after the restart: {resp:02x?}");
+    assert_eq!(tpm::nv_read_data(&resp).unwrap(), b"migrated");
     c.delete(&format!("{VMS}/tpmvm")).await;
     wait_for("tpmvm gone", BOOT, || async {
         (a.domains().is_empty() && b.domains().is_empty()).then_some(())

@@ -394,6 +394,18 @@ async fn finish_target(
             let _ = agent.cp.patch_vmi_status(ns, vmi_name, patch).await;
             tracing::info!(migration = %name, downtime_ms = ms, "incoming migration completed");
         }
+        // The VM's folder here (its EFI variables, its vTPM) is now the one it uses.
+        if let Ok(Some(vmi)) = agent.cp.get_vmi(ns, vmi_name).await
+            && agent
+                .volumes_dir(&super::prepare::owner_uid(&vmi.obj))
+                .is_dir()
+        {
+            let patch = json!({"metadata": {"annotations": {
+                crate::types::annotations::VOLUMES_NODE_ANNOTATION: agent.cfg.node_name}}});
+            if let Err(e) = agent.cp.patch_vm(ns, vmi_name, patch).await {
+                tracing::warn!(migration = %name, error = %e, "could not note the VM's folder on this node");
+            }
+        }
     } else {
         // libvirt removes a failed incoming domain, or leaves it paused: clear that away. A
         // domain that *runs* here did arrive (the source lost track of the outcome): libvirt
@@ -622,6 +634,7 @@ async fn run_source(
         (Some(live_cpu), Some(planned)) => xml.replacen(&planned, &live_cpu, 1),
         _ => xml.to_string(),
     };
+    let xml = with_live_firmware(&xml, &live);
     // A domain an earlier edgevirt started has no controller for hotplugged disks; the
     // target must define the same devices.
     let xml = if live.contains("model='virtio-scsi'") {
@@ -812,3 +825,81 @@ async fn wait_paired(ws: &mut Ws) -> anyhow::Result<String> {
 
 /// For the agent's state: tasks by migration uid.
 pub type Tasks = HashMap<String, Task>;
+
+/// The target's XML with the firmware libvirt chose for the running guest: libvirt picks a
+/// UEFI loader (`firmware='efi'`) only when a domain starts, so an incoming domain without
+/// the `<loader>` gets no flash and QEMU refuses the guest's ("Unknown ramblock
+/// system.flash0"). The variables store keeps the target's own path, with the template.
+fn with_live_firmware(dest: &str, live: &str) -> String {
+    let element = |xml: &str, open: &str, close: &str| -> Option<String> {
+        let start = xml.find(open)?;
+        let end = start + xml[start..].find(close)? + close.len();
+        Some(xml[start..end].to_string())
+    };
+    let Some(loader) = element(live, "<loader", "</loader>") else {
+        return dest.to_string();
+    };
+    if dest.contains("<loader") {
+        return dest.to_string();
+    }
+    // A loader named outright: no autoselection, so neither its attribute nor its wishes.
+    let mut dest = dest.replacen("<os firmware='efi'>", "<os>", 1);
+    if let Some(wishes) = element(&dest, "\n    <firmware>", "</firmware>") {
+        dest = dest.replacen(&wishes, "", 1);
+    }
+    let dest = dest.as_str();
+    let template = element(live, "<nvram", ">").and_then(|open| {
+        let at = open.find("template='")? + "template='".len();
+        let len = open[at..].find('\'')?;
+        Some(open[at..at + len].to_string())
+    });
+    match (dest.find("<nvram>"), dest.find("</type>")) {
+        (Some(at), _) => {
+            let nvram = match template {
+                Some(t) => format!("<nvram template='{t}'>"),
+                None => "<nvram>".to_string(),
+            };
+            format!(
+                "{}{loader}\n    {nvram}{}",
+                &dest[..at],
+                &dest[at + "<nvram>".len()..]
+            )
+        }
+        (None, Some(at)) => {
+            let at = at + "</type>".len();
+            format!("{}\n    {loader}{}", &dest[..at], &dest[at..])
+        }
+        _ => dest.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_live_firmware;
+
+    #[test]
+    fn the_target_gets_the_loader_libvirt_chose_and_keeps_its_own_store() {
+        let live = "<os firmware='efi'>\n    <type arch='x86_64' machine='pc-q35-7.2'>hvm</type>\n    \
+                    <loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE_4M.fd</loader>\n    \
+                    <nvram template='/usr/share/OVMF/OVMF_VARS_4M.fd'>/a/efi-vars.fd</nvram>\n  </os>";
+        let dest = "<os firmware='efi'>\n    <type arch='x86_64' machine='q35'>hvm</type>\n    \
+                    <firmware>\n      <feature enabled='no' name='secure-boot'/>\n    </firmware>\n    \
+                    <nvram>/b/efi-vars.fd</nvram>\n  </os>";
+        let out = with_live_firmware(dest, live);
+        assert!(out.contains(
+            "<loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE_4M.fd</loader>\n    \
+             <nvram template='/usr/share/OVMF/OVMF_VARS_4M.fd'>/b/efi-vars.fd</nvram>"
+        ), "{out}");
+        assert!(
+            out.starts_with("<os>\n") && !out.contains("<firmware>"),
+            "{out}"
+        );
+        let bios = "<os>\n    <type arch='x86_64' machine='q35'>hvm</type>\n  </os>";
+        assert_eq!(with_live_firmware(bios, bios), bios);
+        let no_store =
+            "<os firmware='efi'>\n    <type arch='x86_64' machine='q35'>hvm</type>\n  </os>";
+        let out = with_live_firmware(no_store, live);
+        assert!(out.contains("</type>\n    <loader readonly='yes'"), "{out}");
+        assert!(!out.contains("/a/efi-vars.fd"), "{out}");
+    }
+}

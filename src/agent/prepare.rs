@@ -395,7 +395,11 @@ pub async fn prepare(
 
     let (nvram, firmware_state) = firmware_state(agent, vmi, &vol_dir).await?;
     made_volume |= firmware_state;
-    if made_volume {
+    // A migration's target (the instance is still the source's) claims the VM's folder only
+    // once the guest arrived (`migrate::finish_target`): a failed migration leaves it alone.
+    let here = vmi.status.as_ref().and_then(|s| s.node_name.as_deref())
+        == Some(agent.cfg.node_name.as_str());
+    if made_volume && here {
         let patch =
             json!({"metadata": {"annotations": {VOLUMES_NODE_ANNOTATION: agent.cfg.node_name}}});
         // A standalone VMI has no VM to note it on.

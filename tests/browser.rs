@@ -849,18 +849,11 @@ async fn iso_install_from_the_wizard() {
         .unwrap();
     gib.clear().await.unwrap();
     gib.send_keys("1").await.unwrap();
-    c.find(Locator::Css("#add-disk button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    wait_text(
+    press(
         c,
-        ".notice",
+        "#add-disk button",
         "the added disk confirmed",
-        Duration::from_secs(10),
-        |t| t.starts_with("A new disk was added to isovm"),
+        "A new disk was added to isovm",
     )
     .await;
     let disks = text_of(c, "#disks").await.unwrap();
@@ -870,18 +863,11 @@ async fn iso_install_from_the_wizard() {
     })
     .await;
     shot(c, "21b-disk-added").await;
-    c.find(Locator::Css("#disks form[action$='/detach'] button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    wait_text(
+    press(
         c,
-        ".notice",
+        "#disks form[action$='/detach'] button",
         "the detach confirmed",
-        Duration::from_secs(10),
-        |t| t.starts_with("The disk was taken out of isovm"),
+        "The disk was taken out of isovm",
     )
     .await;
     wait_for("the disk to leave the guest", BOOT, || async {
@@ -893,18 +879,11 @@ async fn iso_install_from_the_wizard() {
     c.goto(&format!("{}/ui/vms/default/isovm", a.url))
         .await
         .unwrap();
-    c.find(Locator::Css("#disks button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    wait_text(
+    press(
         c,
-        ".notice",
+        "#disks button",
         "the ISO removal confirmed",
-        Duration::from_secs(10),
-        |t| t.starts_with("The CD drive was taken out of isovm"),
+        "The CD drive was taken out of isovm",
     )
     .await;
     let disks = text_of(c, "#disks").await.unwrap();
@@ -924,4 +903,18 @@ async fn iso_install_from_the_wizard() {
     let (_, xml) = virsh(&["dumpxml", vmi["status"]["domainName"].as_str().unwrap()]);
     assert!(!xml.contains("device='cdrom'"), "{xml}");
     a.delete(&format!("{VMS}/isovm")).await;
+}
+
+/// Click the button at `css` and wait for the page's notice to start with `notice`.
+async fn press(c: &fantoccini::Client, css: &str, what: &str, notice: &str) {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(c, ".notice", what, Duration::from_secs(10), |t| {
+        t.starts_with(notice)
+    })
+    .await;
 }

@@ -2234,8 +2234,22 @@ async fn iso_install_onto_a_blank_disk_under_bios_and_uefi() {
 /// DataVolume appears in the guest as a SCSI disk, persistently (the VM's spec has it) or for
 /// the instance only, and goes again; the disk the VM was defined with cannot be removed.
 async fn hotplug_a_disk_into(a: &Appliance, vm: &str, dom: &str) {
-    let sub = |what: &str, on: &str| {
-        format!("/apis/subresources.kubevirt.io/v1/namespaces/default/{on}/{vm}/{what}")
+    // PUT of a subresource of the VM (`virtualmachines`) or its instance.
+    let put = |on: &'static str, what: &'static str, body: serde_json::Value| async move {
+        let path = format!("/apis/subresources.kubevirt.io/v1/namespaces/default/{on}/{vm}/{what}");
+        let body = serde_json::to_vec(&body).unwrap();
+        a.call(
+            reqwest::Method::PUT,
+            &path,
+            Some(("application/json", body)),
+        )
+        .await
+    };
+    let no_sda = |what: &'static str| async move {
+        wait_for(what, BOOT, || async {
+            guest_exec(dom, "/bin/sh", &["-c", "ls /sys/block"]).filter(|s| !s.contains("sda"))
+        })
+        .await
     };
     let dv = r#"{"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
         "metadata": {"name": "extra"},
@@ -2245,14 +2259,7 @@ async fn hotplug_a_disk_into(a: &Appliance, vm: &str, dom: &str) {
     assert_eq!(code, 201, "{v}");
     let add = json!({"name": "extra", "disk": {"disk": {"bus": "scsi"}},
                      "volumeSource": {"dataVolume": {"name": "extra"}}});
-    let body = |v: &serde_json::Value| Some(("application/json", serde_json::to_vec(v).unwrap()));
-    let (code, v) = a
-        .call(
-            reqwest::Method::PUT,
-            &sub("addvolume", "virtualmachines"),
-            body(&add),
-        )
-        .await;
+    let (code, v) = put("virtualmachines", "addvolume", add.clone()).await;
     assert_eq!(code, 202, "{v}");
     // The guest sees a 1Gi SCSI disk appear (2097152 sectors), without a restart.
     wait_for("the guest to see the hotplugged disk", BOOT, || async {
@@ -2287,21 +2294,9 @@ async fn hotplug_a_disk_into(a: &Appliance, vm: &str, dom: &str) {
     .unwrap_or_default();
     assert_eq!(wrote.trim(), "done");
     // The same name again is a conflict; the VM's own disk cannot be taken out.
-    let (code, v) = a
-        .call(
-            reqwest::Method::PUT,
-            &sub("addvolume", "virtualmachines"),
-            body(&add),
-        )
-        .await;
+    let (code, v) = put("virtualmachines", "addvolume", add).await;
     assert_eq!(code, 409, "{v}");
-    let (code, v) = a
-        .call(
-            reqwest::Method::PUT,
-            &sub("removevolume", "virtualmachines"),
-            body(&json!({"name": "root"})),
-        )
-        .await;
+    let (code, v) = put("virtualmachines", "removevolume", json!({"name": "root"})).await;
     assert_eq!(code, 422, "{v}");
     assert!(
         v["message"].as_str().unwrap().contains("not hotplugged"),
@@ -2309,18 +2304,9 @@ async fn hotplug_a_disk_into(a: &Appliance, vm: &str, dom: &str) {
     );
 
     // removevolume: gone from the guest, the domain, the VM and the status.
-    let (code, v) = a
-        .call(
-            reqwest::Method::PUT,
-            &sub("removevolume", "virtualmachines"),
-            body(&json!({"name": "extra"})),
-        )
-        .await;
+    let (code, v) = put("virtualmachines", "removevolume", json!({"name": "extra"})).await;
     assert_eq!(code, 202, "{v}");
-    wait_for("the disk to leave the guest", BOOT, || async {
-        guest_exec(dom, "/bin/sh", &["-c", "ls /sys/block"]).filter(|s| !s.contains("sda"))
-    })
-    .await;
+    no_sda("the disk to leave the guest").await;
     wait_for("the status to drop it", BOOT, || async {
         let vmi = a.vmi(vm).await?;
         let l = vmi["status"]["volumeStatus"]
@@ -2336,13 +2322,12 @@ async fn hotplug_a_disk_into(a: &Appliance, vm: &str, dom: &str) {
     assert!(!spec.to_string().contains("extra"), "{spec}");
 
     // On the instance only: the VM's spec does not get it, and the data written is there.
-    let (code, v) = a
-        .call(
-            reqwest::Method::PUT,
-            &sub("addvolume", "virtualmachineinstances"),
-            body(&json!({"name": "again", "volumeSource": {"dataVolume": {"name": "extra"}}})),
-        )
-        .await;
+    let (code, v) = put(
+        "virtualmachineinstances",
+        "addvolume",
+        json!({"name": "again", "volumeSource": {"dataVolume": {"name": "extra"}}}),
+    )
+    .await;
     assert_eq!(code, 202, "{v}");
     let back = wait_for("the disk to come back", BOOT, || async {
         guest_exec(dom, "/bin/sh", &["-c", "head -c 10 /dev/sda"]).filter(|s| !s.is_empty())
@@ -2354,18 +2339,14 @@ async fn hotplug_a_disk_into(a: &Appliance, vm: &str, dom: &str) {
     );
     let spec = &a.vm(vm).await.unwrap()["spec"]["template"]["spec"];
     assert!(!spec.to_string().contains("again"), "{spec}");
-    let (code, v) = a
-        .call(
-            reqwest::Method::PUT,
-            &sub("removevolume", "virtualmachineinstances"),
-            body(&json!({"name": "again"})),
-        )
-        .await;
-    assert_eq!(code, 202, "{v}");
-    wait_for("the disk to leave the guest again", BOOT, || async {
-        guest_exec(dom, "/bin/sh", &["-c", "ls /sys/block"]).filter(|s| !s.contains("sda"))
-    })
+    let (code, v) = put(
+        "virtualmachineinstances",
+        "removevolume",
+        json!({"name": "again"}),
+    )
     .await;
+    assert_eq!(code, 202, "{v}");
+    no_sda("the disk to leave the guest again").await;
 }
 
 /// KubeVirt's `tpm.persistent` and `efi.persistent` on a real guest: it stores a value in

@@ -187,17 +187,9 @@ pub async fn grow(
     if let Some(r) = super::viewer_refused(&u, "grow disks") {
         return r;
     }
-    let gib: u64 = match f.gib.trim().parse() {
-        Ok(n) if (1..=65536).contains(&n) => n,
-        _ => {
-            return error_page(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &format!(
-                    "the size is a whole number of GiB from 1 to 65536, not {:?}",
-                    f.gib
-                ),
-            );
-        }
+    let gib = match disk_gib(&f.gib) {
+        Ok(n) => n,
+        Err(r) => return r,
     };
     let vm = match load_raw_vm(&st, &ns, &name).await {
         Ok(x) => x,
@@ -333,17 +325,9 @@ pub async fn add_disk(
     if let Some(r) = super::viewer_refused(&u, "add disks") {
         return r;
     }
-    let gib: u64 = match f.gib.trim().parse() {
-        Ok(n) if (1..=65536).contains(&n) => n,
-        _ => {
-            return error_page(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &format!(
-                    "the size is a whole number of GiB from 1 to 65536, not {:?}",
-                    f.gib
-                ),
-            );
-        }
+    let gib = match disk_gib(&f.gib) {
+        Ok(n) => n,
+        Err(r) => return r,
     };
     let vm = match load_raw_vm(&st, &ns, &name).await {
         Ok(x) => x,
@@ -459,6 +443,17 @@ pub async fn detach(
     }
     tracing::info!(namespace = %ns, vm = %name, disk = %f.disk, user = %p.user, "detached a disk");
     Redirect::to(&format!("{}?done=detach", detail_url(&ns, &name))).into_response()
+}
+
+/// A disk size from a form: a whole number of GiB from 1 to 65536.
+fn disk_gib(text: &str) -> Result<u64, Response> {
+    match text.trim().parse() {
+        Ok(n) if (1..=65536).contains(&n) => Ok(n),
+        _ => Err(error_page(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &format!("the size is a whole number of GiB from 1 to 65536, not {text:?}"),
+        )),
+    }
 }
 
 /// A VM's KubeVirt subresource, as the API serves it.

@@ -26,13 +26,6 @@ pub async fn sync(
     vmi: &VirtualMachineInstance,
     dom: &str,
 ) -> Option<Vec<VolumeStatus>> {
-    let hv = agent.hv.clone();
-    let d2 = dom.to_string();
-    let live = match tokio::task::spawn_blocking(move || hv.xml(&d2)).await {
-        Ok(Ok(xml)) => xml,
-        _ => return None,
-    };
-    let disks = all_domain_disks(&live);
     let spec = &vmi.spec;
     let wanted: Vec<_> = spec
         .volumes
@@ -46,6 +39,17 @@ pub async fn sync(
         .filter(|v| v.hotplug_volume.is_some())
         .map(|v| (v.name.as_str(), v))
         .collect();
+    if wanted.is_empty() && prior.is_empty() {
+        // Nothing hotplugged, nothing to add: the domain is not read every round.
+        return Some(Vec::new());
+    }
+    let hv = agent.hv.clone();
+    let d2 = dom.to_string();
+    let live = match tokio::task::spawn_blocking(move || hv.xml(&d2)).await {
+        Ok(Ok(xml)) => xml,
+        _ => return None,
+    };
+    let disks = all_domain_disks(&live);
     let by_alias = |name: &str| {
         disks
             .iter()

@@ -1,9 +1,9 @@
 //! Subresources: KubeVirt's actions under `subresources.kubevirt.io` (start, stop, restart,
-//! pause, unpause, softreboot, rename, migrate, addvolume, removevolume, guestosinfo), the `status` subresource
-//! agents write through, and image upload and download. A request is parsed into a
-//! [`Request`] first (path, method and body); [`Request::access`] declares who may make it,
-//! in one place; [`execute`] carries it out. Actions record intent in the store; the
-//! controller and the agent carry it out, so an action survives a restart of either.
+//! pause, unpause, softreboot, rename, migrate, addvolume, removevolume, guestosinfo), the
+//! `status` subresource agents write through, and image upload and download. A request is
+//! parsed into a [`Request`] first (path, method and body); [`Request::access`] declares who
+//! may make it, in one place; [`execute`] carries it out. Actions record intent in the store;
+//! the controller and the agent carry it out, so an action survives a restart of either.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

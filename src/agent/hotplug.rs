@@ -170,10 +170,9 @@ async fn attach(
         .find(|v| v.name == name)
         .ok_or_else(|| anyhow::anyhow!("volume {name:?} is not in the spec"))?;
     let resolved = super::prepare::hotplug_disk(agent, ns, v).await?;
-    let target = (b'a'..=b'z')
-        .map(|c| format!("sd{}", c as char))
-        .find(|t| !used.contains(t))
-        .ok_or_else(|| anyhow::anyhow!("no free sd* device name"))?;
+    // Taken only once attached: a failed attach leaves the name to the next disk.
+    let target =
+        convert::next_target("sd", &mut used.clone()).map_err(|e| anyhow::anyhow!("{}", e.0))?;
     let xml = convert::hotplug_disk_xml(&vmi.spec, name, &resolved, &target)
         .map_err(|e| anyhow::anyhow!("{}", e.0))?;
     let (hv, d2) = (agent.hv.clone(), dom.to_string());

@@ -397,8 +397,7 @@ pub async fn prepare(
     made_volume |= firmware_state;
     // A migration's target (the instance is still the source's) claims the VM's folder only
     // once the guest arrived (`migrate::finish_target`): a failed migration leaves it alone.
-    let here = vmi.status.as_ref().and_then(|s| s.node_name.as_deref())
-        == Some(agent.cfg.node_name.as_str());
+    let here = vmi.node_name() == Some(agent.cfg.node_name.as_str());
     if made_volume && here {
         let patch =
             json!({"metadata": {"annotations": {VOLUMES_NODE_ANNOTATION: agent.cfg.node_name}}});

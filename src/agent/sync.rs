@@ -228,12 +228,7 @@ pub(super) async fn sync_vmi(
     before.migration_state = None;
     let mut after = running_status(agent, vmi, &before, &now_status, &guest);
     // Hotplugged disks, while no migration moves the domain.
-    let migrating = vmi
-        .status
-        .as_ref()
-        .and_then(|s| s.migration_state.as_ref())
-        .is_some_and(|m| !m.completed && !m.failed);
-    if !migrating
+    if !vmi.migrating()
         && matches!(
             now_status.status.state,
             Some(DomainState::Running | DomainState::Paused)

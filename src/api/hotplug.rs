@@ -188,12 +188,7 @@ async fn running_instance(
                 .map_or("unknown", |p| p.as_str())
         )));
     }
-    if vmi
-        .status
-        .as_ref()
-        .and_then(|s| s.migration_state.as_ref())
-        .is_some_and(|m| !m.completed && !m.failed)
-    {
+    if vmi.migrating() {
         return Err(ApiError::conflict(format!(
             "{what} {name:?} is migrating; try again when the migration is over"
         )));
@@ -236,11 +231,7 @@ pub async fn add(
             o.name
         )));
     }
-    let node = vmi
-        .status
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .unwrap_or_default();
+    let node = vmi.node_name().unwrap_or_default().to_string();
     if let Some(dv) = &volume.data_volume {
         let Some(found) = store.get_typed::<DataVolume>(ns, &dv.name).await? else {
             return Err(ApiError::invalid(format!(

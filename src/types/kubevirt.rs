@@ -2481,6 +2481,12 @@ impl VirtualMachineInstance {
     pub fn migration_state(&self) -> Option<&MigrationState> {
         self.status.as_ref()?.migration_state.as_ref()
     }
+
+    /// A migration of it is in flight (neither completed nor failed).
+    pub fn migrating(&self) -> bool {
+        self.migration_state()
+            .is_some_and(|m| !m.completed && !m.failed)
+    }
 }
 
 impl VirtualMachineInstanceMigration {

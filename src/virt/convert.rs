@@ -1483,7 +1483,7 @@ fn spec_disks(
 }
 
 /// The first device name with `prefix` (`vda`, `sdb`...) not yet used, now taken.
-fn next_target(
+pub fn next_target(
     prefix: &str,
     used: &mut std::collections::BTreeSet<String>,
 ) -> Result<String, Invalid> {

@@ -207,11 +207,7 @@ pub async fn grow(
             &format!("VM {name} has no disk on DataVolume {:?}", f.datavolume),
         );
     }
-    let dv_path = format!(
-        "/apis/cdi.kubevirt.io/v1beta1/namespaces/{}/datavolumes/{}",
-        url_encode(&ns),
-        url_encode(&f.datavolume)
-    );
+    let dv_path = format!("{}/{}", datavolumes(&ns), url_encode(&f.datavolume));
     let (code, mut dv) = api
         .call(&p, Method::GET, &dv_path, "application/json", "")
         .await;
@@ -337,10 +333,7 @@ pub async fn add_disk(
         .as_array()
         .cloned()
         .unwrap_or_default();
-    let dvs = format!(
-        "/apis/cdi.kubevirt.io/v1beta1/namespaces/{}/datavolumes",
-        url_encode(&ns)
-    );
+    let dvs = datavolumes(&ns);
     // The first free name: no volume of the VM and no DataVolume has it.
     let mut pick = None;
     for n in 1..=64 {
@@ -454,6 +447,14 @@ fn disk_gib(text: &str) -> Result<u64, Response> {
             &format!("the size is a whole number of GiB from 1 to 65536, not {text:?}"),
         )),
     }
+}
+
+/// The DataVolumes of namespace `ns`, as the API serves them.
+fn datavolumes(ns: &str) -> String {
+    format!(
+        "/apis/cdi.kubevirt.io/v1beta1/namespaces/{}/datavolumes",
+        url_encode(ns)
+    )
 }
 
 /// A VM's KubeVirt subresource, as the API serves it.

@@ -2525,3 +2525,284 @@ async fn secure_boot_refuses_an_altered_kernel() {
     );
     a.delete(&format!("{VMS}/unsigned")).await;
 }
+
+const SNAPSHOTS: &str =
+    "/apis/snapshot.kubevirt.io/v1beta1/namespaces/default/virtualmachinesnapshots";
+const RESTORES: &str =
+    "/apis/snapshot.kubevirt.io/v1beta1/namespaces/default/virtualmachinerestores";
+const CONTENTS: &str =
+    "/apis/snapshot.kubevirt.io/v1beta1/namespaces/default/virtualmachinesnapshotcontents";
+
+fn kubevirt_snapshot_fixture(file: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/kubevirt-snapshot")
+        .join(file);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Snapshots of a running guest whose root filesystem is on a DataVolume, from KubeVirt's
+/// own manifests: the guest writes a marker, is snapshotted without being stopped (its
+/// uptime goes on; its filesystems frozen through the guest agent for a few ms, which the
+/// status says), writes a second marker; the restore (StopTarget) brings back the first and
+/// not the second. A second snapshot deleted while the guest runs leaves it running with its
+/// current data and removes the copy. `freeze` / `unfreeze` freeze and thaw the guest, and
+/// a short `unfreezeTimeout` thaws it by itself.
+#[tokio::test]
+#[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
+async fn snapshot_restore_and_freeze_a_running_guest() {
+    let a = Appliance::start(&[]).await;
+    a.import_guest().await;
+    let dv = r#"{"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        "metadata": {"name": "larry-root"},
+        "spec": {"source": {"blank": {}},
+                 "storage": {"resources": {"requests": {"storage": "128Mi"}}}}}"#;
+    let (code, v) = a.post_yaml(DVS, dv).await;
+    assert_eq!(code, 201, "{v}");
+    let vm = Vm::guest("larry")
+        .disk("root", json!({"dataVolume": {"name": "larry-root"}}))
+        .with(|v| {
+            let args = &mut Vm::domain_of(v)["firmware"]["kernelBoot"]["kernelArgs"];
+            *args = json!(format!(
+                "{} edgevirt.diskroot=/dev/vda",
+                args.as_str().unwrap()
+            ));
+        });
+    let (code, v) = a.post_yaml(VMS, &vm.yaml()).await;
+    assert_eq!(code, 201, "{v}");
+    let vmi = a.wait_running("larry", None, BOOT).await;
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    let sh = |dom: &str, cmd: &str| guest_exec(dom, "/bin/sh", &["-c", cmd]).unwrap_or_default();
+    wait_for("the guest on its disk root", BOOT, || async {
+        Some(sh(&dom, "grep -q ' / ext2' /proc/mounts && echo disk")).filter(|s| s.trim() == "disk")
+    })
+    .await;
+    assert_eq!(
+        sh(&dom, "echo first >/marker1 && sync && echo ok").trim(),
+        "ok"
+    );
+    let id = domid(&dom).expect("a running domain");
+    let up_before = guest_uptime(&dom).unwrap();
+
+    // Refusals: a snapshot of anything but a VM, a content made by hand, a bad policy.
+    let (code, v) = a
+        .post_yaml(
+            SNAPSHOTS,
+            &kubevirt_snapshot_fixture("vmsnapshot.yaml")
+                .replace("kind: VirtualMachine\n", "kind: Pod\n")
+                .replace("snap-larry", "snap-pod"),
+        )
+        .await;
+    assert_eq!(code, 422, "{v}");
+    assert_eq!(
+        v["details"]["causes"][0]["field"], "spec.source.kind",
+        "{v}"
+    );
+    let (code, v) = a
+        .post_yaml(
+            CONTENTS,
+            r#"{"apiVersion": "snapshot.kubevirt.io/v1beta1",
+                "kind": "VirtualMachineSnapshotContent",
+                "metadata": {"name": "byhand"}, "spec": {"source": {}}}"#,
+        )
+        .await;
+    assert_eq!(code, 422, "{v}");
+
+    // The snapshot, from KubeVirt's manifest as it is.
+    let (code, v) = a
+        .post_yaml(SNAPSHOTS, &kubevirt_snapshot_fixture("vmsnapshot.yaml"))
+        .await;
+    assert_eq!(code, 201, "{v}");
+    let snap = wait_for("the snapshot to be ready", BOOT, || async {
+        let (_, s) = a.get(&format!("{SNAPSHOTS}/snap-larry")).await;
+        assert_ne!(s["status"]["phase"], "Failed", "{s}");
+        (s["status"]["readyToUse"] == true).then_some(s)
+    })
+    .await;
+    let st = &snap["status"];
+    assert_eq!(st["phase"], "Succeeded", "{snap}");
+    assert_eq!(st["indications"], json!(["Online", "GuestAgent"]), "{snap}");
+    assert_eq!(
+        st["snapshotVolumes"]["includedVolumes"],
+        json!(["root"]),
+        "{snap}"
+    );
+    let ready = st["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap();
+    assert_eq!(ready["status"], "True", "{snap}");
+    let frozen = st["sourceIndications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["indication"] == "GuestAgent")
+        .and_then(|i| i["message"].as_str())
+        .expect("the GuestAgent indication says how long");
+    let ms: u64 = frozen
+        .split_whitespace()
+        .find_map(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no duration in {frozen:?}"));
+    println!("snapshot: the guest was frozen for {ms} ms");
+    assert!(ms < 10_000, "{frozen}");
+    let content_name = st["virtualMachineSnapshotContentName"].as_str().unwrap();
+    let (code, content) = a.get(&format!("{CONTENTS}/{content_name}")).await;
+    assert_eq!(code, 200, "{content}");
+    assert_eq!(content["spec"]["volumeBackups"][0]["volumeName"], "root");
+    assert_eq!(
+        content["spec"]["source"]["virtualMachine"]["spec"]["runStrategy"],
+        "Always"
+    );
+    let copy = a
+        .dir
+        .join("snapshots")
+        .join(content["metadata"]["uid"].as_str().unwrap())
+        .join("0.qcow2");
+    assert!(copy.is_file(), "{}", copy.display());
+    // The guest was never stopped: the same domain, its uptime running on.
+    assert_eq!(domid(&dom).as_deref(), Some(id.as_str()));
+    assert!(guest_uptime(&dom).unwrap() > up_before);
+    assert_eq!(
+        sh(&dom, "echo second >/marker2 && sync && echo ok").trim(),
+        "ok"
+    );
+
+    // freeze / unfreeze through the VMI's subresources.
+    let sub = |what: &str| {
+        format!(
+            "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/larry/{what}"
+        )
+    };
+    let fs_status = |dom: &str| {
+        virsh(&[
+            "qemu-agent-command",
+            dom,
+            r#"{"execute":"guest-fsfreeze-status"}"#,
+        ])
+        .1
+    };
+    let (code, v) = a
+        .put_json(&sub("freeze"), &json!({"unfreezeTimeout": "1m"}))
+        .await;
+    assert_eq!(code, 202, "{v}");
+    wait_for("fsFreezeStatus frozen", BOOT, || async {
+        a.vmi("larry")
+            .await
+            .filter(|v| v["status"]["fsFreezeStatus"] == "frozen")
+    })
+    .await;
+    assert!(
+        fs_status(&dom).contains("\"frozen\""),
+        "{}",
+        fs_status(&dom)
+    );
+    let (code, v) = a.put_json(&sub("unfreeze"), &json!({})).await;
+    assert_eq!(code, 202, "{v}");
+    wait_for("fsFreezeStatus gone", BOOT, || async {
+        a.vmi("larry")
+            .await
+            .filter(|v| v["status"].get("fsFreezeStatus").is_none())
+    })
+    .await;
+    assert!(
+        fs_status(&dom).contains("\"thawed\""),
+        "{}",
+        fs_status(&dom)
+    );
+    let (code, v) = a
+        .put_json(&sub("freeze"), &json!({"unfreezeTimeout": "3s"}))
+        .await;
+    assert_eq!(code, 202, "{v}");
+    wait_for("the guest frozen", BOOT, || async {
+        fs_status(&dom).contains("\"frozen\"").then_some(())
+    })
+    .await;
+    wait_for("the unfreezeTimeout to thaw it", BOOT, || async {
+        fs_status(&dom).contains("\"thawed\"").then_some(())
+    })
+    .await;
+    let (code, v) = a
+        .put_json(&sub("freeze"), &json!({"unfreezeTimeout": "soon"}))
+        .await;
+    assert_eq!(code, 400, "{v}");
+
+    // Restore, from KubeVirt's manifest with StopTarget: the first marker, not the second.
+    let restore =
+        kubevirt_snapshot_fixture("vmrestore.yaml") + "  targetReadinessPolicy: StopTarget\n";
+    let (code, v) = a.post_yaml(RESTORES, &restore).await;
+    assert_eq!(code, 201, "{v}");
+    let done = wait_for("the restore to complete", BOOT * 2, || async {
+        let (_, r) = a.get(&format!("{RESTORES}/restore-larry")).await;
+        (r["status"]["complete"] == true).then_some(r)
+    })
+    .await;
+    assert_eq!(
+        done["status"]["restores"][0]["volumeName"], "root",
+        "{done}"
+    );
+    let vmi2 = a
+        .wait_running(
+            "larry",
+            Some(vmi["metadata"]["uid"].as_str().unwrap()),
+            BOOT,
+        )
+        .await;
+    let dom = vmi2["status"]["domainName"].as_str().unwrap().to_string();
+    let markers = wait_for("the restored guest", BOOT, || async {
+        Some(sh(
+            &dom,
+            "grep -q ' / ext2' /proc/mounts && cat /marker1 /marker2 2>&1",
+        ))
+        .filter(|s| s.contains("first"))
+    })
+    .await;
+    assert!(
+        markers.contains("No such file") && !markers.contains("second"),
+        "the second marker came after the snapshot: {markers}"
+    );
+
+    // A second snapshot, deleted while the guest runs: its copy goes, the guest stays.
+    let (code, v) = a
+        .post_yaml(
+            SNAPSHOTS,
+            &kubevirt_snapshot_fixture("vmsnapshot.yaml").replace("snap-larry", "snap-two"),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    let two = wait_for("the second snapshot", BOOT, || async {
+        let (_, s) = a.get(&format!("{SNAPSHOTS}/snap-two")).await;
+        (s["status"]["readyToUse"] == true).then_some(s)
+    })
+    .await;
+    let content2 = two["status"]["virtualMachineSnapshotContentName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, c2) = a.get(&format!("{CONTENTS}/{content2}")).await;
+    let folder2 = a
+        .dir
+        .join("snapshots")
+        .join(c2["metadata"]["uid"].as_str().unwrap());
+    assert!(folder2.join("0.qcow2").is_file());
+    let id = domid(&dom).unwrap();
+    assert_eq!(
+        sh(&dom, "echo third >/marker3 && sync && echo ok").trim(),
+        "ok"
+    );
+    let (code, v) = a.delete(&format!("{SNAPSHOTS}/snap-two")).await;
+    assert_eq!(code, 200, "{v}");
+    wait_for("the content and its copy gone", BOOT, || async {
+        let (code, _) = a.get(&format!("{CONTENTS}/{content2}")).await;
+        (code == 404 && !folder2.exists()).then_some(())
+    })
+    .await;
+    assert_eq!(
+        domid(&dom).as_deref(),
+        Some(id.as_str()),
+        "still the same guest"
+    );
+    assert_eq!(sh(&dom, "cat /marker1 /marker3").trim(), "first\nthird");
+    // The first snapshot and its copy are untouched.
+    assert!(copy.is_file());
+}

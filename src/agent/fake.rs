@@ -18,7 +18,7 @@ use crate::hypervisor::{GuestAddress, Hypervisor};
 use crate::launcher::client::LauncherError;
 use crate::launcher::protocol::{Request, Status};
 use crate::types::edgevirt::Image;
-use crate::types::{VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration};
+use crate::types::{Kind, VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration};
 
 /// One write the agent sent: what (`put_vmi_status`, ...), to which object, with what body.
 #[derive(Clone, Debug)]
@@ -142,6 +142,31 @@ impl FakeControlPlane {
 }
 
 impl ControlPlane for FakeControlPlane {
+    fn list_of(&self, kind: Kind) -> R<'_, Vec<Value>> {
+        Box::pin(async move {
+            Ok(self.list(kind.name())["items"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default())
+        })
+    }
+    fn patch_of<'a>(
+        &'a self,
+        kind: Kind,
+        ns: &'a str,
+        name: &'a str,
+        patch: Value,
+        status: bool,
+    ) -> R<'a, bool> {
+        Box::pin(async move {
+            self.record(
+                if status { "patch_status" } else { "patch" },
+                key(ns, name),
+                &patch,
+            );
+            Ok(self.merge(kind.name(), key(ns, name), &patch).is_ok())
+        })
+    }
     fn get_node<'a>(&'a self, name: &'a str) -> R<'a, Option<Value>> {
         Box::pin(async move { Ok(self.get(NODE, name)) })
     }

@@ -18,6 +18,7 @@ mod migrate;
 pub mod ports;
 mod prepare;
 mod relay;
+mod snapshot;
 mod stats;
 mod sync;
 #[cfg(test)]
@@ -249,6 +250,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     ));
     tokio::spawn(console::run(agent.clone(), cancel.clone()));
     tokio::spawn(datavolume::run(agent.clone(), cancel.clone()));
+    tokio::spawn(snapshot::run(agent.clone(), cancel.clone()));
     tokio::spawn(stats::run(agent.clone(), cancel.clone()));
     tracing::info!(node = %cfg.node_name, %accel, "agent started");
     let mut tick = tokio::time::interval(Duration::from_secs(1));

@@ -145,6 +145,18 @@ pub trait ControlPlane: Send + Sync {
     ) -> R<'a, ()>;
     /// One side of a migration tunnel through the controller's relay.
     fn tunnel<'a>(&'a self, path: &'a str) -> R<'a, Ws>;
+    /// Every object of a namespaced kind (the snapshot kinds: few objects, read whole).
+    fn list_of(&self, kind: Kind) -> R<'_, Vec<Value>>;
+    /// Merge-patch an object (`status`: through its status subresource); `Ok(false)` when
+    /// it is gone.
+    fn patch_of<'a>(
+        &'a self,
+        kind: Kind,
+        ns: &'a str,
+        name: &'a str,
+        patch: Value,
+        status: bool,
+    ) -> R<'a, bool>;
 }
 
 fn dv_path(ns: &str, name: &str) -> String {
@@ -258,6 +270,42 @@ pub fn decode_items<T: Typed>(list: Value) -> Vec<Stored<T>> {
 }
 
 impl ControlPlane for Http {
+    fn list_of(&self, kind: Kind) -> R<'_, Vec<Value>> {
+        Box::pin(async move {
+            let list = self
+                .0
+                .get(&format!("{}/{}", kind.path_prefix(), kind.plural()))
+                .await?;
+            Ok(match list.get("items") {
+                Some(Value::Array(items)) => items.clone(),
+                _ => vec![],
+            })
+        })
+    }
+    fn patch_of<'a>(
+        &'a self,
+        kind: Kind,
+        ns: &'a str,
+        name: &'a str,
+        patch: Value,
+        status: bool,
+    ) -> R<'a, bool> {
+        Box::pin(async move {
+            let mut path = format!(
+                "{}/namespaces/{ns}/{}/{name}",
+                kind.path_prefix(),
+                kind.plural()
+            );
+            if status {
+                path.push_str("/status");
+            }
+            match self.0.merge_patch(&path, &patch).await {
+                Ok(_) => Ok(true),
+                Err(e) if crate::client::is_status(&e, reqwest::StatusCode::NOT_FOUND) => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+    }
     fn get_node<'a>(&'a self, name: &'a str) -> R<'a, Option<Value>> {
         Box::pin(async move { self.0.get_opt(&node_path(name)).await })
     }

@@ -284,6 +284,42 @@ pub async fn admit(
             crate::types::cni::parse_config(&nad.config).map_err(ApiError::invalid)?;
             obj["spec"] = serde_json::to_value(&nad).map_err(ApiError::internal)?;
         }
+        Kind::VirtualMachineSnapshot => {
+            use crate::types::snapshot::{VirtualMachineSnapshotSpec, snapshot_problems};
+            let canon = checked_spec::<VirtualMachineSnapshotSpec>(
+                kind,
+                &spec,
+                existing,
+                snapshot_problems,
+                refused,
+            )?;
+            obj["spec"] = canon;
+        }
+        Kind::VirtualMachineRestore => {
+            use crate::types::snapshot::{VirtualMachineRestoreSpec, restore_problems};
+            let canon = checked_spec::<VirtualMachineRestoreSpec>(
+                kind,
+                &spec,
+                existing,
+                restore_problems,
+                refused,
+            )?;
+            obj["spec"] = canon;
+        }
+        Kind::VirtualMachineSnapshotContent => match existing {
+            None => {
+                return Err(ApiError::invalid(
+                    "VirtualMachineSnapshotContents are made by edgevirt for each \
+                     VirtualMachineSnapshot; create a VirtualMachineSnapshot instead",
+                ));
+            }
+            Some(old) if old["spec"] != spec => {
+                return Err(ApiError::invalid(
+                    "the spec of a VirtualMachineSnapshotContent cannot be changed",
+                ));
+            }
+            Some(_) => {}
+        },
         Kind::Namespace => {
             if let Some(o) = obj.as_object_mut() {
                 o.remove("spec");
@@ -324,6 +360,38 @@ pub async fn admit(
     }
     check_size(&obj)?;
     Ok(obj)
+}
+
+/// A spec that must decode as `T`, pass `problems`, and never change once created (KubeVirt's
+/// snapshot kinds): its canonical form.
+fn checked_spec<T: serde::de::DeserializeOwned + serde::Serialize>(
+    kind: Kind,
+    spec: &Value,
+    existing: Option<&Value>,
+    problems: fn(&T) -> Vec<crate::types::FieldError>,
+    refused: impl Fn(FieldErrors) -> ApiError,
+) -> ApiResult<Value> {
+    if spec.is_null() {
+        return Err(ApiError::invalid("spec is required"));
+    }
+    let typed: T = decode(kind.name(), spec.clone()).map_err(&refused)?;
+    let errors = problems(&typed);
+    if !errors.is_empty() {
+        return Err(refused(FieldErrors {
+            kind: kind.name().into(),
+            errors,
+        }));
+    }
+    let canon = serde_json::to_value(&typed).map_err(ApiError::internal)?;
+    if let Some(old) = existing
+        && old["spec"] != canon
+    {
+        return Err(ApiError::invalid(format!(
+            "the spec of a {} cannot be changed; delete it and create another",
+            kind.name()
+        )));
+    }
+    Ok(canon)
 }
 
 /// The labels a claim (here: a DataVolume) carries to name the instancetype and

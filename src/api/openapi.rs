@@ -122,6 +122,20 @@ fn description(kind: Kind) -> &'static str {
              class per shared pool a node mounts, named after it (bound at once; its VMs \
              live-migrate without a copy)."
         }
+        Kind::VirtualMachineSnapshot => {
+            "VirtualMachineSnapshot asks for a point-in-time copy of a VirtualMachine (its spec \
+             and every persistent disk), as KubeVirt's: a running guest keeps running, its \
+             filesystems frozen through the guest agent only while the copy starts."
+        }
+        Kind::VirtualMachineSnapshotContent => {
+            "VirtualMachineSnapshotContent is what a snapshot holds: the VM as it was and a \
+             copy of each of its DataVolumes, kept by the node that holds the VM's disks."
+        }
+        Kind::VirtualMachineRestore => {
+            "VirtualMachineRestore puts a VirtualMachine back to a snapshot: its disks (in \
+             place) and its spec; a running VM is stopped first with targetReadinessPolicy \
+             StopTarget."
+        }
         Kind::NetworkAttachmentDefinition => {
             "NetworkAttachmentDefinition is a network VMs join (Multus' kind): the CNI \
              configuration of a `bridge` plugin naming a host bridge the operator made, with \

@@ -1,8 +1,8 @@
 //! What a node's agent may change. A joined agent's credential is bound to its node (user
 //! `node:<name>`): it may register and update that Node, write the status and metadata of
-//! the instances placed on it, the metadata of their VMs and the status of the DataVolumes
-//! bound to it; nothing else. The spec of its
-//! Node (cordon) belongs to administrators.
+//! the instances placed on it, the metadata of their VMs, the status of the DataVolumes
+//! bound to it and of the snapshot contents and restores whose disks it copies; nothing
+//! else. The spec of its Node (cordon) belongs to administrators.
 
 use serde_json::Value;
 
@@ -57,6 +57,12 @@ pub async fn check(
         Kind::DataVolume => {
             existing.and_then(|o| {
                 o["metadata"]["annotations"][crate::types::cdi::NODE_ANNOTATION].as_str()
+            }) == Some(node)
+        }
+        // The contents and restores whose disks this node copies.
+        Kind::VirtualMachineSnapshotContent | Kind::VirtualMachineRestore => {
+            existing.and_then(|o| {
+                o["metadata"]["annotations"][crate::types::snapshot::NODE_ANNOTATION].as_str()
             }) == Some(node)
         }
         Kind::VirtualMachine => {

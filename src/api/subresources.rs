@@ -1,5 +1,6 @@
 //! Subresources: KubeVirt's actions under `subresources.kubevirt.io` (start, stop, restart,
-//! pause, unpause, softreboot, rename, migrate, addvolume, removevolume, guestosinfo), the
+//! pause, unpause, softreboot, rename, migrate, addvolume, removevolume, freeze, unfreeze,
+//! guestosinfo), the
 //! `status` subresource agents write through, and image upload and download. A request is
 //! parsed into a [`Request`] first (path, method and body); [`Request::access`] declares who
 //! may make it, in one place; [`execute`] carries it out. Actions record intent in the store;
@@ -22,7 +23,7 @@ use crate::http::auth::{Access, Principal};
 use crate::http::error::{ApiError, ApiResult};
 use crate::store::Error as StoreError;
 use crate::types::annotations::{
-    BLOCK_MIGRATION_ANNOTATION, PAUSED_ANNOTATION, SOFTREBOOT_ANNOTATION,
+    BLOCK_MIGRATION_ANNOTATION, FREEZE_ANNOTATION, PAUSED_ANNOTATION, SOFTREBOOT_ANNOTATION,
 };
 use crate::types::kubevirt::{
     ConditionType, Phase, RunStrategy, StateChangeRequest, condition_true,
@@ -53,6 +54,12 @@ enum Request {
         vmi_only: bool,
         options: super::hotplug::RemoveVolumeOptions,
     },
+    /// `freeze`: the guest's filesystems, through its agent, until `unfreeze` or the
+    /// timeout (`None`: no timeout).
+    Freeze {
+        timeout: Option<std::time::Duration>,
+    },
+    Unfreeze,
     GuestOsInfo,
     /// `userlist` and `filesystemlist`: what the guest agent reported, as KubeVirt's lists.
     GuestList(GuestList),
@@ -143,6 +150,8 @@ impl Request {
             | Request::SoftReboot
             | Request::AddVolume { .. }
             | Request::RemoveVolume { .. }
+            | Request::Freeze { .. }
+            | Request::Unfreeze
             | Request::ImageUpload => Access::Operate,
         }
     }
@@ -197,6 +206,10 @@ impl Request {
                     vmi_only: plural == "virtualmachineinstances",
                     options: super::hotplug::parse_remove(body)?,
                 }),
+                (&Method::PUT, "virtualmachineinstances", "freeze") => Ok(Request::Freeze {
+                    timeout: parse_freeze(body)?,
+                }),
+                (&Method::PUT, "virtualmachineinstances", "unfreeze") => Ok(Request::Unfreeze),
                 (&Method::GET, ..) => Err(ApiError::not_found(format!(
                     "subresource {:?} does not exist or is not readable",
                     at.sub
@@ -249,6 +262,32 @@ fn parse_rename(body: &[u8]) -> ApiResult<String> {
         .ok_or_else(|| ApiError::bad_request(r#"rename needs a body {"newName": "..."}"#))?;
     check_name("newName", &new_name)?;
     Ok(new_name)
+}
+
+/// KubeVirt's `FreezeUnfreezeTimeout` (`{"unfreezeTimeout": "5m"}`): how long the guest
+/// stays frozen at most; 5 minutes without a body, no limit for `0s`.
+fn parse_freeze(body: &[u8]) -> ApiResult<Option<std::time::Duration>> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct FreezeUnfreezeTimeout {
+        #[serde(default)]
+        unfreeze_timeout: Option<String>,
+    }
+    const DEFAULT: std::time::Duration = std::time::Duration::from_secs(300);
+    if body.is_empty() {
+        return Ok(Some(DEFAULT));
+    }
+    let o: FreezeUnfreezeTimeout = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid FreezeUnfreezeTimeout: {e}")))?;
+    let Some(t) = o.unfreeze_timeout else {
+        return Ok(Some(DEFAULT));
+    };
+    let d = crate::types::parse_duration(&t).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "invalid FreezeUnfreezeTimeout: unfreezeTimeout {t:?} is no duration (such as 5m)"
+        ))
+    })?;
+    Ok((!d.is_zero()).then_some(d))
 }
 
 fn parse_migrate(body: &[u8]) -> ApiResult<MigrateOptions> {
@@ -594,6 +633,39 @@ async fn execute(
             super::hotplug::remove(store, ns, name, vmi_only, options).await?;
             accepted()
         }
+        Request::Freeze { timeout } => {
+            running_vmi(store, ns, name).await?;
+            let until = timeout.map_or_else(
+                || "none".to_string(),
+                |t| {
+                    (chrono::Utc::now() + t)
+                        .format("%Y-%m-%dT%H:%M:%SZ")
+                        .to_string()
+                },
+            );
+            store
+                .update_typed(ns, name, |o: &mut VirtualMachineInstance| {
+                    o.metadata
+                        .annotations
+                        .get_or_insert_with(BTreeMap::new)
+                        .insert(FREEZE_ANNOTATION.into(), until);
+                    Ok(())
+                })
+                .await?;
+            accepted()
+        }
+        Request::Unfreeze => {
+            running_vmi(store, ns, name).await?;
+            store
+                .update_typed(ns, name, |o: &mut VirtualMachineInstance| {
+                    if let Some(a) = o.metadata.annotations.as_mut() {
+                        a.remove(FREEZE_ANNOTATION);
+                    }
+                    Ok(())
+                })
+                .await?;
+            accepted()
+        }
         Request::Pause | Request::Unpause | Request::SoftReboot => {
             let Some(vmi) = store.get_typed::<VirtualMachineInstance>(ns, name).await? else {
                 return Err(ApiError::conflict(format!("VM {name:?} is not running")));
@@ -649,6 +721,25 @@ async fn execute(
             accepted()
         }
     }
+}
+
+/// A running instance (404 when there is none, 409 when it does not run).
+async fn running_vmi(
+    store: &crate::store::Store,
+    ns: &str,
+    name: &str,
+) -> ApiResult<VirtualMachineInstance> {
+    let Some(vmi) = store.get_typed::<VirtualMachineInstance>(ns, name).await? else {
+        return Err(ApiError::not_found(format!(
+            "VirtualMachineInstance {ns}/{name} not found"
+        )));
+    };
+    if vmi.phase() != Phase::Running {
+        return Err(ApiError::conflict(format!(
+            "VirtualMachineInstance {name:?} is not running"
+        )));
+    }
+    Ok(vmi)
 }
 
 /// A typed object that must exist (404 otherwise).

@@ -9,6 +9,7 @@ mod migration;
 mod node;
 pub mod recorder;
 mod scheduler;
+mod snapshot;
 pub mod strategy;
 mod vm;
 
@@ -166,6 +167,15 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                             queue.push(&(Kind::VirtualMachineInstanceMigration, ns, name));
                         }
                         Kind::DataVolume => queue.push(&(Kind::DataVolume, ns, name)),
+                        Kind::VirtualMachineSnapshot | Kind::VirtualMachineRestore => {
+                            queue.push(&(ev.kind, ns, name));
+                        }
+                        Kind::VirtualMachineSnapshotContent => {
+                            if let Some(snap) = snapshot::snapshot_of_content(&ev.object) {
+                                queue.push(&(Kind::VirtualMachineSnapshot, ns.clone(), snap));
+                            }
+                            queue.push(&(ev.kind, ns, name));
+                        }
                         Kind::Image
                         | Kind::Namespace
                         | Kind::Secret
@@ -206,6 +216,15 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                     migration::reconcile_migration(&ctx, &key.1, &key.2).await
                 }
                 Kind::DataVolume => datavolume::reconcile_dv(&ctx, &key.1, &key.2).await,
+                Kind::VirtualMachineSnapshot => {
+                    snapshot::reconcile_snapshot(&ctx, &key.1, &key.2).await
+                }
+                Kind::VirtualMachineSnapshotContent => {
+                    snapshot::reconcile_content(&ctx, &key.1, &key.2).await
+                }
+                Kind::VirtualMachineRestore => {
+                    snapshot::reconcile_restore(&ctx, &key.1, &key.2).await
+                }
                 _ => Ok(Action::Done),
             };
             match r {
@@ -299,6 +318,7 @@ pub async fn resync_keys(store: &Store) -> Vec<Key> {
                 .map(|d| key(Kind::DataVolume, d.namespace(), d.name())),
         );
     }
+    keys.extend(snapshot::pending(store).await);
     if let Ok(migrations) = store.all::<VirtualMachineInstanceMigration>().await {
         keys.extend(migrations.iter().map(|o| {
             key(

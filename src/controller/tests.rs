@@ -1218,3 +1218,239 @@ async fn topology_spread_keeps_groups_even() {
         "b"
     );
 }
+
+/// Snapshot and restore bookkeeping, with the node's part played by hand: a snapshot of a
+/// stopped VM gets a content naming the DataVolume's node and volume (the cloud-init volume
+/// left out); once the node marks it ready the snapshot succeeds with the indications the
+/// node recorded; a restore of a running VM under StopTarget halts it, then hands the disks
+/// to the node, then writes the snapshot's spec back; deleting the snapshot deletes its
+/// content.
+#[tokio::test]
+async fn snapshot_and_restore_bookkeeping() {
+    use crate::types::snapshot::*;
+    let (_d, ctx) = ctx().await;
+    let s = &ctx.store;
+    s.create(
+        Kind::DataVolume,
+        json!({"metadata": {"name": "root", "namespace": "default",
+                "annotations": {crate::types::cdi::NODE_ANNOTATION: "n1"}},
+               "spec": {"source": {"blank": {}},
+                        "storage": {"resources": {"requests": {"storage": "1Gi"}}}}}),
+        false,
+    )
+    .await
+    .unwrap();
+    s.create(
+        Kind::VirtualMachine,
+        json!({"metadata": {"name": "vm", "namespace": "default"}, "spec": {
+            "runStrategy": "Halted",
+            "template": {"spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {}},
+                "volumes": [{"name": "root", "dataVolume": {"name": "root"}},
+                            {"name": "ci", "cloudInitNoCloud": {"userData": "x"}}]}}}}),
+        false,
+    )
+    .await
+    .unwrap();
+    let snap = |name: &str| {
+        json!({"metadata": {"name": name, "namespace": "default"},
+               "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": "vm"}}})
+    };
+    s.create(Kind::VirtualMachineSnapshot, snap("s1"), false)
+        .await
+        .unwrap();
+    snapshot::reconcile_snapshot(&ctx, "default", "s1")
+        .await
+        .unwrap();
+    let s1: VirtualMachineSnapshot = s.get_typed("default", "s1").await.unwrap().unwrap();
+    let st = s1.status.clone().unwrap();
+    assert_eq!(st.phase.as_deref(), Some("InProgress"));
+    let cname = st.virtual_machine_snapshot_content_name.clone().unwrap();
+    assert_eq!(cname, content_name(s1.uid()));
+    let vols = st.snapshot_volumes.unwrap();
+    assert_eq!(vols.included_volumes, ["root"]);
+    assert_eq!(vols.excluded_volumes, ["ci"]);
+    let c: VirtualMachineSnapshotContent = s.get_typed("default", &cname).await.unwrap().unwrap();
+    assert_eq!(c.annotation(NODE_ANNOTATION), Some("n1"));
+    assert!(c.has_finalizer(FILES_FINALIZER));
+    assert_eq!(c.spec.volume_backups[0].claim(), "root");
+    assert_eq!(
+        c.spec.volume_backups[0].persistent_volume_claim["spec"]["resources"]["requests"]["storage"],
+        "1073741824"
+    );
+    // The node copies the disk.
+    s.update_typed(
+        "default",
+        &cname,
+        |c: &mut VirtualMachineSnapshotContent| {
+            c.metadata.annotations.get_or_insert_default().extend([
+                (
+                    INDICATIONS_ANNOTATION.to_string(),
+                    "Online,GuestAgent".to_string(),
+                ),
+                (FROZEN_MS_ANNOTATION.to_string(), "12".to_string()),
+            ]);
+            c.status = Some(VirtualMachineSnapshotContentStatus {
+                ready_to_use: Some(true),
+                creation_time: Some(crate::types::now()),
+                ..Default::default()
+            });
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    snapshot::reconcile_snapshot(&ctx, "default", "s1")
+        .await
+        .unwrap();
+    let st = s
+        .get_typed::<VirtualMachineSnapshot>("default", "s1")
+        .await
+        .unwrap()
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(st.phase.as_deref(), Some("Succeeded"));
+    assert_eq!(st.ready_to_use, Some(true));
+    assert_eq!(st.indications, ["Online", "GuestAgent"]);
+    assert!(
+        st.source_indications[1]
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("12 ms")
+    );
+    assert!(
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    );
+
+    // The VM changes and runs; a restore under StopTarget halts it first.
+    s.update_typed("default", "vm", |v: &mut VirtualMachine| {
+        v.spec.run_strategy = Some(RunStrategy::Always);
+        v.spec.template.spec.domain.memory = None;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    s.create(
+        Kind::VirtualMachineInstance,
+        json!({"metadata": {"name": "vm", "namespace": "default"},
+               "spec": {"domain": {"devices": {}}}, "status": {"phase": "Running"}}),
+        false,
+    )
+    .await
+    .unwrap();
+    s.create(
+        Kind::VirtualMachineRestore,
+        json!({"metadata": {"name": "r1", "namespace": "default"},
+               "spec": {"target": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": "vm"},
+                        "virtualMachineSnapshotName": "s1",
+                        "targetReadinessPolicy": "StopTarget"}}),
+        false,
+    )
+    .await
+    .unwrap();
+    snapshot::reconcile_restore(&ctx, "default", "r1")
+        .await
+        .unwrap();
+    assert_eq!(
+        get_vm(&ctx, "vm").await.spec.strategy(),
+        RunStrategy::Halted
+    );
+    let r: VirtualMachineRestore = s.get_typed("default", "r1").await.unwrap().unwrap();
+    let msg = r.status.unwrap().conditions[0].message.clone().unwrap();
+    assert!(
+        msg.contains("puts back the disk of volume \"root\""),
+        "{msg}"
+    );
+    // Stopped: the node is asked to put the disks back, and the spec waits for it.
+    s.delete(Kind::VirtualMachineInstance, "default", "vm", None)
+        .await
+        .unwrap();
+    s.update(Kind::VirtualMachineInstance, "default", "vm", |o| {
+        o["metadata"]["finalizers"] = json!([]);
+        Ok(())
+    })
+    .await
+    .ok();
+    assert!(get_vmi(&ctx, "vm").await.is_none());
+    snapshot::reconcile_restore(&ctx, "default", "r1")
+        .await
+        .unwrap();
+    let r: VirtualMachineRestore = s.get_typed("default", "r1").await.unwrap().unwrap();
+    assert_eq!(r.annotation(NODE_ANNOTATION), Some("n1"));
+    assert_ne!(r.status.as_ref().unwrap().complete, Some(true));
+    assert!(
+        get_vm(&ctx, "vm")
+            .await
+            .spec
+            .template
+            .spec
+            .domain
+            .memory
+            .is_none()
+    );
+    let content_uid = c.uid().to_string();
+    s.update_typed("default", "r1", |r: &mut VirtualMachineRestore| {
+        r.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(RESTORED_ANNOTATION.into(), content_uid);
+        Ok(())
+    })
+    .await
+    .unwrap();
+    snapshot::reconcile_restore(&ctx, "default", "r1")
+        .await
+        .unwrap();
+    let r: VirtualMachineRestore = s.get_typed("default", "r1").await.unwrap().unwrap();
+    let rst = r.status.unwrap();
+    assert_eq!(rst.complete, Some(true));
+    assert_eq!(rst.restores[0].volume_name, "root");
+    let vm = get_vm(&ctx, "vm").await;
+    assert_eq!(
+        vm.spec.strategy(),
+        RunStrategy::Halted,
+        "the snapshot's spec"
+    );
+    assert!(vm.spec.template.spec.domain.memory.is_some());
+
+    // Deleting the snapshot deletes its content (kept by its finalizer for the node).
+    s.delete(Kind::VirtualMachineSnapshot, "default", "s1", None)
+        .await
+        .unwrap();
+    snapshot::reconcile_content(&ctx, "default", &cname)
+        .await
+        .unwrap();
+    let c: VirtualMachineSnapshotContent = s.get_typed("default", &cname).await.unwrap().unwrap();
+    assert!(c.deleting());
+
+    // A snapshot of a VM that does not exist fails with the reason.
+    s.create(
+        Kind::VirtualMachineSnapshot,
+        json!({"metadata": {"name": "s2", "namespace": "default"},
+               "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": "nope"}}}),
+        false,
+    )
+    .await
+    .unwrap();
+    snapshot::reconcile_snapshot(&ctx, "default", "s2")
+        .await
+        .unwrap();
+    let st = s
+        .get_typed::<VirtualMachineSnapshot>("default", "s2")
+        .await
+        .unwrap()
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(st.phase.as_deref(), Some("Failed"));
+    assert!(
+        st.error
+            .unwrap()
+            .message
+            .unwrap()
+            .contains("default/nope does not exist")
+    );
+}

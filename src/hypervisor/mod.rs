@@ -85,6 +85,19 @@ pub struct BlockCopy {
     pub disks_uri: String,
 }
 
+/// A domain job (a backup), as libvirt reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Job {
+    /// Running: bytes copied of the total.
+    Running { processed: u64, total: u64 },
+    /// The last job finished well.
+    Completed,
+    /// The last job failed (or was aborted), with libvirt's reason.
+    Failed(String),
+    /// No job ran, or its outcome is not known.
+    None,
+}
+
 /// Whole-domain operations on one hypervisor connection.
 pub trait Hypervisor: Send + Sync + 'static {
     /// Start a transient domain from XML.
@@ -148,6 +161,17 @@ pub trait Hypervisor: Send + Sync + 'static {
     }
     /// Abort the domain's running job (a migration).
     fn abort_job(&self, name: &str) -> Result<()> {
+        let _ = name;
+        Err(Error::Libvirt("this backend has no jobs".into()))
+    }
+    /// Start a push-mode backup (`<domainbackup>` XML): QEMU copies the named disks, as
+    /// they were at this moment, into new files while the guest runs on.
+    fn backup_begin(&self, name: &str, xml: &str) -> Result<()> {
+        let _ = (name, xml);
+        Err(Error::Libvirt("this backend cannot back up disks".into()))
+    }
+    /// The domain's job: the one running, else how the last one ended.
+    fn job(&self, name: &str) -> Result<Job> {
         let _ = name;
         Err(Error::Libvirt("this backend has no jobs".into()))
     }

@@ -1875,6 +1875,9 @@ pub struct VirtualMachineInstanceStatus {
     /// edgevirt extension: what the guest agent last reported (served by `guestosinfo`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_agent_info: Option<GuestAgentInfo>,
+    /// `frozen` while the guest's filesystems are frozen (the `freeze` subresource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_freeze_status: Option<String>,
     /// edgevirt's first form of the timestamps below, still written for peers of earlier
     /// releases.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -7,6 +7,7 @@ pub mod edgevirt;
 pub mod instancetype;
 pub mod object;
 mod open_enum;
+pub mod snapshot;
 
 /// Annotations and finalizers edgevirt uses to record intent on objects.
 pub mod annotations {
@@ -32,6 +33,9 @@ pub mod annotations {
     /// VMI (or a VM's template): its local disks may always be copied, so it counts as
     /// live-migratable, by block migration.
     pub const BLOCK_MIGRATION_ANNOTATION: &str = "edgevirt.io/block-migration";
+    /// On a VMI: its filesystems are to stay frozen (the `freeze` subresource) until this
+    /// time (RFC 3339), when the node thaws them unless `unfreeze` came first.
+    pub const FREEZE_ANNOTATION: &str = "edgevirt.io/frozen-until";
 }
 pub mod kubevirt;
 pub mod schema;
@@ -127,10 +131,16 @@ pub enum Kind {
     /// Multus' `k8s.cni.cncf.io/v1`: a host bridge (and VLAN) VMs join with a `multus`
     /// network and a `bridge` interface.
     NetworkAttachmentDefinition,
+    /// `snapshot.kubevirt.io/v1beta1`: a point-in-time copy of a VM, asked for.
+    VirtualMachineSnapshot,
+    /// What a snapshot holds: the VM's spec and its disk copies.
+    VirtualMachineSnapshotContent,
+    /// Put a VM back to a snapshot.
+    VirtualMachineRestore,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 17] = [
+    pub const ALL: [Kind; 20] = [
         Kind::VirtualMachine,
         Kind::VirtualMachineInstance,
         Kind::VirtualMachineInstanceMigration,
@@ -148,6 +158,9 @@ impl Kind {
         Kind::StorageClass,
         Kind::Event,
         Kind::NetworkAttachmentDefinition,
+        Kind::VirtualMachineSnapshot,
+        Kind::VirtualMachineSnapshotContent,
+        Kind::VirtualMachineRestore,
     ];
 
     pub fn name(self) -> &'static str {
@@ -169,6 +182,9 @@ impl Kind {
             Kind::StorageClass => "StorageClass",
             Kind::Event => "Event",
             Kind::NetworkAttachmentDefinition => "NetworkAttachmentDefinition",
+            Kind::VirtualMachineSnapshot => "VirtualMachineSnapshot",
+            Kind::VirtualMachineSnapshotContent => "VirtualMachineSnapshotContent",
+            Kind::VirtualMachineRestore => "VirtualMachineRestore",
         }
     }
 
@@ -191,6 +207,9 @@ impl Kind {
             Kind::StorageClass => "storageclasses",
             Kind::Event => "events",
             Kind::NetworkAttachmentDefinition => "network-attachment-definitions",
+            Kind::VirtualMachineSnapshot => "virtualmachinesnapshots",
+            Kind::VirtualMachineSnapshotContent => "virtualmachinesnapshotcontents",
+            Kind::VirtualMachineRestore => "virtualmachinerestores",
         }
     }
 
@@ -209,6 +228,9 @@ impl Kind {
             Kind::DataVolume => cdi::GROUP,
             Kind::StorageClass => "storage.k8s.io",
             Kind::NetworkAttachmentDefinition => cni::GROUP,
+            Kind::VirtualMachineSnapshot
+            | Kind::VirtualMachineSnapshotContent
+            | Kind::VirtualMachineRestore => snapshot::GROUP,
         }
     }
 
@@ -247,6 +269,9 @@ impl Kind {
                 | Kind::DataVolume
                 | Kind::Event
                 | Kind::NetworkAttachmentDefinition
+                | Kind::VirtualMachineSnapshot
+                | Kind::VirtualMachineSnapshotContent
+                | Kind::VirtualMachineRestore
         )
     }
 
@@ -275,6 +300,9 @@ impl Kind {
             }
             Kind::DataVolume => cdi::DataVolume::crd(),
             Kind::NetworkAttachmentDefinition => cni::NetworkAttachmentDefinition::crd(),
+            Kind::VirtualMachineSnapshot => snapshot::VirtualMachineSnapshot::crd(),
+            Kind::VirtualMachineSnapshotContent => snapshot::VirtualMachineSnapshotContent::crd(),
+            Kind::VirtualMachineRestore => snapshot::VirtualMachineRestore::crd(),
             Kind::Namespace
             | Kind::Secret
             | Kind::ConfigMap
@@ -297,10 +325,10 @@ impl Kind {
     }
 }
 
-/// The version a group is served at: `v1beta1` for instancetypes and DataVolumes, `v1` for
-/// the rest.
+/// The version a group is served at: `v1beta1` for instancetypes, DataVolumes and snapshots,
+/// `v1` for the rest.
 pub fn version_of(group: &str) -> &'static str {
-    if group == instancetype::GROUP || group == cdi::GROUP {
+    if group == instancetype::GROUP || group == cdi::GROUP || group == snapshot::GROUP {
         "v1beta1"
     } else {
         "v1"
@@ -311,6 +339,40 @@ pub fn version_of(group: &str) -> &'static str {
 /// (the same schema as `v1`, which KubeVirt still serves).
 pub fn is_alias(api_version: &str) -> bool {
     api_version == "kubevirt.io/v1alpha3"
+}
+
+/// A Kubernetes (Go) duration such as `5m`, `1h30m`, `90s`, `250ms` or `1.5h`.
+pub fn parse_duration(s: &str) -> Option<std::time::Duration> {
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    if rest == "0" {
+        return Some(std::time::Duration::ZERO);
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let n = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter(|n| *n > 0)?;
+        let value: f64 = rest[..n].parse().ok()?;
+        rest = &rest[n..];
+        let u = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = match &rest[..u] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            "us" | "µs" => 0.000_001,
+            "ns" => 0.000_000_001,
+            _ => return None,
+        };
+        total += value * unit;
+        rest = &rest[u..];
+    }
+    (total.is_finite() && total < 1e12).then(|| std::time::Duration::from_secs_f64(total))
 }
 
 /// A check of user input failed; the message names the field and what to do.
@@ -656,6 +718,20 @@ fn parse_scaled(q: &str, extra: i32) -> Result<u64, Invalid> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_are_read_as_kubernetes_writes_them() {
+        let d = |s: &str| parse_duration(s).map(|d| d.as_millis());
+        assert_eq!(d("5m"), Some(300_000));
+        assert_eq!(d("1h30m"), Some(5_400_000));
+        assert_eq!(d("2m0s"), Some(120_000));
+        assert_eq!(d("250ms"), Some(250));
+        assert_eq!(d("1.5h"), Some(5_400_000));
+        assert_eq!(d("0"), Some(0));
+        for bad in ["", "5", "m", "5x", "-5m", "5m3", "1e9h"] {
+            assert_eq!(d(bad), None, "{bad:?}");
+        }
+    }
 
     /// Downward API files as the kubelet writes them: maps as sorted `key="value"` lines,
     /// one key's value alone (empty when missing); other fields and bad paths refused.

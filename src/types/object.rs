@@ -79,6 +79,15 @@ impl Typed for k8s_openapi::api::core::v1::Event {
 impl Typed for super::cni::NetworkAttachmentDefinition {
     const KIND: Kind = Kind::NetworkAttachmentDefinition;
 }
+impl Typed for super::snapshot::VirtualMachineSnapshot {
+    const KIND: Kind = Kind::VirtualMachineSnapshot;
+}
+impl Typed for super::snapshot::VirtualMachineSnapshotContent {
+    const KIND: Kind = Kind::VirtualMachineSnapshotContent;
+}
+impl Typed for super::snapshot::VirtualMachineRestore {
+    const KIND: Kind = Kind::VirtualMachineRestore;
+}
 
 /// Check a status written through a `status` subresource against its kind's typed status,
 /// naming the field that does not fit (`status.phase: invalid type: integer `3`, ...`).
@@ -110,6 +119,13 @@ pub fn check_status(kind: Kind, status: &Value) -> Result<(), Invalid> {
         Kind::Node => fits::<edgevirt::NodeStatus>(status),
         Kind::Image => fits::<edgevirt::ImageStatus>(status),
         Kind::DataVolume => fits::<super::cdi::DataVolumeStatus>(status),
+        Kind::VirtualMachineSnapshot => {
+            fits::<super::snapshot::VirtualMachineSnapshotStatus>(status)
+        }
+        Kind::VirtualMachineSnapshotContent => {
+            fits::<super::snapshot::VirtualMachineSnapshotContentStatus>(status)
+        }
+        Kind::VirtualMachineRestore => fits::<super::snapshot::VirtualMachineRestoreStatus>(status),
         Kind::Namespace
         | Kind::Secret
         | Kind::ConfigMap

@@ -12,7 +12,7 @@ use virt::sys;
 
 use crate::hypervisor::{
     BlockCopy, CpuCompare, DomainState, DomainStats, Error, GuestAddress, HostFacts, Hypervisor,
-    METADATA_NS, OwnedDomain, Param, Result,
+    Job, METADATA_NS, OwnedDomain, Param, Result,
 };
 
 pub struct Libvirt {
@@ -220,6 +220,45 @@ impl Hypervisor for Libvirt {
             ));
         }
         Ok(())
+    }
+
+    fn backup_begin(&self, name: &str, xml: &str) -> Result<()> {
+        let d = self.domain(name)?;
+        let xml = std::ffi::CString::new(xml).map_err(|e| Error::Libvirt(e.to_string()))?;
+        // SAFETY: `d` is a live domain handle and `xml` a NUL-terminated string, both valid
+        // for the duration of the call; a NULL checkpoint XML asks for no checkpoint.
+        let r = unsafe { sys::virDomainBackupBegin(d.as_ptr(), xml.as_ptr(), std::ptr::null(), 0) };
+        if r < 0 {
+            return Err(Error::Libvirt(
+                virt::error::Error::last_error().message().to_string(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn job(&self, name: &str) -> Result<Job> {
+        let d = self.domain(name)?;
+        let now = raw_job_stats(&d, 0)?;
+        if now.kind == sys::VIR_DOMAIN_JOB_BOUNDED as i32
+            || now.kind == sys::VIR_DOMAIN_JOB_UNBOUNDED as i32
+        {
+            return Ok(Job::Running {
+                processed: now.processed,
+                total: now.total,
+            });
+        }
+        let done = raw_job_stats(
+            &d,
+            sys::VIR_DOMAIN_JOB_STATS_COMPLETED | sys::VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED,
+        )?;
+        Ok(match done.kind as u32 {
+            sys::VIR_DOMAIN_JOB_COMPLETED => Job::Completed,
+            sys::VIR_DOMAIN_JOB_FAILED | sys::VIR_DOMAIN_JOB_CANCELLED => Job::Failed(
+                done.error
+                    .unwrap_or_else(|| "the job failed (libvirt gave no reason)".into()),
+            ),
+            _ => Job::None,
+        })
     }
 
     fn completed_migration_downtime_ms(&self, name: &str) -> Result<Option<u64>> {
@@ -597,4 +636,68 @@ fn bulk_stats(c: &Connect) -> std::result::Result<Vec<DomainStats>, virt::error:
     // SAFETY: `records` came from virConnectGetAllDomainStats and is freed once.
     unsafe { sys::virDomainStatsRecordListFree(records) };
     Ok(out)
+}
+
+/// What [`Hypervisor::job`] reads of libvirt's job statistics.
+struct RawJob {
+    kind: i32,
+    processed: u64,
+    total: u64,
+    error: Option<String>,
+}
+
+/// `virDomainGetJobStats`, called directly: the `virt` crate's wrapper cannot take the
+/// empty parameter list libvirt returns when no completed job is on record.
+fn raw_job_stats(d: &Domain, flags: u32) -> Result<RawJob> {
+    let mut kind: std::os::raw::c_int = 0;
+    let mut params: sys::virTypedParameterPtr = std::ptr::null_mut();
+    let mut n: std::os::raw::c_int = 0;
+    // SAFETY: `d` is a live domain handle; libvirt fills `kind`, `params` and `n`, and
+    // `params` (possibly NULL with `n == 0`) is freed below with virTypedParamsFree.
+    let r = unsafe { sys::virDomainGetJobStats(d.as_ptr(), &mut kind, &mut params, &mut n, flags) };
+    if r < 0 {
+        return Err(Error::Libvirt(
+            virt::error::Error::last_error().message().to_string(),
+        ));
+    }
+    let mut job = RawJob {
+        kind,
+        processed: 0,
+        total: 0,
+        error: None,
+    };
+    if !params.is_null() {
+        // SAFETY: `params` holds `n` parameters from libvirt; the names are NUL-terminated
+        // constants; a string value points into `params` and is copied before the free.
+        unsafe {
+            let mut v: std::os::raw::c_ulonglong = 0;
+            if sys::virTypedParamsGetULLong(
+                params,
+                n,
+                sys::VIR_DOMAIN_JOB_DISK_PROCESSED.as_ptr(),
+                &mut v,
+            ) == 1
+            {
+                job.processed = v;
+            }
+            if sys::virTypedParamsGetULLong(
+                params,
+                n,
+                sys::VIR_DOMAIN_JOB_DISK_TOTAL.as_ptr(),
+                &mut v,
+            ) == 1
+            {
+                job.total = v;
+            }
+            let mut s: *const std::os::raw::c_char = std::ptr::null();
+            if sys::virTypedParamsGetString(params, n, sys::VIR_DOMAIN_JOB_ERRMSG.as_ptr(), &mut s)
+                == 1
+                && !s.is_null()
+            {
+                job.error = Some(std::ffi::CStr::from_ptr(s).to_string_lossy().into_owned());
+            }
+            sys::virTypedParamsFree(params, n);
+        }
+    }
+    Ok(job)
 }

@@ -1085,6 +1085,130 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
         .json(&json!({"name": ["rootdisk"]}))
         .expect(&[400]),
     );
+    // Snapshots: bodies are KubeVirt's snapshot kinds, checked; contents are edgevirt's.
+    let snaps = "/apis/snapshot.kubevirt.io/v1beta1/namespaces/default";
+    let snap = |source: Value| {
+        json!({"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshot",
+               "metadata": {"name": "hostile-snap"}, "spec": {"source": source}})
+    };
+    c.push(
+        Case::new(
+            "snapshot-of-a-pod",
+            Method::POST,
+            format!("{snaps}/virtualmachinesnapshots"),
+        )
+        .json(&snap(json!({"apiGroup": "", "kind": "Pod", "name": "x"})))
+        .expect(&[422])
+        .msg("only a VirtualMachine"),
+    );
+    c.push(
+        Case::new(
+            "snapshot-traversal-name",
+            Method::POST,
+            format!("{snaps}/virtualmachinesnapshots"),
+        )
+        .json(&snap(
+            json!({"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": "../../etc"}),
+        ))
+        .expect(&[422]),
+    );
+    c.push(
+        Case::new(
+            "snapshot-unknown-field",
+            Method::POST,
+            format!("{snaps}/virtualmachinesnapshots"),
+        )
+        .json(&json!({"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshot",
+                      "metadata": {"name": "hostile-snap"},
+                      "spec": {"source": {"kind": "VirtualMachine", "name": BASE_VM}, "volumes": []}}))
+        .expect(&[400, 422]),
+    );
+    c.push(
+        Case::new(
+            "snapshot-bad-deadline",
+            Method::POST,
+            format!("{snaps}/virtualmachinesnapshots"),
+        )
+        .json(
+            &json!({"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshot",
+                      "metadata": {"name": "hostile-snap"},
+                      "spec": {"source": {"kind": "VirtualMachine", "name": BASE_VM},
+                               "failureDeadline": "forever"}}),
+        )
+        .expect(&[422])
+        .msg("no duration"),
+    );
+    c.push(
+        Case::new(
+            "snapshot-content-by-hand",
+            Method::POST,
+            format!("{snaps}/virtualmachinesnapshotcontents"),
+        )
+        .json(&json!({"apiVersion": "snapshot.kubevirt.io/v1beta1",
+                      "kind": "VirtualMachineSnapshotContent",
+                      "metadata": {"name": "hostile-content"},
+                      "spec": {"source": {"virtualMachine": {"spec": {}}},
+                               "volumeBackups": [{"volumeName": "x",
+                                   "persistentVolumeClaim": {"metadata": {"name": "../../etc/passwd"}}}]}}))
+        .expect(&[422])
+        .msg("made by edgevirt"),
+    );
+    c.push(
+        Case::new(
+            "restore-with-patches",
+            Method::POST,
+            format!("{snaps}/virtualmachinerestores"),
+        )
+        .json(
+            &json!({"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineRestore",
+                      "metadata": {"name": "hostile-restore"},
+                      "spec": {"target": {"kind": "VirtualMachine", "name": BASE_VM},
+                               "virtualMachineSnapshotName": "nope",
+                               "targetReadinessPolicy": "Whenever",
+                               "patches": ["{\"op\": \"remove\"}"]}}),
+        )
+        .expect(&[422])
+        .msg("targetReadinessPolicy"),
+    );
+    c.push(
+        Case::new(
+            "restore-without-spec",
+            Method::POST,
+            format!("{snaps}/virtualmachinerestores"),
+        )
+        .json(
+            &json!({"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineRestore",
+                      "metadata": {"name": "hostile-restore"}}),
+        )
+        .expect(&[422]),
+    );
+    // freeze / unfreeze of an instance that is not there, and bad timeouts.
+    c.push(
+        Case::new("freeze-missing-vmi", Method::PUT, vmi_sub("freeze"))
+            .raw(None, "")
+            .expect(&[404]),
+    );
+    c.push(
+        Case::new("unfreeze-missing-vmi", Method::PUT, vmi_sub("unfreeze"))
+            .json(&json!({}))
+            .expect(&[404]),
+    );
+    c.push(
+        Case::new("freeze-bad-timeout", Method::PUT, vmi_sub("freeze"))
+            .json(&json!({"unfreezeTimeout": "-5m"}))
+            .expect(&[400])
+            .msg("no duration"),
+    );
+    c.push(
+        Case::new("freeze-not-json", Method::PUT, vmi_sub("freeze"))
+            .raw(Some("application/json"), "{\"unfreezeTimeout\": ")
+            .expect(&[400]),
+    );
+    c.push(
+        Case::new("freeze-on-a-vm", Method::PUT, vm_sub("freeze"))
+            .json(&json!({"unfreezeTimeout": "1m"}))
+            .expect(&[404]),
+    );
     let stats = "/apis/edgevirt.io/v1/nodes/hostile-node/stats";
     c.push(
         Case::new("node-stats-not-json", Method::PUT, stats)

@@ -263,12 +263,11 @@ impl Hypervisor for Libvirt {
 
     fn completed_migration_downtime_ms(&self, name: &str) -> Result<Option<u64>> {
         let d = self.domain(name)?;
-        let stats = d
-            // KEEP_COMPLETED: reading them does not clear them for others (virsh domjobinfo).
-            .job_stats(
-                sys::VIR_DOMAIN_JOB_STATS_COMPLETED | sys::VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED,
-            )
-            .map_err(lv)?;
+        // KEEP_COMPLETED: reading them does not clear them for others (virsh domjobinfo).
+        let stats = raw_job_stats(
+            &d,
+            sys::VIR_DOMAIN_JOB_STATS_COMPLETED | sys::VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED,
+        )?;
         Ok(stats.downtime)
     }
 
@@ -643,6 +642,8 @@ struct RawJob {
     kind: i32,
     processed: u64,
     total: u64,
+    /// A migration's downtime (ms).
+    downtime: Option<u64>,
     error: Option<String>,
 }
 
@@ -664,6 +665,7 @@ fn raw_job_stats(d: &Domain, flags: u32) -> Result<RawJob> {
         kind,
         processed: 0,
         total: 0,
+        downtime: None,
         error: None,
     };
     if !params.is_null() {
@@ -688,6 +690,15 @@ fn raw_job_stats(d: &Domain, flags: u32) -> Result<RawJob> {
             ) == 1
             {
                 job.total = v;
+            }
+            if sys::virTypedParamsGetULLong(
+                params,
+                n,
+                sys::VIR_DOMAIN_JOB_DOWNTIME.as_ptr(),
+                &mut v,
+            ) == 1
+            {
+                job.downtime = Some(v);
             }
             let mut s: *const std::os::raw::c_char = std::ptr::null();
             if sys::virTypedParamsGetString(params, n, sys::VIR_DOMAIN_JOB_ERRMSG.as_ptr(), &mut s)

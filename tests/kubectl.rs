@@ -500,6 +500,81 @@ async fn suite(which: &str, bin: PathBuf) {
     })
     .await;
     assert_eq!(k.ok(&["get", "vm", "-o", "name"]).trim(), "");
+    snapshots_from_kubevirts_manifests(&k, &a).await;
+}
+
+/// KubeVirt's own snapshot and restore manifests, created unchanged by kubectl; `kubectl
+/// wait --for=condition=Ready` on both, the tables by short name, and a delete that takes
+/// the content along. (The VM has no disk to copy; the e2e suite copies real ones.)
+async fn snapshots_from_kubevirts_manifests(k: &Kubectl, a: &Appliance) {
+    let fixture = |f: &str| {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/kubevirt-snapshot")
+            .join(f)
+            .to_string_lossy()
+            .into_owned()
+    };
+    let (code, v) = a
+        .post_yaml(VMS, &Vm::halted("larry", "test-kernel").yaml())
+        .await;
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(
+        k.ok(&["create", "-f", &fixture("vmsnapshot.yaml")]).trim(),
+        "virtualmachinesnapshot.snapshot.kubevirt.io/snap-larry created"
+    );
+    assert_eq!(
+        k.ok(&[
+            "wait",
+            "--for=condition=Ready",
+            "vmsnapshot/snap-larry",
+            "--timeout=60s"
+        ])
+        .trim(),
+        "virtualmachinesnapshot.snapshot.kubevirt.io/snap-larry condition met"
+    );
+    let table = k.ok(&["get", "vmsnapshot"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().take(5).collect::<Vec<_>>()
+                == ["snap-larry", "VirtualMachine", "larry", "Succeeded", "true"]),
+        "{table}"
+    );
+    assert_eq!(
+        k.ok(&["get", "vmsnapshotcontents", "-o", "name"])
+            .lines()
+            .count(),
+        1
+    );
+    assert_eq!(
+        k.ok(&["create", "-f", &fixture("vmrestore.yaml")]).trim(),
+        "virtualmachinerestore.snapshot.kubevirt.io/restore-larry created"
+    );
+    k.ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "vmrestore/restore-larry",
+        "--timeout=60s",
+    ]);
+    let table = k.ok(&["get", "vmrestores"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().take(4).collect::<Vec<_>>()
+                == ["restore-larry", "VirtualMachine", "larry", "true"]),
+        "{table}"
+    );
+    assert!(
+        k.ok(&["delete", "vmsnapshot", "snap-larry"])
+            .contains("deleted")
+    );
+    wait_for("the content to go with its snapshot", BOOT, || async {
+        k.ok(&["get", "vmsnapshotcontents", "-o", "name"])
+            .trim()
+            .is_empty()
+            .then_some(())
+    })
+    .await;
 }
 
 /// Does a table have a row whose words, after its first column (an age), are these?

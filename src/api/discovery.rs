@@ -65,7 +65,7 @@ fn resource(kind: Kind) -> Resource {
 }
 
 /// The groups edgevirt serves, each at one version ([`version_of`]): the core group is "".
-pub const GROUPS: [&str; 9] = [
+pub const GROUPS: [&str; 10] = [
     "",
     "kubevirt.io",
     "edgevirt.io",
@@ -75,6 +75,7 @@ pub const GROUPS: [&str; 9] = [
     "storage.k8s.io",
     EVENTS_GROUP,
     crate::types::cni::GROUP,
+    crate::types::snapshot::GROUP,
 ];
 
 fn resources_of(group: &str) -> Vec<Resource> {

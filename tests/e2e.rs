@@ -2570,6 +2570,21 @@ async fn snapshot_restore_and_freeze_a_running_guest() {
     let (code, v) = a.post_yaml(VMS, &vm.yaml()).await;
     assert_eq!(code, 201, "{v}");
     let vmi = a.wait_running("larry", None, BOOT).await;
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_edgevirt"))
+            .args(args)
+            .env("EDGEVIRT_SERVER", &a.url)
+            .env("EDGEVIRT_TOKEN", &a.token)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "edgevirt {args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
     let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
     let sh = |dom: &str, cmd: &str| guest_exec(dom, "/bin/sh", &["-c", cmd]).unwrap_or_default();
     wait_for("the guest on its disk root", BOOT, || async {
@@ -2727,19 +2742,31 @@ async fn snapshot_restore_and_freeze_a_running_guest() {
         .await;
     assert_eq!(code, 400, "{v}");
 
-    // Restore, from KubeVirt's manifest with StopTarget: the first marker, not the second.
+    // A restore under FailImmediate refuses the running VM and says why; the CLI's
+    // restore (StopTarget) stops it and brings back the first marker, not the second.
     let restore =
-        kubevirt_snapshot_fixture("vmrestore.yaml") + "  targetReadinessPolicy: StopTarget\n";
+        kubevirt_snapshot_fixture("vmrestore.yaml") + "  targetReadinessPolicy: FailImmediate\n";
     let (code, v) = a.post_yaml(RESTORES, &restore).await;
     assert_eq!(code, 201, "{v}");
-    let done = wait_for("the restore to complete", BOOT * 2, || async {
+    let refused = wait_for("the FailImmediate restore to give up", BOOT, || async {
         let (_, r) = a.get(&format!("{RESTORES}/restore-larry")).await;
-        (r["status"]["complete"] == true).then_some(r)
+        r["status"]["conditions"]
+            .as_array()
+            .and_then(|l| l.iter().find(|c| c["type"] == "Ready"))
+            .and_then(|c| c["message"].as_str().map(str::to_string))
+            .filter(|m| m.contains("is running"))
     })
     .await;
-    assert_eq!(
-        done["status"]["restores"][0]["volumeName"], "root",
-        "{done}"
+    assert!(refused.contains("StopTarget"), "{refused}");
+    assert!(
+        a.vmi("larry").await.is_some(),
+        "FailImmediate left the VM running"
+    );
+    let said = cli(&["restore", "snap-larry", "--stop"]);
+    assert!(said.contains("complete"), "{said}");
+    assert!(
+        said.contains("puts back the disk of volume \"root\""),
+        "{said}"
     );
     let vmi2 = a
         .wait_running(
@@ -2762,14 +2789,21 @@ async fn snapshot_restore_and_freeze_a_running_guest() {
         "the second marker came after the snapshot: {markers}"
     );
 
-    // A second snapshot, deleted while the guest runs: its copy goes, the guest stays.
-    let (code, v) = a
-        .post_yaml(
-            SNAPSHOTS,
-            &kubevirt_snapshot_fixture("vmsnapshot.yaml").replace("snap-larry", "snap-two"),
-        )
-        .await;
-    assert_eq!(code, 201, "{v}");
+    // A second snapshot, by the CLI, deleted while the guest runs: its copy goes, the
+    // guest stays.
+    let said = cli(&["snapshot", "create", "larry", "--name", "snap-two"]);
+    assert_eq!(
+        said.trim(),
+        "virtualmachinesnapshot snap-two ready (Online, GuestAgent)"
+    );
+    let listed = cli(&["snapshot", "list", "--vm", "larry"]);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.split_whitespace().take(4).collect::<Vec<_>>()
+                == ["snap-two", "larry", "Succeeded", "true"]),
+        "{listed}"
+    );
     let two = wait_for("the second snapshot", BOOT, || async {
         let (_, s) = a.get(&format!("{SNAPSHOTS}/snap-two")).await;
         (s["status"]["readyToUse"] == true).then_some(s)
@@ -2790,8 +2824,7 @@ async fn snapshot_restore_and_freeze_a_running_guest() {
         sh(&dom, "echo third >/marker3 && sync && echo ok").trim(),
         "ok"
     );
-    let (code, v) = a.delete(&format!("{SNAPSHOTS}/snap-two")).await;
-    assert_eq!(code, 200, "{v}");
+    cli(&["snapshot", "delete", "snap-two"]);
     wait_for("the content and its copy gone", BOOT, || async {
         let (code, _) = a.get(&format!("{CONTENTS}/{content2}")).await;
         (code == 404 && !folder2.exists()).then_some(())

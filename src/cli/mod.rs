@@ -9,6 +9,7 @@ mod lockout;
 mod network;
 mod node;
 mod output;
+mod snapshot;
 mod strategy;
 mod vm;
 
@@ -53,6 +54,10 @@ enum Command {
     Node(node::NodeArgs),
     /// Site networks (LAN, VLANs): NetworkAttachmentDefinitions naming a host bridge.
     Network(network::NetworkArgs),
+    /// Snapshots of VMs (KubeVirt's VirtualMachineSnapshot): take, list, delete.
+    Snapshot(snapshot::SnapshotArgs),
+    /// Put a VM back to a snapshot (its disks and spec).
+    Restore(snapshot::RestoreArgs),
     /// Host CPUs of the nodes, the cluster's baseline CPU model, and CPU checks.
     Cpu(cpu::CpuArgs),
     /// Print the CustomResourceDefinitions of the kinds edgevirt serves, for a Kubernetes cluster.
@@ -471,6 +476,8 @@ pub fn main() -> ExitCode {
             Command::Node(a) => node::run_node(a).await,
             Command::Cpu(a) => cpu::run(a).await,
             Command::Network(a) => network::run(a).await,
+            Command::Snapshot(a) => snapshot::run(a).await,
+            Command::Restore(a) => snapshot::restore(a).await,
             Command::Crds(a) => k8s::crds(a),
             Command::Export(a) => k8s::export(a).await,
             Command::Kubeconfig(a) => k8s::kubeconfig(a),

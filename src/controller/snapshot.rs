@@ -434,6 +434,21 @@ async fn restore_progress(
     .await
 }
 
+/// A restore that cannot go on: `Failure` is set, and it is never taken up again (as
+/// KubeVirt's, a failed restore is done; create another).
+async fn fail_restore(ctx: &Context, ns: &str, name: &str, message: String) -> Result<(), Error> {
+    tracing::warn!(namespace = %ns, restore = %name, reason = %message, "restore failed");
+    restore_progress(ctx, ns, name, false, message.clone()).await?;
+    set_restore(ctx, ns, name, |r| {
+        let st = r.status.get_or_insert_with(Default::default);
+        set_condition(&mut st.conditions, "Failure", true, "Failed");
+        if let Some(c) = st.conditions.iter_mut().find(|c| c.type_ == "Failure") {
+            c.message = Some(message);
+        }
+    })
+    .await
+}
+
 fn annotate(r: &mut VirtualMachineRestore, key: &str, value: &str) {
     r.metadata
         .annotations
@@ -446,7 +461,11 @@ pub async fn reconcile_restore(ctx: &Context, ns: &str, name: &str) -> Result<Ac
         return Ok(Action::Done);
     };
     let st = r.status.clone().unwrap_or_default();
-    if r.deleting() || st.complete == Some(true) {
+    let failed = st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Failure" && c.status == "True");
+    if r.deleting() || st.complete == Some(true) || failed {
         return Ok(Action::Done);
     }
     let wait = Action::RequeueAfter(Duration::from_secs(2));
@@ -466,11 +485,10 @@ pub async fn reconcile_restore(ctx: &Context, ns: &str, name: &str) -> Result<Ac
     };
     let target = &r.spec.target.name;
     if &snap.spec.source.name != target {
-        restore_progress(
+        fail_restore(
             ctx,
             ns,
             name,
-            false,
             format!(
                 "VirtualMachineSnapshot {snap_name} is of VirtualMachine {}; edgevirt restores \
                  a snapshot onto its own VirtualMachine only",
@@ -486,15 +504,14 @@ pub async fn reconcile_restore(ctx: &Context, ns: &str, name: &str) -> Result<Ac
         .and_then(|s| s.virtual_machine_snapshot_content_name.clone())
         .unwrap_or_default();
     let Some(content) = read::<VirtualMachineSnapshotContent>(ctx, ns, &cname).await? else {
-        restore_progress(ctx, ns, name, false, format!("its content {cname} is gone")).await?;
+        fail_restore(ctx, ns, name, format!("its content {cname} is gone")).await?;
         return Ok(Action::Done);
     };
     let Some(vm) = read::<VirtualMachine>(ctx, ns, target).await? else {
-        restore_progress(
+        fail_restore(
             ctx,
             ns,
             name,
-            false,
             format!(
                 "VirtualMachine {ns}/{target} does not exist; edgevirt restores onto the \
                  snapshot's VM as it exists (create it again from the snapshot's spec first)"
@@ -510,11 +527,10 @@ pub async fn reconcile_restore(ctx: &Context, ns: &str, name: &str) -> Result<Ac
         .as_ref()
         .and_then(|v| serde_json::from_value::<VirtualMachineSpec>(v["spec"].clone()).ok())
     else {
-        restore_progress(
+        fail_restore(
             ctx,
             ns,
             name,
-            false,
             format!("content {cname} holds no VirtualMachine spec"),
         )
         .await?;
@@ -619,11 +635,10 @@ pub async fn reconcile_restore(ctx: &Context, ns: &str, name: &str) -> Result<Ac
                 return Ok(wait);
             }
             "FailImmediate" => {
-                restore_progress(
+                fail_restore(
                     ctx,
                     ns,
                     name,
-                    false,
                     format!(
                         "VirtualMachine {target} is running: stop it and restore again, or use \
                          targetReadinessPolicy StopTarget"
@@ -633,11 +648,10 @@ pub async fn reconcile_restore(ctx: &Context, ns: &str, name: &str) -> Result<Ac
                 return Ok(Action::Done);
             }
             "WaitGracePeriod" if age(&r.metadata) > GRACE => {
-                restore_progress(
+                fail_restore(
                     ctx,
                     ns,
                     name,
-                    false,
                     format!(
                         "VirtualMachine {target} was not stopped within 5 minutes: stop it and \
                          restore again, or use targetReadinessPolicy StopTarget"
@@ -663,14 +677,7 @@ pub async fn reconcile_restore(ctx: &Context, ns: &str, name: &str) -> Result<Ac
         }
     }
     if let Some(e) = r.annotation(RESTORE_ERROR_ANNOTATION) {
-        restore_progress(
-            ctx,
-            ns,
-            name,
-            false,
-            format!("restoring the disks failed: {e}"),
-        )
-        .await?;
+        fail_restore(ctx, ns, name, format!("restoring the disks failed: {e}")).await?;
         return Ok(Action::Done);
     }
     if !content.spec.volume_backups.is_empty()

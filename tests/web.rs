@@ -1750,3 +1750,133 @@ async fn the_wizard_installs_from_isos_and_the_iso_comes_out() {
             .contains("name=\"gib\"")
     );
 }
+
+/// A VM's snapshots from its page: Take snapshot makes one (listed with its state and how
+/// it was taken), Restore puts the VM back through a VirtualMachineRestore (StopTarget),
+/// Delete removes it. Viewers get no buttons and a 403; a form naming another VM's snapshot
+/// gets a 404; a form without its token a 403.
+#[tokio::test]
+async fn snapshots_from_the_vm_page() {
+    let s = start();
+    let token = s.initial("token");
+    let password = s.initial("password");
+    let snaps = "/apis/snapshot.kubevirt.io/v1beta1/namespaces/default/virtualmachinesnapshots";
+    let r = s
+        .http
+        .put(format!("{}/apis/edgevirt.io/v1/images/k/upload", s.url))
+        .bearer_auth(&token)
+        .header("content-type", "application/octet-stream")
+        .body(vec![7u8; 4096])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    for vm in ["snappy", "other"] {
+        let r = s
+            .http
+            .post(format!(
+                "{}/apis/kubevirt.io/v1/namespaces/default/virtualmachines",
+                s.url
+            ))
+            .bearer_auth(&token)
+            .json(&testkit::Vm::halted(vm, "k").json())
+            .send()
+            .await
+            .unwrap();
+        let code = r.status();
+        assert_eq!(
+            code,
+            StatusCode::CREATED,
+            "{vm}: {}",
+            r.text().await.unwrap()
+        );
+    }
+    let b = login(&s, "admin", &password).await.unwrap();
+    let page = "/ui/vms/default/snappy";
+    assert!(b.html(&s, page).await.contains("No snapshots."));
+    let r = b.post(&s, &format!("{page}/snapshot"), &[]).await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN, "no form token");
+    let r = b
+        .post(&s, &format!("{page}/snapshot"), &[("csrf", &b.csrf)])
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    // A VM with no persistent disk: its spec is the whole snapshot, ready at once.
+    let name = {
+        let mut found = None;
+        for _ in 0..100 {
+            let list = s.api_get(&token, snaps).await;
+            found = list["items"]
+                .as_array()
+                .and_then(|l| l.iter().find(|i| i["status"]["readyToUse"] == true))
+                .map(|i| i["metadata"]["name"].as_str().unwrap().to_string());
+            if found.is_some() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        found.expect("a ready snapshot")
+    };
+    assert!(name.starts_with("snappy-"), "{name}");
+    let html = b.html(&s, page).await;
+    let table = &html[html.find("id=\"snapshots\"").unwrap()..];
+    let table = &table[..table.find("</table>").unwrap()];
+    assert!(
+        table.contains(&name) && table.contains("Ready") && table.contains("VM stopped"),
+        "{table}"
+    );
+    // Not another VM's snapshot, and not for a viewer.
+    let r = b
+        .post(
+            &s,
+            "/ui/vms/default/other/restore",
+            &[("csrf", &b.csrf), ("snapshot", &name)],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let v = b.add_viewer(&s, "val").await;
+    let vhtml = v.html(&s, page).await;
+    assert!(vhtml.contains(&name) && !vhtml.contains("Take snapshot"));
+    let r = v
+        .post(
+            &s,
+            &format!("{page}/deletesnapshot"),
+            &[("csrf", &v.csrf), ("snapshot", &name)],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // Restore: a VirtualMachineRestore with StopTarget, which completes.
+    let r = b
+        .post(
+            &s,
+            &format!("{page}/restore"),
+            &[("csrf", &b.csrf), ("snapshot", &name)],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let restores = "/apis/snapshot.kubevirt.io/v1beta1/namespaces/default/virtualmachinerestores";
+    let mut complete = false;
+    for _ in 0..100 {
+        let list = s.api_get(&token, restores).await;
+        let r = &list["items"][0];
+        assert_eq!(r["spec"]["targetReadinessPolicy"], "StopTarget", "{list}");
+        assert_eq!(r["spec"]["virtualMachineSnapshotName"], name.as_str());
+        if r["status"]["complete"] == true {
+            complete = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(complete, "the restore did not complete");
+    // Delete.
+    let r = b
+        .post(
+            &s,
+            &format!("{page}/deletesnapshot"),
+            &[("csrf", &b.csrf), ("snapshot", &name)],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let list = s.api_get(&token, snaps).await;
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(0), "{list}");
+    assert!(b.html(&s, page).await.contains("No snapshots."));
+}

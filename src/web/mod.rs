@@ -122,6 +122,12 @@ where
         .route("/ui/vms/{ns}/{name}/grow", post(pages::grow))
         .route("/ui/vms/{ns}/{name}/adddisk", post(pages::add_disk))
         .route("/ui/vms/{ns}/{name}/detach", post(pages::detach))
+        .route("/ui/vms/{ns}/{name}/snapshot", post(pages::take_snapshot))
+        .route("/ui/vms/{ns}/{name}/restore", post(pages::restore_snapshot))
+        .route(
+            "/ui/vms/{ns}/{name}/deletesnapshot",
+            post(pages::delete_snapshot),
+        )
         .route("/ui/vms/{ns}/{name}/console", get(pages::console))
         .route("/ui/vms/{ns}/{name}/serial", get(pages::serial))
         .route("/ui/admin", get(pages::admin))

@@ -2042,6 +2042,30 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                 &[422],
             ),
             (
+                "dashboard-snapshot-missing-vm",
+                "/ui/vms/default/nosuch/snapshot",
+                form(&[]),
+                &[404],
+            ),
+            (
+                "dashboard-restore-traversal-snapshot",
+                "/ui/vms/default/nosuch/restore",
+                form(&[("snapshot", "../../etc/passwd")]),
+                &[404],
+            ),
+            (
+                "dashboard-restore-without-snapshot",
+                "/ui/vms/default/nosuch/restore",
+                form(&[]),
+                &[404],
+            ),
+            (
+                "dashboard-deletesnapshot-missing",
+                "/ui/vms/default/nosuch/deletesnapshot",
+                form(&[("snapshot", "nosuch")]),
+                &[404],
+            ),
+            (
                 "dashboard-eject-without-disk",
                 "/ui/vms/default/nosuch/eject",
                 form(&[]),

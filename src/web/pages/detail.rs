@@ -93,6 +93,67 @@ struct DetailTpl {
     yaml: String,
     /// Where the VM could move: ready nodes that take VMs, other than its own.
     targets: Vec<String>,
+    snapshots: Vec<SnapshotRow>,
+}
+
+/// One of the VM's snapshots, as its section lists it.
+pub struct SnapshotRow {
+    name: String,
+    /// When the copy was taken (RFC 3339), empty until then.
+    taken: String,
+    /// `Ready`, `In progress (...)`, `Failed: why`.
+    state: String,
+    /// The indications in words.
+    how: String,
+    ready: bool,
+}
+
+/// The VM's snapshots, newest first.
+fn snapshot_rows(
+    all: &[crate::types::snapshot::VirtualMachineSnapshot],
+    ns: &str,
+    vm: &str,
+) -> Vec<SnapshotRow> {
+    let mut rows: Vec<SnapshotRow> = all
+        .iter()
+        .filter(|s| s.namespace() == ns && s.spec.source.name == vm)
+        .map(|s| {
+            let st = s.status.clone().unwrap_or_default();
+            let ready = st.ready_to_use == Some(true);
+            let state = match st.phase.as_deref() {
+                _ if ready => "Ready".to_string(),
+                Some("Failed") => format!(
+                    "Failed: {}",
+                    st.error.and_then(|e| e.message).unwrap_or_default()
+                ),
+                _ => "In progress".to_string(),
+            };
+            let how = if st.indications.is_empty() && ready {
+                "VM stopped".to_string()
+            } else {
+                st.indications
+                    .iter()
+                    .map(|i| match i.as_str() {
+                        "Online" => "running",
+                        "GuestAgent" => "filesystems frozen",
+                        "NoGuestAgent" => "no guest agent (crash-consistent)",
+                        "Paused" => "paused",
+                        other => other,
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            SnapshotRow {
+                name: s.name().to_string(),
+                taken: st.creation_time.unwrap_or_default(),
+                state,
+                how,
+                ready,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| b.taken.cmp(&a.taken));
+    rows
 }
 
 #[derive(Template)]
@@ -480,6 +541,20 @@ fn done_notice(action: &str, name: &str) -> Option<String> {
         "detach" => {
             return Some(format!("The disk was taken out of {name} and its guest."));
         }
+        "snapshot" => {
+            return Some(format!(
+                "A snapshot of {name} is being taken; it is listed under Snapshots."
+            ));
+        }
+        "restore" => {
+            return Some(format!(
+                "{name} is being put back to the snapshot: stopped if it ran, its disks \
+                 restored, then started as it was."
+            ));
+        }
+        "deletesnapshot" => {
+            return Some("The snapshot is deleted; its copies go within seconds.".to_string());
+        }
         "grow" => {
             return Some(format!(
                 "The disk of {name} grows; a running guest sees the new size within seconds \
@@ -534,8 +609,17 @@ pub async fn vm_detail(
         .filter(|n| crate::rules::node::node_ready(n) && !n.spec.unschedulable && n.name() != here)
         .map(|n| n.name().to_string())
         .collect();
+    let snapshots = snapshot_rows(
+        &st.store
+            .all::<crate::types::snapshot::VirtualMachineSnapshot>()
+            .await
+            .unwrap_or_default(),
+        &ns,
+        &name,
+    );
     render(&DetailTpl {
         targets,
+        snapshots,
         c: Chrome {
             notice: q.done.as_deref().and_then(|a| done_notice(a, &name)),
             ..Chrome::new(&u, name.clone())

@@ -438,6 +438,160 @@ pub async fn detach(
     Redirect::to(&format!("{}?done=detach", detail_url(&ns, &name))).into_response()
 }
 
+#[derive(Deserialize)]
+pub struct SnapshotForm {
+    #[serde(default)]
+    snapshot: String,
+}
+
+/// The snapshot kinds of namespace `ns`, as the API serves them.
+fn snapshot_kinds(ns: &str, plural: &str) -> String {
+    format!(
+        "/apis/snapshot.kubevirt.io/v1beta1/namespaces/{}/{plural}",
+        url_encode(ns)
+    )
+}
+
+/// `POST /ui/vms/{ns}/{name}/snapshot`: a `VirtualMachineSnapshot` of the VM, named
+/// `<vm>-<time>`.
+pub async fn take_snapshot(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    if let Some(r) = super::viewer_refused(&u, "take snapshots") {
+        return r;
+    }
+    if let Err(r) = load_raw_vm(&st, &ns, &name).await {
+        return r;
+    }
+    let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S");
+    let mut snap = format!("{name}-{stamp}");
+    if snap.len() > 63 {
+        snap = format!("snapshot-{stamp}");
+    }
+    let body = serde_json::json!({
+        "apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshot",
+        "metadata": {"name": snap, "namespace": ns},
+        "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": name}},
+    });
+    let (code, v) = api
+        .call(
+            &p,
+            Method::POST,
+            &snapshot_kinds(&ns, "virtualmachinesnapshots"),
+            "application/json",
+            body.to_string(),
+        )
+        .await;
+    if !code.is_success() {
+        return error_page(code, &api_message(&v));
+    }
+    tracing::info!(namespace = %ns, vm = %name, snapshot = %snap, user = %p.user, "took a snapshot");
+    Redirect::to(&format!("{}?done=snapshot", detail_url(&ns, &name))).into_response()
+}
+
+/// `POST /ui/vms/{ns}/{name}/restore`: a `VirtualMachineRestore` of one of the VM's
+/// snapshots, stopping the VM first (`StopTarget`).
+pub async fn restore_snapshot(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    Path((ns, name)): Path<(String, String)>,
+    Form(f): Form<SnapshotForm>,
+) -> Response {
+    if let Some(r) = super::viewer_refused(&u, "restore snapshots") {
+        return r;
+    }
+    if let Err(r) = own_snapshot(&st, &ns, &name, &f.snapshot).await {
+        return r;
+    }
+    let body = serde_json::json!({
+        "apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineRestore",
+        "metadata": {"generateName": "restore-", "namespace": ns},
+        "spec": {"target": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": name},
+                 "virtualMachineSnapshotName": f.snapshot,
+                 "targetReadinessPolicy": "StopTarget"},
+    });
+    let (code, v) = api
+        .call(
+            &p,
+            Method::POST,
+            &snapshot_kinds(&ns, "virtualmachinerestores"),
+            "application/json",
+            body.to_string(),
+        )
+        .await;
+    if !code.is_success() {
+        return error_page(code, &api_message(&v));
+    }
+    tracing::info!(namespace = %ns, vm = %name, snapshot = %f.snapshot, user = %p.user, "restoring a snapshot");
+    Redirect::to(&format!("{}?done=restore", detail_url(&ns, &name))).into_response()
+}
+
+/// `POST /ui/vms/{ns}/{name}/deletesnapshot`: delete one of the VM's snapshots.
+pub async fn delete_snapshot(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    Path((ns, name)): Path<(String, String)>,
+    Form(f): Form<SnapshotForm>,
+) -> Response {
+    if let Some(r) = super::viewer_refused(&u, "delete snapshots") {
+        return r;
+    }
+    if let Err(r) = own_snapshot(&st, &ns, &name, &f.snapshot).await {
+        return r;
+    }
+    let (code, v) = api
+        .call(
+            &p,
+            Method::DELETE,
+            &format!(
+                "{}/{}",
+                snapshot_kinds(&ns, "virtualmachinesnapshots"),
+                url_encode(&f.snapshot)
+            ),
+            "application/json",
+            "",
+        )
+        .await;
+    if !code.is_success() {
+        return error_page(code, &api_message(&v));
+    }
+    tracing::info!(namespace = %ns, vm = %name, snapshot = %f.snapshot, user = %p.user, "deleted a snapshot");
+    Redirect::to(&format!("{}?done=deletesnapshot", detail_url(&ns, &name))).into_response()
+}
+
+/// The form names a snapshot of this VM (404 when it names anything else).
+async fn own_snapshot(
+    st: &crate::http::AppState,
+    ns: &str,
+    vm: &str,
+    snap: &str,
+) -> Result<(), Response> {
+    let found = match crate::types::check_name("snapshot", snap) {
+        Ok(()) => st
+            .store
+            .get_typed::<crate::types::snapshot::VirtualMachineSnapshot>(ns, snap)
+            .await
+            .ok()
+            .flatten(),
+        Err(_) => None,
+    };
+    match found {
+        Some(s) if s.spec.source.name == vm => Ok(()),
+        _ => Err(error_page(
+            StatusCode::NOT_FOUND,
+            &format!("VM {vm} has no snapshot {snap:?}"),
+        )),
+    }
+}
+
 /// A disk size from a form: a whole number of GiB from 1 to 65536.
 fn disk_gib(text: &str) -> Result<u64, Response> {
     match text.trim().parse() {

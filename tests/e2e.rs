@@ -2550,7 +2550,7 @@ fn kubevirt_snapshot_fixture(file: &str) -> String {
 #[tokio::test]
 #[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
 async fn snapshot_restore_and_freeze_a_running_guest() {
-    let a = Appliance::start(&[]).await;
+    let mut a = Appliance::start(&[]).await;
     a.import_guest().await;
     let dv = r#"{"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
         "metadata": {"name": "larry-root"},
@@ -2838,4 +2838,33 @@ async fn snapshot_restore_and_freeze_a_running_guest() {
     assert_eq!(sh(&dom, "cat /marker1 /marker3").trim(), "first\nthird");
     // The first snapshot and its copy are untouched.
     assert!(copy.is_file());
+
+    // kill -9 of the appliance while a snapshot had the guest frozen (here frozen by hand)
+    // and a copy was half written: after the restart the guest is thawed and the half copy
+    // gone, and the guest ran on all along.
+    let frozen = virsh(&[
+        "qemu-agent-command",
+        &dom,
+        r#"{"execute":"guest-fsfreeze-freeze"}"#,
+    ]);
+    assert!(frozen.0, "{}", frozen.1);
+    let half = a.dir.join("snapshots").join(".part-interrupted");
+    std::fs::create_dir_all(&half).unwrap();
+    std::fs::write(half.join("0.qcow2"), b"half").unwrap();
+    a.kill9();
+    a.spawn().await;
+    wait_for("the restarted agent to thaw the guest", BOOT, || async {
+        fs_status(&dom).contains("\"thawed\"").then_some(())
+    })
+    .await;
+    wait_for("the half-written copy removed", BOOT, || async {
+        (!half.exists()).then_some(())
+    })
+    .await;
+    assert_eq!(
+        domid(&dom).as_deref(),
+        Some(id.as_str()),
+        "the guest ran on"
+    );
+    assert!(copy.is_file(), "the whole copy stays");
 }

@@ -870,6 +870,46 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.code, StatusCode::BAD_REQUEST);
+        // freeze: KubeVirt's FreezeUnfreezeTimeout; 5 minutes by default, `0s` for none.
+        let freeze = |body: &str| {
+            parse(
+                Method::PUT,
+                at(sub, "default", "virtualmachineinstances", "freeze"),
+                body,
+            )
+        };
+        let five = Some(std::time::Duration::from_secs(300));
+        assert_eq!(freeze("").unwrap(), Request::Freeze { timeout: five });
+        assert_eq!(freeze("{}").unwrap(), Request::Freeze { timeout: five });
+        assert_eq!(
+            freeze(r#"{"unfreezeTimeout": "90s"}"#).unwrap(),
+            Request::Freeze {
+                timeout: Some(std::time::Duration::from_secs(90))
+            }
+        );
+        assert_eq!(
+            freeze(r#"{"unfreezeTimeout": "0s"}"#).unwrap(),
+            Request::Freeze { timeout: None }
+        );
+        for bad in [
+            r#"{"unfreezeTimeout": "soon"}"#,
+            r#"{"timeout": "1m"}"#,
+            "[",
+        ] {
+            assert_eq!(
+                freeze(bad).unwrap_err().code,
+                StatusCode::BAD_REQUEST,
+                "{bad}"
+            );
+        }
+        assert_eq!(freeze("").unwrap().access(), Access::Operate);
+        let e = parse(
+            Method::PUT,
+            at(sub, "default", "virtualmachines", "freeze"),
+            "",
+        )
+        .unwrap_err();
+        assert_eq!(e.code, StatusCode::NOT_FOUND, "freeze is the instance's");
         let r = parse(
             Method::GET,
             at(sub, "default", "virtualmachineinstances", "guestosinfo"),

@@ -27,6 +27,8 @@ pub const FILES_FINALIZER: &str = "edgevirt.io/snapshot-files";
 pub const INDICATIONS_ANNOTATION: &str = "edgevirt.io/indications";
 /// On a content: how long the guest's filesystems were frozen, in milliseconds.
 pub const FROZEN_MS_ANNOTATION: &str = "edgevirt.io/frozen-ms";
+/// On a content: how long copying its disks took, in milliseconds.
+pub const COPY_MS_ANNOTATION: &str = "edgevirt.io/copy-ms";
 /// On a restore: the disks are back (the content's uid), set by the agent.
 pub const RESTORED_ANNOTATION: &str = "edgevirt.io/disks-restored";
 /// On a restore: why the agent could not put the disks back.

@@ -78,14 +78,7 @@ async fn main() {
     assert_eq!(code, 201, "{v}");
     let vm = Vm::guest("bench")
         .memory("256Mi")
-        .disk("root", json!({"dataVolume": {"name": "bench-root"}}))
-        .with(|v| {
-            let args = &mut Vm::domain_of(v)["firmware"]["kernelBoot"]["kernelArgs"];
-            *args = json!(format!(
-                "{} edgevirt.diskroot=/dev/vda",
-                args.as_str().unwrap()
-            ));
-        });
+        .disk_root("root", json!({"dataVolume": {"name": "bench-root"}}));
     let (code, v) = a.post_yaml(VMS, &vm.yaml()).await;
     assert_eq!(code, 201, "{v}");
     let vmi = a.wait_running("bench", None, BOOT).await;

@@ -242,15 +242,7 @@ async fn rfb_and_serial_through_the_websocket_and_every_refusal() {
     // A blank disk too, which the guest makes its root filesystem at boot (the test guest's
     // `edgevirt.diskroot`): an initramfs root is no block device, which the guest agent's
     // filesystem list leaves out, as it would on a real guest.
-    let con = Vm::guest("con")
-        .disk("root", json!({"emptyDisk": {"capacity": "64Mi"}}))
-        .with(|v| {
-            let args = &mut Vm::domain_of(v)["firmware"]["kernelBoot"]["kernelArgs"];
-            *args = json!(format!(
-                "{} edgevirt.diskroot=/dev/vda",
-                args.as_str().unwrap()
-            ));
-        });
+    let con = Vm::guest("con").disk_root("root", json!({"emptyDisk": {"capacity": "64Mi"}}));
     let (code, v) = a.post_yaml(VMS, &con.yaml()).await;
     assert_eq!(code, 201, "{v}");
     let vmi = a.wait_running("con", None, BOOT).await;

@@ -2558,15 +2558,7 @@ async fn snapshot_restore_and_freeze_a_running_guest() {
                  "storage": {"resources": {"requests": {"storage": "128Mi"}}}}}"#;
     let (code, v) = a.post_yaml(DVS, dv).await;
     assert_eq!(code, 201, "{v}");
-    let vm = Vm::guest("larry")
-        .disk("root", json!({"dataVolume": {"name": "larry-root"}}))
-        .with(|v| {
-            let args = &mut Vm::domain_of(v)["firmware"]["kernelBoot"]["kernelArgs"];
-            *args = json!(format!(
-                "{} edgevirt.diskroot=/dev/vda",
-                args.as_str().unwrap()
-            ));
-        });
+    let vm = Vm::guest("larry").disk_root("root", json!({"dataVolume": {"name": "larry-root"}}));
     let (code, v) = a.post_yaml(VMS, &vm.yaml()).await;
     assert_eq!(code, 201, "{v}");
     let vmi = a.wait_running("larry", None, BOOT).await;

@@ -367,14 +367,7 @@ impl ControlPlane for Http {
         })
     }
     fn patch_vm<'a>(&'a self, ns: &'a str, name: &'a str, patch: Value) -> R<'a, bool> {
-        Box::pin(async move {
-            let path = format!("/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines/{name}");
-            match self.0.merge_patch(&path, &patch).await {
-                Ok(_) => Ok(true),
-                Err(e) if crate::client::is_status(&e, reqwest::StatusCode::NOT_FOUND) => Ok(false),
-                Err(e) => Err(e),
-            }
-        })
+        self.patch_of(Kind::VirtualMachine, ns, name, patch, false)
     }
     fn migrations<'a>(&'a self) -> R<'a, Listed<VirtualMachineInstanceMigration>> {
         Box::pin(async move {

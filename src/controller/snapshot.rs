@@ -54,16 +54,17 @@ fn age(meta: &ObjectMeta) -> Duration {
         .unwrap_or_default()
 }
 
-async fn set_snapshot_status(
+/// Change an object in place; one that is gone meanwhile is left gone.
+async fn update_if_there<T: Typed>(
     ctx: &Context,
     ns: &str,
     name: &str,
-    f: impl FnOnce(&mut VirtualMachineSnapshotStatus),
+    f: impl FnOnce(&mut T),
 ) -> Result<(), Error> {
     match ctx
         .store
-        .update_typed(ns, name, |s: &mut VirtualMachineSnapshot| {
-            f(s.status.get_or_insert_with(Default::default));
+        .update_typed(ns, name, |o: &mut T| {
+            f(o);
             Ok(())
         })
         .await
@@ -71,6 +72,18 @@ async fn set_snapshot_status(
         Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+async fn set_snapshot_status(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    f: impl FnOnce(&mut VirtualMachineSnapshotStatus),
+) -> Result<(), Error> {
+    update_if_there(ctx, ns, name, |s: &mut VirtualMachineSnapshot| {
+        f(s.status.get_or_insert_with(Default::default))
+    })
+    .await
 }
 
 async fn fail_snapshot(ctx: &Context, ns: &str, name: &str, why: String) -> Result<(), Error> {
@@ -401,17 +414,7 @@ async fn set_restore(
     name: &str,
     f: impl FnOnce(&mut VirtualMachineRestore),
 ) -> Result<(), Error> {
-    match ctx
-        .store
-        .update_typed(ns, name, |r: &mut VirtualMachineRestore| {
-            f(r);
-            Ok(())
-        })
-        .await
-    {
-        Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e),
-    }
+    update_if_there(ctx, ns, name, f).await
 }
 
 /// Say where a restore stands: `Progressing` (with what it does or waits for) and `Ready`.

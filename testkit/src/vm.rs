@@ -134,6 +134,18 @@ impl Vm {
         self.volume(name, source)
     }
 
+    /// The guest's root filesystem on its first disk, `name` from `source` (the test guest's
+    /// `edgevirt.diskroot=/dev/vda`: it copies itself there at the first boot and runs from
+    /// it, so its writes land on that disk). Call it before any other `disk`.
+    pub fn disk_root(mut self, name: &str, source: Value) -> Vm {
+        let args = &mut self.domain()["firmware"]["kernelBoot"]["kernelArgs"];
+        *args = json!(format!(
+            "{} edgevirt.diskroot=/dev/vda",
+            args.as_str().unwrap_or_default()
+        ));
+        self.disk(name, source)
+    }
+
     /// A volume `name` from `source` without a disk entry (edgevirt attaches it as the next
     /// virtio disk).
     pub fn volume(mut self, name: &str, source: Value) -> Vm {

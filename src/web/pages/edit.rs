@@ -422,26 +422,36 @@ pub async fn detach(
         return r;
     }
     let body = serde_json::json!({"name": f.disk});
-    let (code, v) = api
-        .call(
-            &p,
-            Method::PUT,
-            &subresource(&ns, &name, "removevolume"),
-            "application/json",
-            body.to_string(),
-        )
-        .await;
-    if !code.is_success() {
-        return error_page(code, &api_message(&v));
-    }
-    tracing::info!(namespace = %ns, vm = %name, disk = %f.disk, user = %p.user, "detached a disk");
-    Redirect::to(&format!("{}?done=detach", detail_url(&ns, &name))).into_response()
+    tracing::info!(namespace = %ns, vm = %name, disk = %f.disk, user = %p.user, "detaching a disk");
+    let uri = subresource(&ns, &name, "removevolume");
+    api_then_back(
+        &api,
+        &p,
+        (Method::PUT, uri, body.to_string()),
+        (&ns, &name, "detach"),
+    )
+    .await
 }
 
 #[derive(Deserialize)]
 pub struct SnapshotForm {
     #[serde(default)]
     snapshot: String,
+}
+
+/// A JSON call to the API as the signed-in user, then back to the VM's page with the
+/// notice `done`; the API's refusal as the page to show.
+async fn api_then_back(
+    api: &Api,
+    p: &Principal,
+    (method, uri, body): (Method, String, String),
+    (ns, name, done): (&str, &str, &str),
+) -> Response {
+    let (code, v) = api.call(p, method, &uri, "application/json", body).await;
+    if !code.is_success() {
+        return error_page(code, &api_message(&v));
+    }
+    Redirect::to(&format!("{}?done={done}", detail_url(ns, name))).into_response()
 }
 
 /// The snapshot kinds of namespace `ns`, as the API serves them.
@@ -477,20 +487,15 @@ pub async fn take_snapshot(
         "metadata": {"name": snap, "namespace": ns},
         "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": name}},
     });
-    let (code, v) = api
-        .call(
-            &p,
-            Method::POST,
-            &snapshot_kinds(&ns, "virtualmachinesnapshots"),
-            "application/json",
-            body.to_string(),
-        )
-        .await;
-    if !code.is_success() {
-        return error_page(code, &api_message(&v));
-    }
-    tracing::info!(namespace = %ns, vm = %name, snapshot = %snap, user = %p.user, "took a snapshot");
-    Redirect::to(&format!("{}?done=snapshot", detail_url(&ns, &name))).into_response()
+    tracing::info!(namespace = %ns, vm = %name, snapshot = %snap, user = %p.user, "taking a snapshot");
+    let uri = snapshot_kinds(&ns, "virtualmachinesnapshots");
+    api_then_back(
+        &api,
+        &p,
+        (Method::POST, uri, body.to_string()),
+        (&ns, &name, "snapshot"),
+    )
+    .await
 }
 
 /// `POST /ui/vms/{ns}/{name}/restore`: a `VirtualMachineRestore` of one of the VM's
@@ -516,20 +521,15 @@ pub async fn restore_snapshot(
                  "virtualMachineSnapshotName": f.snapshot,
                  "targetReadinessPolicy": "StopTarget"},
     });
-    let (code, v) = api
-        .call(
-            &p,
-            Method::POST,
-            &snapshot_kinds(&ns, "virtualmachinerestores"),
-            "application/json",
-            body.to_string(),
-        )
-        .await;
-    if !code.is_success() {
-        return error_page(code, &api_message(&v));
-    }
     tracing::info!(namespace = %ns, vm = %name, snapshot = %f.snapshot, user = %p.user, "restoring a snapshot");
-    Redirect::to(&format!("{}?done=restore", detail_url(&ns, &name))).into_response()
+    let uri = snapshot_kinds(&ns, "virtualmachinerestores");
+    api_then_back(
+        &api,
+        &p,
+        (Method::POST, uri, body.to_string()),
+        (&ns, &name, "restore"),
+    )
+    .await
 }
 
 /// `POST /ui/vms/{ns}/{name}/deletesnapshot`: delete one of the VM's snapshots.
@@ -547,24 +547,19 @@ pub async fn delete_snapshot(
     if let Err(r) = own_snapshot(&st, &ns, &name, &f.snapshot).await {
         return r;
     }
-    let (code, v) = api
-        .call(
-            &p,
-            Method::DELETE,
-            &format!(
-                "{}/{}",
-                snapshot_kinds(&ns, "virtualmachinesnapshots"),
-                url_encode(&f.snapshot)
-            ),
-            "application/json",
-            "",
-        )
-        .await;
-    if !code.is_success() {
-        return error_page(code, &api_message(&v));
-    }
-    tracing::info!(namespace = %ns, vm = %name, snapshot = %f.snapshot, user = %p.user, "deleted a snapshot");
-    Redirect::to(&format!("{}?done=deletesnapshot", detail_url(&ns, &name))).into_response()
+    tracing::info!(namespace = %ns, vm = %name, snapshot = %f.snapshot, user = %p.user, "deleting a snapshot");
+    let uri = format!(
+        "{}/{}",
+        snapshot_kinds(&ns, "virtualmachinesnapshots"),
+        url_encode(&f.snapshot)
+    );
+    api_then_back(
+        &api,
+        &p,
+        (Method::DELETE, uri, String::new()),
+        (&ns, &name, "deletesnapshot"),
+    )
+    .await
 }
 
 /// The form names a snapshot of this VM (404 when it names anything else).

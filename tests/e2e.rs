@@ -2550,15 +2550,36 @@ fn kubevirt_snapshot_fixture(file: &str) -> String {
 #[tokio::test]
 #[ignore = "needs root, libvirtd and the test guest: run scripts/test.sh"]
 async fn snapshot_restore_and_freeze_a_running_guest() {
-    let mut a = Appliance::start(&[]).await;
+    let pool = tempfile::Builder::new()
+        .prefix("evtest-pool-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let arg = format!("site={}", pool.path().display());
+    let mut a = Appliance::start(&["--shared-pool", &arg]).await;
     a.import_guest().await;
+    // A second disk on the shared pool: snapshots cover claims there too. (Its storage class
+    // appears once the node reports the pool.)
+    wait_for("the pool's storage class", BOOT, || async {
+        let (code, _) = a.get("/apis/storage.k8s.io/v1/storageclasses/site").await;
+        (code == 200).then_some(())
+    })
+    .await;
+    let pool_dv = r#"{"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        "metadata": {"name": "larry-pool"},
+        "spec": {"source": {"blank": {}},
+                 "storage": {"storageClassName": "site",
+                             "resources": {"requests": {"storage": "16Mi"}}}}}"#;
+    let (code, v) = a.post_yaml(DVS, pool_dv).await;
+    assert_eq!(code, 201, "{v}");
     let dv = r#"{"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
         "metadata": {"name": "larry-root"},
         "spec": {"source": {"blank": {}},
                  "storage": {"resources": {"requests": {"storage": "128Mi"}}}}}"#;
     let (code, v) = a.post_yaml(DVS, dv).await;
     assert_eq!(code, 201, "{v}");
-    let vm = Vm::guest("larry").disk_root("root", json!({"dataVolume": {"name": "larry-root"}}));
+    let vm = Vm::guest("larry")
+        .disk_root("root", json!({"dataVolume": {"name": "larry-root"}}))
+        .disk("pool", json!({"dataVolume": {"name": "larry-pool"}}));
     let (code, v) = a.post_yaml(VMS, &vm.yaml()).await;
     assert_eq!(code, 201, "{v}");
     let vmi = a.wait_running("larry", None, BOOT).await;
@@ -2587,6 +2608,13 @@ async fn snapshot_restore_and_freeze_a_running_guest() {
         sh(&dom, "echo first >/marker1 && sync && echo ok").trim(),
         "ok"
     );
+    let on_pool = |dom: &str, what: &str| {
+        sh(
+            dom,
+            &format!("printf {what} | dd of=/dev/vdb conv=fsync 2>/dev/null && echo ok"),
+        )
+    };
+    assert_eq!(on_pool(&dom, "pool-first").trim(), "ok");
     let id = domid(&dom).expect("a running domain");
     let up_before = guest_uptime(&dom).unwrap();
 
@@ -2630,7 +2658,7 @@ async fn snapshot_restore_and_freeze_a_running_guest() {
     assert_eq!(st["indications"], json!(["Online", "GuestAgent"]), "{snap}");
     assert_eq!(
         st["snapshotVolumes"]["includedVolumes"],
-        json!(["root"]),
+        json!(["root", "pool"]),
         "{snap}"
     );
     let ready = st["conditions"]
@@ -2674,6 +2702,7 @@ async fn snapshot_restore_and_freeze_a_running_guest() {
         sh(&dom, "echo second >/marker2 && sync && echo ok").trim(),
         "ok"
     );
+    assert_eq!(on_pool(&dom, "pool-later").trim(), "ok");
 
     // freeze / unfreeze through the VMI's subresources.
     let sub = |what: &str| {
@@ -2779,6 +2808,11 @@ async fn snapshot_restore_and_freeze_a_running_guest() {
     assert!(
         markers.contains("No such file") && !markers.contains("second"),
         "the second marker came after the snapshot: {markers}"
+    );
+    assert_eq!(
+        sh(&dom, "head -c 10 /dev/vdb"),
+        "pool-first",
+        "the pool disk as it was at the snapshot"
     );
 
     // A second snapshot, by the CLI, deleted while the guest runs: its copy goes, the

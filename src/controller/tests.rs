@@ -1329,6 +1329,10 @@ async fn snapshot_and_restore_bookkeeping() {
     s.update_typed("default", "vm", |v: &mut VirtualMachine| {
         v.spec.run_strategy = Some(RunStrategy::Always);
         v.spec.template.spec.domain.memory = None;
+        v.spec.template.spec.volumes.push(
+            serde_json::from_value(json!({"name": "extra", "dataVolume": {"name": "extra-dv"}}))
+                .unwrap(),
+        );
         Ok(())
     })
     .await
@@ -1362,6 +1366,10 @@ async fn snapshot_and_restore_bookkeeping() {
     let msg = r.status.unwrap().conditions[0].message.clone().unwrap();
     assert!(
         msg.contains("puts back the disk of volume \"root\""),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("drops volume \"extra\" (added since the snapshot)"),
         "{msg}"
     );
     // Stopped: the node is asked to put the disks back, and the spec waits for it.
@@ -1415,6 +1423,11 @@ async fn snapshot_and_restore_bookkeeping() {
         "the snapshot's spec"
     );
     assert!(vm.spec.template.spec.domain.memory.is_some());
+    assert_eq!(
+        vm.spec.template.spec.volumes.len(),
+        2,
+        "the snapshot's volumes"
+    );
 
     // Deleting the snapshot deletes its content (kept by its finalizer for the node).
     s.delete(Kind::VirtualMachineSnapshot, "default", "s1", None)

@@ -142,13 +142,8 @@ impl FakeControlPlane {
 }
 
 impl ControlPlane for FakeControlPlane {
-    fn list_of(&self, kind: Kind) -> R<'_, Vec<Value>> {
-        Box::pin(async move {
-            Ok(self.list(kind.name())["items"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default())
-        })
+    fn list_of(&self, kind: Kind) -> R<'_, Value> {
+        Box::pin(async move { Ok(self.list(kind.name())) })
     }
     fn patch_of<'a>(
         &'a self,

@@ -145,8 +145,9 @@ pub trait ControlPlane: Send + Sync {
     ) -> R<'a, ()>;
     /// One side of a migration tunnel through the controller's relay.
     fn tunnel<'a>(&'a self, path: &'a str) -> R<'a, Ws>;
-    /// Every object of a namespaced kind (the snapshot kinds: few objects, read whole).
-    fn list_of(&self, kind: Kind) -> R<'_, Vec<Value>>;
+    /// The list of every object of a namespaced kind (the snapshot kinds: few objects, read
+    /// whole), for [`decode_items`].
+    fn list_of(&self, kind: Kind) -> R<'_, Value>;
     /// Merge-patch an object (`status`: through its status subresource); `Ok(false)` when
     /// it is gone.
     fn patch_of<'a>(
@@ -270,16 +271,11 @@ pub fn decode_items<T: Typed>(list: Value) -> Vec<Stored<T>> {
 }
 
 impl ControlPlane for Http {
-    fn list_of(&self, kind: Kind) -> R<'_, Vec<Value>> {
+    fn list_of(&self, kind: Kind) -> R<'_, Value> {
         Box::pin(async move {
-            let list = self
-                .0
+            self.0
                 .get(&format!("{}/{}", kind.path_prefix(), kind.plural()))
-                .await?;
-            Ok(match list.get("items") {
-                Some(Value::Array(items)) => items.clone(),
-                _ => vec![],
-            })
+                .await
         })
     }
     fn patch_of<'a>(

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::Agent;
-use super::ports::Stored;
+use super::ports::{Stored, decode_items};
 use crate::hypervisor::{DomainState, Job};
 use crate::types::snapshot::{
     COPY_MS_ANNOTATION, FILES_FINALIZER, FROZEN_MS_ANNOTATION, INDICATIONS_ANNOTATION,
@@ -34,7 +34,7 @@ use crate::types::snapshot::{
     VirtualMachineRestore, VirtualMachineSnapshot, VirtualMachineSnapshotContent,
     VirtualMachineSnapshotContentStatus, VolumeSnapshotStatus, indication,
 };
-use crate::types::{Kind, Meta, Typed, now};
+use crate::types::{Kind, Meta, now};
 
 /// Where this node keeps snapshot copies.
 pub fn snapshots_dir(agent: &Agent) -> PathBuf {
@@ -62,16 +62,9 @@ pub async fn run(agent: Arc<Agent>, cancel: CancellationToken) {
     }
 }
 
-fn decode<T: Typed>(items: Vec<Value>) -> Vec<Stored<T>> {
-    items
-        .into_iter()
-        .filter_map(|v| Stored::decode(v).ok())
-        .collect()
-}
-
 async fn round(agent: &Agent) -> anyhow::Result<()> {
     let here = agent.cfg.node_name.as_str();
-    let contents: Vec<Stored<VirtualMachineSnapshotContent>> = decode(
+    let contents: Vec<Stored<VirtualMachineSnapshotContent>> = decode_items(
         agent
             .cp
             .list_of(Kind::VirtualMachineSnapshotContent)
@@ -97,7 +90,7 @@ async fn round(agent: &Agent) -> anyhow::Result<()> {
         capture_content(agent, o).await?;
     }
     let restores: Vec<Stored<VirtualMachineRestore>> =
-        decode(agent.cp.list_of(Kind::VirtualMachineRestore).await?);
+        decode_items(agent.cp.list_of(Kind::VirtualMachineRestore).await?);
     for r in &restores {
         let o = &r.obj;
         if o.annotation(NODE_ANNOTATION) != Some(here)
@@ -145,7 +138,7 @@ async fn content_of_restore<'a>(
     contents: &'a [Stored<VirtualMachineSnapshotContent>],
 ) -> anyhow::Result<Option<&'a VirtualMachineSnapshotContent>> {
     let snaps: Vec<Stored<VirtualMachineSnapshot>> =
-        decode(agent.cp.list_of(Kind::VirtualMachineSnapshot).await?);
+        decode_items(agent.cp.list_of(Kind::VirtualMachineSnapshot).await?);
     let Some(cname) = snaps
         .iter()
         .find(|s| {
@@ -380,11 +373,15 @@ async fn capture_live(
     for d in &disks {
         match wanted.iter().find(|(t, _)| *t == d.target) {
             Some((t, file)) => backup.push_str(&format!(
-                "<disk name='{t}' backup='yes' type='file'><target file='{}'/><driver type='qcow2'/></disk>",
-                xml_escape(&file.to_string_lossy())
+                "<disk name='{}' backup='yes' type='file'><target file='{}'/><driver type='qcow2'/></disk>",
+                quick_xml::escape::escape(t.as_str()),
+                quick_xml::escape::escape(file.to_string_lossy().as_ref())
             )),
             None if !d.file.is_empty() && !d.readonly => {
-                backup.push_str(&format!("<disk name='{}' backup='no'/>", d.target))
+                backup.push_str(&format!(
+                    "<disk name='{}' backup='no'/>",
+                    quick_xml::escape::escape(d.target.as_str())
+                ))
             }
             None => {}
         }
@@ -445,14 +442,6 @@ async fn capture_live(
 async fn job(agent: &Agent, dom: &str) -> anyhow::Result<Job> {
     let (hv, d) = (agent.hv.clone(), dom.to_string());
     Ok(tokio::task::spawn_blocking(move || hv.job(&d)).await??)
-}
-
-fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('\'', "&apos;")
-        .replace('"', "&quot;")
 }
 
 /// `qemu-img convert` from `src` to `dst`, flushed to disk.

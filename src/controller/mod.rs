@@ -167,9 +167,13 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                             queue.push(&(Kind::VirtualMachineInstanceMigration, ns, name));
                         }
                         Kind::DataVolume => queue.push(&(Kind::DataVolume, ns, name)),
-                        Kind::VirtualMachineSnapshot | Kind::VirtualMachineRestore => {
+                        Kind::VirtualMachineSnapshot => {
+                            if let Some(content) = snapshot::content_of_snapshot(&ev.object) {
+                                queue.push(&(Kind::VirtualMachineSnapshotContent, ns.clone(), content));
+                            }
                             queue.push(&(ev.kind, ns, name));
                         }
+                        Kind::VirtualMachineRestore => queue.push(&(ev.kind, ns, name)),
                         Kind::VirtualMachineSnapshotContent => {
                             if let Some(snap) = snapshot::snapshot_of_content(&ev.object) {
                                 queue.push(&(Kind::VirtualMachineSnapshot, ns.clone(), snap));

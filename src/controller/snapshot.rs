@@ -739,25 +739,34 @@ pub async fn reconcile_restore(ctx: &Context, ns: &str, name: &str) -> Result<Ac
     Ok(Action::Done)
 }
 
-/// Snapshots, contents and restores that are not done yet, for the periodic resync.
+/// Snapshots and restores that are not done yet, and contents whose snapshot is gone (or
+/// going), for the periodic resync: one listing of each kind, no point reads.
 pub async fn pending(ctx_store: &crate::store::Store) -> Vec<super::Key> {
     let mut keys = vec![];
     let key = |k: crate::types::Kind, o: &dyn Meta| (k, o.namespace().into(), o.name().into());
-    if let Ok(all) = ctx_store.all::<VirtualMachineSnapshot>().await {
-        keys.extend(
-            all.iter()
-                .filter(|s| {
-                    !matches!(
-                        s.status.as_ref().and_then(|s| s.phase.as_deref()),
-                        Some(phase::SUCCEEDED) | Some(phase::FAILED)
-                    )
-                })
-                .map(|s| key(VirtualMachineSnapshot::KIND, s)),
-        );
-    }
+    let Ok(snaps) = ctx_store.all::<VirtualMachineSnapshot>().await else {
+        return keys;
+    };
+    keys.extend(
+        snaps
+            .iter()
+            .filter(|s| {
+                !matches!(
+                    s.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some(phase::SUCCEEDED) | Some(phase::FAILED)
+                )
+            })
+            .map(|s| key(VirtualMachineSnapshot::KIND, s)),
+    );
     if let Ok(all) = ctx_store.all::<VirtualMachineSnapshotContent>().await {
+        let alive = |uid: &str| snaps.iter().any(|s| s.uid() == uid && !s.deleting());
         keys.extend(
             all.iter()
+                .filter(|c| {
+                    !c.deleting()
+                        && c.owner_uid(VirtualMachineSnapshot::KIND.name())
+                            .is_some_and(|u| !alive(u))
+                })
                 .map(|c| key(VirtualMachineSnapshotContent::KIND, c)),
         );
     }
@@ -769,6 +778,12 @@ pub async fn pending(ctx_store: &crate::store::Store) -> Vec<super::Key> {
         );
     }
     keys
+}
+
+/// The content of the snapshot an event concerns (named after the snapshot's uid), so that
+/// deleting a snapshot deletes its content at once, not at the next resync.
+pub fn content_of_snapshot(snapshot: &Value) -> Option<String> {
+    snapshot["metadata"]["uid"].as_str().map(content_name)
 }
 
 /// The snapshot a content event concerns.

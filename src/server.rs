@@ -43,6 +43,8 @@ pub struct Settings {
     pub cpu_model: String,
     /// The shared storage pool this host mounts: name and path (`shared_pool`).
     pub shared_pool: Option<(String, PathBuf)>,
+    /// The backup targets this host mounts: name and path (`backup_target`).
+    pub backup_targets: Vec<(String, PathBuf)>,
     /// The folder hostDisk volumes may live in (`host_disk_dir`).
     pub host_disk_dir: Option<PathBuf>,
     /// Registry mirrors for container disks (`registry_mirrors`).
@@ -194,6 +196,7 @@ fn agent_config(
         nat_network: s.nat_network.clone(),
         nat_prefix: s.nat_prefix.clone(),
         shared_pool: s.shared_pool.clone(),
+        backup_targets: s.backup_targets.clone(),
         host_disk_dir: s.host_disk_dir.clone(),
         registry_mirrors: s.registry_mirrors.clone(),
         image_gc_grace: s.image_gc_grace,

@@ -5,6 +5,7 @@
 //! VMI owns any more. It talks to the controller only over the API, with its own token.
 
 pub mod accel;
+pub mod backup;
 mod console;
 mod datavolume;
 mod direct;
@@ -61,6 +62,8 @@ pub struct Config {
     pub nat_prefix: String,
     /// The shared storage pool this host mounts: name and path.
     pub shared_pool: Option<(String, PathBuf)>,
+    /// The backup targets this node mounts (name, folder).
+    pub backup_targets: Vec<(String, PathBuf)>,
     /// The one folder hostDisk volumes may live in; none: hostDisk is refused here.
     pub host_disk_dir: Option<PathBuf>,
     /// Registry mirrors for container disks (`HOST=URL`, containerd's mirror idea).
@@ -251,6 +254,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     tokio::spawn(console::run(agent.clone(), cancel.clone()));
     tokio::spawn(datavolume::run(agent.clone(), cancel.clone()));
     tokio::spawn(snapshot::run(agent.clone(), cancel.clone()));
+    tokio::spawn(backup::run(agent.clone(), cancel.clone()));
     tokio::spawn(stats::run(agent.clone(), cancel.clone()));
     tracing::info!(node = %cfg.node_name, %accel, "agent started");
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -451,6 +455,14 @@ async fn register(agent: &Agent, facts: &crate::hypervisor::HostFacts) -> anyhow
             name: name.clone(),
             path: path.to_string_lossy().into_owned(),
         }),
+        backup_targets: cfg
+            .backup_targets
+            .iter()
+            .map(|(name, path)| SharedPool {
+                name: name.clone(),
+                path: path.to_string_lossy().into_owned(),
+            })
+            .collect(),
         host_disk_dir: cfg
             .host_disk_dir
             .as_ref()
@@ -498,6 +510,9 @@ fn storage_facts(cfg: &Config) -> Vec<crate::types::edgevirt::StorageFacts> {
     let mut places = vec![("local".to_string(), cfg.data_dir.clone())];
     if let Some((name, path)) = &cfg.shared_pool {
         places.push((name.clone(), path.clone()));
+    }
+    for (name, path) in &cfg.backup_targets {
+        places.push((format!("backup:{name}"), path.clone()));
     }
     places
         .into_iter()

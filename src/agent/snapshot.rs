@@ -208,7 +208,11 @@ fn part_dir(agent: &Agent, uid: &str) -> PathBuf {
 
 /// The disk of a claim on this node: a DataVolume's, or an operator's disk on the shared
 /// pool; with its format.
-async fn disk_of(agent: &Agent, ns: &str, claim: &str) -> anyhow::Result<(PathBuf, String)> {
+pub(super) async fn disk_of(
+    agent: &Agent,
+    ns: &str,
+    claim: &str,
+) -> anyhow::Result<(PathBuf, String)> {
     if let Some((path, _)) = super::datavolume::disk(agent, ns, claim).await? {
         return Ok((path, "qcow2".into()));
     }
@@ -331,7 +335,7 @@ async fn capture(
 }
 
 /// A guest-agent command; `Err` when no agent answers.
-async fn guest_agent(agent: &Agent, dom: &str, cmd: &str) -> Result<String, String> {
+pub(super) async fn guest_agent(agent: &Agent, dom: &str, cmd: &str) -> Result<String, String> {
     let (hv, dom, cmd) = (agent.hv.clone(), dom.to_string(), cmd.to_string());
     match tokio::task::spawn_blocking(move || hv.agent_command(&dom, &cmd, 10)).await {
         Ok(r) => r.map_err(|e| e.to_string()),
@@ -339,7 +343,7 @@ async fn guest_agent(agent: &Agent, dom: &str, cmd: &str) -> Result<String, Stri
     }
 }
 
-async fn thaw(agent: &Agent, dom: &str) {
+pub(super) async fn thaw(agent: &Agent, dom: &str) {
     if let Err(e) = guest_agent(agent, dom, r#"{"execute":"guest-fsfreeze-thaw"}"#).await {
         tracing::warn!(domain = %dom, error = %e, "thawing the guest's filesystems failed");
     }
@@ -409,7 +413,7 @@ async fn capture_live(
     }
     let begun = {
         let (hv, d, x) = (agent.hv.clone(), dom.to_string(), backup.clone());
-        tokio::task::spawn_blocking(move || hv.backup_begin(&d, &x)).await
+        tokio::task::spawn_blocking(move || hv.backup_begin(&d, &x, None)).await
     };
     let mut frozen_ms = None;
     if let Some(t0) = frozen {
@@ -439,13 +443,18 @@ async fn capture_live(
     Ok((indications, frozen_ms))
 }
 
-async fn job(agent: &Agent, dom: &str) -> anyhow::Result<Job> {
+pub(super) async fn job(agent: &Agent, dom: &str) -> anyhow::Result<Job> {
     let (hv, d) = (agent.hv.clone(), dom.to_string());
     Ok(tokio::task::spawn_blocking(move || hv.job(&d)).await??)
 }
 
 /// `qemu-img convert` from `src` to `dst`, flushed to disk.
-async fn convert(src: &Path, src_format: &str, dst: &Path, dst_format: &str) -> anyhow::Result<()> {
+pub(super) async fn convert(
+    src: &Path,
+    src_format: &str,
+    dst: &Path,
+    dst_format: &str,
+) -> anyhow::Result<()> {
     let out = tokio::process::Command::new("qemu-img")
         .args(["convert", "-q", "-f", src_format, "-O", dst_format])
         .arg(src)

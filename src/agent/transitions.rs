@@ -52,6 +52,7 @@ fn world() -> World {
         nat_network: "evnet".into(),
         nat_prefix: "10.77.0".into(),
         shared_pool: None,
+        backup_targets: vec![],
         host_disk_dir: None,
         registry_mirrors: Default::default(),
         image_gc_grace: std::time::Duration::ZERO,

@@ -306,6 +306,17 @@ pub async fn admit(
             )?;
             obj["spec"] = canon;
         }
+        Kind::VirtualMachineBackup => {
+            use crate::types::backup::{VirtualMachineBackupSpec, backup_problems};
+            let canon = checked_spec::<VirtualMachineBackupSpec>(
+                kind,
+                &spec,
+                existing,
+                backup_problems,
+                refused,
+            )?;
+            obj["spec"] = canon;
+        }
         Kind::VirtualMachineSnapshotContent => match existing {
             None => {
                 return Err(ApiError::invalid(

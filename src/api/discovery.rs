@@ -65,7 +65,7 @@ fn resource(kind: Kind) -> Resource {
 }
 
 /// The groups edgevirt serves, each at one version ([`version_of`]): the core group is "".
-pub const GROUPS: [&str; 10] = [
+pub const GROUPS: [&str; 11] = [
     "",
     "kubevirt.io",
     "edgevirt.io",
@@ -76,6 +76,7 @@ pub const GROUPS: [&str; 10] = [
     EVENTS_GROUP,
     crate::types::cni::GROUP,
     crate::types::snapshot::GROUP,
+    crate::types::backup::GROUP,
 ];
 
 fn resources_of(group: &str) -> Vec<Resource> {

@@ -136,6 +136,11 @@ fn description(kind: Kind) -> &'static str {
              place) and its spec; a running VM is stopped first with targetReadinessPolicy \
              StopTarget."
         }
+        Kind::VirtualMachineBackup => {
+            "VirtualMachineBackup copies a VirtualMachine (its spec and every persistent disk) \
+             to a backup target (`pvcName` names it) while the guest runs: the first backup \
+             is full, later ones hold only the blocks changed since the previous one."
+        }
         Kind::NetworkAttachmentDefinition => {
             "NetworkAttachmentDefinition is a network VMs join (Multus' kind): the CNI \
              configuration of a `bridge` plugin naming a host bridge the operator made, with \

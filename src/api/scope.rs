@@ -65,6 +65,12 @@ pub async fn check(
                 o["metadata"]["annotations"][crate::types::snapshot::NODE_ANNOTATION].as_str()
             }) == Some(node)
         }
+        // The backups this node copies.
+        Kind::VirtualMachineBackup => {
+            existing.and_then(|o| {
+                o["metadata"]["annotations"][crate::types::backup::NODE_ANNOTATION].as_str()
+            }) == Some(node)
+        }
         Kind::VirtualMachine => {
             existing.and_then(|o| o["metadata"]["annotations"][VOLUMES_NODE_ANNOTATION].as_str())
                 == Some(node)

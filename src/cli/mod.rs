@@ -2,6 +2,7 @@
 //! for VMs, VMIs and images. Settings come from flags, `EDGEVIRT_*` environment variables and
 //! a TOML file, in that order of precedence.
 
+mod backup;
 mod console;
 mod cpu;
 mod k8s;
@@ -58,6 +59,9 @@ enum Command {
     Snapshot(snapshot::SnapshotArgs),
     /// Put a VM back to a snapshot (its disks and spec).
     Restore(snapshot::RestoreArgs),
+    /// Backups of VMs to a backup target (KubeVirt's VirtualMachineBackup): take, list,
+    /// delete; verify a backup folder, or restore a VM from one as a new VM.
+    Backup(backup::BackupArgs),
     /// Host CPUs of the nodes, the cluster's baseline CPU model, and CPU checks.
     Cpu(cpu::CpuArgs),
     /// Print the CustomResourceDefinitions of the kinds edgevirt serves, for a Kubernetes cluster.
@@ -135,6 +139,16 @@ struct ServeArgs {
     /// mount the same filesystem use the same NAME.
     #[arg(long, env = "EDGEVIRT_SHARED_POOL")]
     shared_pool: Option<String>,
+    /// A backup target this host mounts, as NAME=PATH (repeat it, or separate with commas):
+    /// a folder (a backup disk, an NFS share) VirtualMachineBackups naming NAME in `pvcName`
+    /// are written to, as PATH/NAMESPACE/VM/FOLDER. Hosts that mount the same folder use the
+    /// same NAME; a VM can be restored from the folder alone, on any host.
+    #[arg(
+        long = "backup-target",
+        env = "EDGEVIRT_BACKUP_TARGETS",
+        value_delimiter = ','
+    )]
+    backup_targets: Vec<String>,
     /// The one folder where KubeVirt `hostDisk` volumes may live on this host (an absolute
     /// path). Unset: hostDisk volumes are refused here. A hostDisk path must be inside it;
     /// `DiskOrCreate` makes a sparse raw file of the asked capacity there.
@@ -198,6 +212,7 @@ struct FileSettings {
     nat_prefix: Option<String>,
     cpu_model: Option<String>,
     shared_pool: Option<String>,
+    backup_targets: Option<Vec<String>>,
     host_disk_dir: Option<PathBuf>,
     registry_mirrors: Option<Vec<String>>,
     image_gc_grace: Option<u64>,
@@ -325,6 +340,25 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
         .or(f.shared_pool)
         .map(|p| parse_shared_pool(&p))
         .transpose()?;
+    let targets = if a.backup_targets.is_empty() {
+        f.backup_targets.unwrap_or_default()
+    } else {
+        a.backup_targets
+    };
+    let mut backup_targets = vec![];
+    for t in &targets {
+        let (name, path) = parse_shared_pool(t).map_err(|e| {
+            anyhow::anyhow!(
+                "backup target: {}",
+                e.to_string().replace("shared pool", "target")
+            )
+        })?;
+        anyhow::ensure!(
+            !backup_targets.iter().any(|(n, _)| *n == name),
+            "backup target {name} is named twice"
+        );
+        backup_targets.push((name, path));
+    }
     let host_disk_dir = a.host_disk_dir.or(f.host_disk_dir);
     if let Some(d) = &host_disk_dir {
         anyhow::ensure!(
@@ -381,6 +415,7 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
         console_ticket_ttl: std::time::Duration::from_secs(a.console_ticket_ttl.max(1)),
         cpu_model,
         shared_pool,
+        backup_targets,
         host_disk_dir,
         registry_mirrors,
         image_gc_grace: std::time::Duration::from_secs(
@@ -428,7 +463,8 @@ pub fn main() -> ExitCode {
     init_logging();
     // An upload keeps SIGPIPE ignored: a server that refuses it before reading the whole
     // body closes the socket, and the client must live to print the refusal.
-    let uploads = matches!(&cli.command, Command::Image(a) if a.uploads());
+    let uploads = matches!(&cli.command, Command::Image(a) if a.uploads())
+        || matches!(&cli.command, Command::Backup(a) if a.uploads());
     if !matches!(cli.command, Command::Serve(_) | Command::Launcher(_)) && !uploads {
         // Client commands end quietly when their output pipe closes (`edgevirt crds | head`),
         // as command-line tools do, instead of panicking in `print!`.
@@ -478,6 +514,7 @@ pub fn main() -> ExitCode {
             Command::Network(a) => network::run(a).await,
             Command::Snapshot(a) => snapshot::run(a).await,
             Command::Restore(a) => snapshot::restore(a).await,
+            Command::Backup(a) => backup::run(a).await,
             Command::Crds(a) => k8s::crds(a),
             Command::Export(a) => k8s::export(a).await,
             Command::Kubeconfig(a) => k8s::kubeconfig(a),

@@ -73,7 +73,7 @@ fn path(ns: &str, plural: &str) -> String {
 
 /// Poll `url` until `done` says it finished (`Ok`) or failed (`Err`), showing the Ready
 /// condition's message (or the phase) on a spinner.
-async fn wait(
+pub(super) async fn wait(
     c: &crate::client::Client,
     url: &str,
     done: impl Fn(&Value) -> Option<Result<String, String>>,

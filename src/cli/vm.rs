@@ -465,7 +465,7 @@ pub async fn run_vmi(a: VmiArgs) -> anyhow::Result<()> {
 }
 
 /// PUT a file as a streamed body, with a progress bar labelled `what`.
-async fn put_file(
+pub(super) async fn put_file(
     c: &crate::client::Client,
     path: &str,
     file: &std::path::Path,

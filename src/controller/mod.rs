@@ -3,6 +3,7 @@
 //! state and is idempotent; a per-object queue is fed by store events and a periodic resync,
 //! and a failed reconcile is retried with backoff.
 
+mod backup;
 pub mod datavolume;
 pub mod instancetype;
 mod migration;
@@ -173,7 +174,9 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                             }
                             queue.push(&(ev.kind, ns, name));
                         }
-                        Kind::VirtualMachineRestore => queue.push(&(ev.kind, ns, name)),
+                        Kind::VirtualMachineRestore | Kind::VirtualMachineBackup => {
+                            queue.push(&(ev.kind, ns, name))
+                        }
                         Kind::VirtualMachineSnapshotContent => {
                             if let Some(snap) = snapshot::snapshot_of_content(&ev.object) {
                                 queue.push(&(Kind::VirtualMachineSnapshot, ns.clone(), snap));
@@ -229,6 +232,7 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                 Kind::VirtualMachineRestore => {
                     snapshot::reconcile_restore(&ctx, &key.1, &key.2).await
                 }
+                Kind::VirtualMachineBackup => backup::reconcile_backup(&ctx, &key.1, &key.2).await,
                 _ => Ok(Action::Done),
             };
             match r {
@@ -323,6 +327,7 @@ pub async fn resync_keys(store: &Store) -> Vec<Key> {
         );
     }
     keys.extend(snapshot::pending(store).await);
+    keys.extend(backup::pending(store).await);
     if let Ok(migrations) = store.all::<VirtualMachineInstanceMigration>().await {
         keys.extend(migrations.iter().map(|o| {
             key(

@@ -55,7 +55,7 @@ fn age(meta: &ObjectMeta) -> Duration {
 }
 
 /// Change an object in place; one that is gone meanwhile is left gone.
-async fn update_if_there<T: Typed>(
+pub(super) async fn update_if_there<T: Typed>(
     ctx: &Context,
     ns: &str,
     name: &str,
@@ -101,7 +101,7 @@ async fn fail_snapshot(ctx: &Context, ns: &str, name: &str, why: String) -> Resu
 
 /// The volumes of a VM a snapshot copies (DataVolumes and claims), as content entries, and
 /// the names of those it leaves out; the node holding a DataVolume's disk, if any says.
-async fn volume_backups(
+pub(super) async fn volume_backups(
     ctx: &Context,
     vm: &VirtualMachine,
     snapshot_uid: &str,

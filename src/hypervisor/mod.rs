@@ -166,9 +166,32 @@ pub trait Hypervisor: Send + Sync + 'static {
     }
     /// Start a push-mode backup (`<domainbackup>` XML): QEMU copies the named disks, as
     /// they were at this moment, into new files while the guest runs on.
-    fn backup_begin(&self, name: &str, xml: &str) -> Result<()> {
-        let _ = (name, xml);
+    /// With `checkpoint` (`<domaincheckpoint>` XML), a checkpoint starts at the same
+    /// instant: a dirty bitmap in each named disk that a later incremental backup counts from.
+    fn backup_begin(&self, name: &str, xml: &str, checkpoint: Option<&str>) -> Result<()> {
+        let _ = (name, xml, checkpoint);
         Err(Error::Libvirt("this backend cannot back up disks".into()))
+    }
+    /// The names of the domain's checkpoints.
+    fn checkpoints(&self, name: &str) -> Result<Vec<String>> {
+        let _ = name;
+        Ok(vec![])
+    }
+    /// A checkpoint's definition (`<domaincheckpoint>` XML, as libvirt redefines it).
+    fn checkpoint_xml(&self, name: &str, checkpoint: &str) -> Result<String> {
+        let _ = (name, checkpoint);
+        Err(Error::Libvirt("this backend has no checkpoints".into()))
+    }
+    /// Define again a checkpoint whose bitmaps the disks still hold (after the guest
+    /// restarted); fails when a bitmap is missing or was left inconsistent.
+    fn checkpoint_redefine(&self, name: &str, xml: &str) -> Result<()> {
+        let _ = (name, xml);
+        Err(Error::Libvirt("this backend has no checkpoints".into()))
+    }
+    /// Delete a checkpoint (its bitmaps merge into its parent's, if any).
+    fn checkpoint_delete(&self, name: &str, checkpoint: &str) -> Result<()> {
+        let _ = (name, checkpoint);
+        Err(Error::Libvirt("this backend has no checkpoints".into()))
     }
     /// The domain's job: the one running, else how the last one ended.
     fn job(&self, name: &str) -> Result<Job> {

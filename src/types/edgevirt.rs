@@ -83,6 +83,10 @@ pub struct NodeStatus {
     /// The shared storage pool this node mounts, if any (`serve --shared-pool NAME=PATH`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_pool: Option<SharedPool>,
+    /// The backup targets this node mounts (`serve --backup-target NAME=PATH`): folders
+    /// VirtualMachineBackups are written to (each a `SharedPool`-like name and path).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backup_targets: Vec<SharedPool>,
     /// The one folder KubeVirt `hostDisk` volumes may live in on this node, if any
     /// (`serve --host-disk-dir`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

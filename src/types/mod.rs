@@ -1,6 +1,7 @@
 //! Resource types and the checks every write goes through before it reaches the store:
 //! names, the KubeVirt fields edgevirt does not support yet, quantities.
 
+pub mod backup;
 pub mod cdi;
 pub mod cni;
 pub mod edgevirt;
@@ -137,10 +138,12 @@ pub enum Kind {
     VirtualMachineSnapshotContent,
     /// Put a VM back to a snapshot.
     VirtualMachineRestore,
+    /// `backup.kubevirt.io/v1alpha1`: a VM's spec and disks copied to a backup target.
+    VirtualMachineBackup,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 20] = [
+    pub const ALL: [Kind; 21] = [
         Kind::VirtualMachine,
         Kind::VirtualMachineInstance,
         Kind::VirtualMachineInstanceMigration,
@@ -161,6 +164,7 @@ impl Kind {
         Kind::VirtualMachineSnapshot,
         Kind::VirtualMachineSnapshotContent,
         Kind::VirtualMachineRestore,
+        Kind::VirtualMachineBackup,
     ];
 
     pub fn name(self) -> &'static str {
@@ -185,6 +189,7 @@ impl Kind {
             Kind::VirtualMachineSnapshot => "VirtualMachineSnapshot",
             Kind::VirtualMachineSnapshotContent => "VirtualMachineSnapshotContent",
             Kind::VirtualMachineRestore => "VirtualMachineRestore",
+            Kind::VirtualMachineBackup => "VirtualMachineBackup",
         }
     }
 
@@ -210,6 +215,7 @@ impl Kind {
             Kind::VirtualMachineSnapshot => "virtualmachinesnapshots",
             Kind::VirtualMachineSnapshotContent => "virtualmachinesnapshotcontents",
             Kind::VirtualMachineRestore => "virtualmachinerestores",
+            Kind::VirtualMachineBackup => "virtualmachinebackups",
         }
     }
 
@@ -231,6 +237,7 @@ impl Kind {
             Kind::VirtualMachineSnapshot
             | Kind::VirtualMachineSnapshotContent
             | Kind::VirtualMachineRestore => snapshot::GROUP,
+            Kind::VirtualMachineBackup => backup::GROUP,
         }
     }
 
@@ -272,6 +279,7 @@ impl Kind {
                 | Kind::VirtualMachineSnapshot
                 | Kind::VirtualMachineSnapshotContent
                 | Kind::VirtualMachineRestore
+                | Kind::VirtualMachineBackup
         )
     }
 
@@ -303,6 +311,7 @@ impl Kind {
             Kind::VirtualMachineSnapshot => snapshot::VirtualMachineSnapshot::crd(),
             Kind::VirtualMachineSnapshotContent => snapshot::VirtualMachineSnapshotContent::crd(),
             Kind::VirtualMachineRestore => snapshot::VirtualMachineRestore::crd(),
+            Kind::VirtualMachineBackup => backup::VirtualMachineBackup::crd(),
             Kind::Namespace
             | Kind::Secret
             | Kind::ConfigMap
@@ -330,6 +339,8 @@ impl Kind {
 pub fn version_of(group: &str) -> &'static str {
     if group == instancetype::GROUP || group == cdi::GROUP || group == snapshot::GROUP {
         "v1beta1"
+    } else if group == backup::GROUP {
+        "v1alpha1"
     } else {
         "v1"
     }

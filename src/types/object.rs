@@ -88,6 +88,9 @@ impl Typed for super::snapshot::VirtualMachineSnapshotContent {
 impl Typed for super::snapshot::VirtualMachineRestore {
     const KIND: Kind = Kind::VirtualMachineRestore;
 }
+impl Typed for super::backup::VirtualMachineBackup {
+    const KIND: Kind = Kind::VirtualMachineBackup;
+}
 
 /// Check a status written through a `status` subresource against its kind's typed status,
 /// naming the field that does not fit (`status.phase: invalid type: integer `3`, ...`).
@@ -126,6 +129,7 @@ pub fn check_status(kind: Kind, status: &Value) -> Result<(), Invalid> {
             fits::<super::snapshot::VirtualMachineSnapshotContentStatus>(status)
         }
         Kind::VirtualMachineRestore => fits::<super::snapshot::VirtualMachineRestoreStatus>(status),
+        Kind::VirtualMachineBackup => fits::<super::backup::VirtualMachineBackupStatus>(status),
         Kind::Namespace
         | Kind::Secret
         | Kind::ConfigMap

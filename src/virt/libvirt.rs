@@ -222,16 +222,101 @@ impl Hypervisor for Libvirt {
         Ok(())
     }
 
-    fn backup_begin(&self, name: &str, xml: &str) -> Result<()> {
+    fn backup_begin(&self, name: &str, xml: &str, checkpoint: Option<&str>) -> Result<()> {
         let d = self.domain(name)?;
-        let xml = std::ffi::CString::new(xml).map_err(|e| Error::Libvirt(e.to_string()))?;
-        // SAFETY: `d` is a live domain handle and `xml` a NUL-terminated string, both valid
-        // for the duration of the call; a NULL checkpoint XML asks for no checkpoint.
-        let r = unsafe { sys::virDomainBackupBegin(d.as_ptr(), xml.as_ptr(), std::ptr::null(), 0) };
+        let xml = cstring(xml)?;
+        let ck = checkpoint.map(cstring).transpose()?;
+        let ck_ptr = ck.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+        // SAFETY: `d` is a live domain handle and `xml` (and `ck` when given) NUL-terminated
+        // strings, all valid for the duration of the call; NULL asks for no checkpoint.
+        let r = unsafe { sys::virDomainBackupBegin(d.as_ptr(), xml.as_ptr(), ck_ptr, 0) };
         if r < 0 {
-            return Err(Error::Libvirt(
-                virt::error::Error::last_error().message().to_string(),
-            ));
+            return Err(last_error());
+        }
+        Ok(())
+    }
+
+    fn checkpoints(&self, name: &str) -> Result<Vec<String>> {
+        let d = self.domain(name)?;
+        let mut list: *mut sys::virDomainCheckpointPtr = std::ptr::null_mut();
+        // SAFETY: `d` is live; libvirt allocates `list` with `n` handles, each freed below,
+        // then the array itself.
+        let n = unsafe { sys::virDomainListAllCheckpoints(d.as_ptr(), &mut list, 0) };
+        if n < 0 {
+            return Err(last_error());
+        }
+        let mut names = vec![];
+        for i in 0..n as usize {
+            // SAFETY: `i < n`: each entry is a checkpoint handle libvirt gave us; its name
+            // is copied before the handle is freed.
+            unsafe {
+                let c = *list.add(i);
+                let p = sys::virDomainCheckpointGetName(c);
+                if !p.is_null() {
+                    names.push(std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned());
+                }
+                sys::virDomainCheckpointFree(c);
+            }
+        }
+        if !list.is_null() {
+            // SAFETY: the array libvirt allocated with malloc, its entries already freed.
+            unsafe { libc::free(list as *mut std::ffi::c_void) };
+        }
+        Ok(names)
+    }
+
+    fn checkpoint_xml(&self, name: &str, checkpoint: &str) -> Result<String> {
+        let d = self.domain(name)?;
+        let ck = cstring(checkpoint)?;
+        // SAFETY: `d` is live and `ck` NUL-terminated; the handle is freed below, and the
+        // XML string (malloc'ed by libvirt) is copied, then freed.
+        unsafe {
+            let c = sys::virDomainCheckpointLookupByName(d.as_ptr(), ck.as_ptr(), 0);
+            if c.is_null() {
+                return Err(last_error());
+            }
+            let x = sys::virDomainCheckpointGetXMLDesc(c, 0);
+            sys::virDomainCheckpointFree(c);
+            if x.is_null() {
+                return Err(last_error());
+            }
+            let s = std::ffi::CStr::from_ptr(x).to_string_lossy().into_owned();
+            libc::free(x as *mut std::ffi::c_void);
+            Ok(s)
+        }
+    }
+
+    fn checkpoint_redefine(&self, name: &str, xml: &str) -> Result<()> {
+        let d = self.domain(name)?;
+        let xml = cstring(xml)?;
+        let flags = sys::VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE
+            | sys::VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE_VALIDATE;
+        // SAFETY: `d` is live and `xml` NUL-terminated; the returned handle is freed.
+        unsafe {
+            let c = sys::virDomainCheckpointCreateXML(d.as_ptr(), xml.as_ptr(), flags);
+            if c.is_null() {
+                return Err(last_error());
+            }
+            sys::virDomainCheckpointFree(c);
+        }
+        Ok(())
+    }
+
+    fn checkpoint_delete(&self, name: &str, checkpoint: &str) -> Result<()> {
+        let d = self.domain(name)?;
+        let ck = cstring(checkpoint)?;
+        // SAFETY: `d` is live and `ck` NUL-terminated; the handle is freed after the delete.
+        unsafe {
+            let c = sys::virDomainCheckpointLookupByName(d.as_ptr(), ck.as_ptr(), 0);
+            if c.is_null() {
+                return Err(last_error());
+            }
+            let r = sys::virDomainCheckpointDelete(c, 0);
+            let e = (r < 0).then(last_error);
+            sys::virDomainCheckpointFree(c);
+            if let Some(e) = e {
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -635,6 +720,15 @@ fn bulk_stats(c: &Connect) -> std::result::Result<Vec<DomainStats>, virt::error:
     // SAFETY: `records` came from virConnectGetAllDomainStats and is freed once.
     unsafe { sys::virDomainStatsRecordListFree(records) };
     Ok(out)
+}
+
+fn cstring(s: &str) -> Result<std::ffi::CString> {
+    std::ffi::CString::new(s).map_err(|e| Error::Libvirt(e.to_string()))
+}
+
+/// libvirt's last error on this thread.
+fn last_error() -> Error {
+    Error::Libvirt(virt::error::Error::last_error().message().to_string())
 }
 
 /// What [`Hypervisor::job`] reads of libvirt's job statistics.

@@ -1153,6 +1153,63 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
         .expect(&[422])
         .msg("made by edgevirt"),
     );
+    let backups = "/apis/backup.kubevirt.io/v1alpha1/namespaces/default/virtualmachinebackups";
+    let backup = |spec: Value| {
+        json!({"apiVersion": "backup.kubevirt.io/v1alpha1", "kind": "VirtualMachineBackup",
+               "metadata": {"name": "hostile-backup"}, "spec": spec})
+    };
+    for (name, spec, msg) in [
+        (
+            "backup-traversal-target",
+            json!({"source": {"kind": "VirtualMachine", "name": BASE_VM}, "pvcName": "../../etc"}),
+            "spec.pvcName",
+        ),
+        (
+            "backup-traversal-source",
+            json!({"source": {"kind": "VirtualMachine", "name": "../x"}, "pvcName": "nas"}),
+            "spec.source.name",
+        ),
+        (
+            "backup-without-target",
+            json!({"source": {"kind": "VirtualMachine", "name": BASE_VM}}),
+            "backup target",
+        ),
+        (
+            "backup-pull-mode",
+            json!({"source": {"kind": "VirtualMachine", "name": BASE_VM}, "pvcName": "nas",
+                   "mode": "Pull", "tokenSecretRef": "s"}),
+            "Push backups only",
+        ),
+        (
+            "backup-of-a-pod",
+            json!({"source": {"kind": "Pod", "name": BASE_VM}, "pvcName": "nas"}),
+            "backs up VirtualMachines",
+        ),
+        (
+            "backup-unknown-field",
+            json!({"source": {"kind": "VirtualMachine", "name": BASE_VM}, "pvcName": "nas",
+                   "path": "/etc"}),
+            "path",
+        ),
+        (
+            "backup-wrong-type",
+            json!({"source": {"kind": "VirtualMachine", "name": BASE_VM}, "pvcName": "nas",
+                   "forceFullBackup": "yes"}),
+            "forceFullBackup",
+        ),
+    ] {
+        c.push(
+            Case::new(name, Method::POST, backups.to_string())
+                .json(&backup(spec))
+                .expect(&[422])
+                .msg(msg),
+        );
+    }
+    c.push(
+        Case::new("backup-not-json", Method::POST, backups.to_string())
+            .body(Some("text/plain"), b"pvcName: nas".to_vec())
+            .expect(&[415]),
+    );
     c.push(
         Case::new(
             "restore-with-patches",

@@ -1,0 +1,710 @@
+//! Backups, the node's part: copy a VM's disks into a backup target while the guest runs,
+//! fully the first time and then only the blocks changed since the last backup.
+//!
+//! A target folder holds `NAMESPACE/VM/FOLDER/` per backup, `FOLDER` being
+//! `<UTC time>-<backup uid>`: the disk files (`0.qcow2`, ...) and a `manifest.json` (the VM
+//! and its DataVolumes as they were, each file's SHA-256, the parent). A backup is written
+//! into `.part-<uid>` and renamed once its files and manifest are on disk, so a folder
+//! without a dot is whole, and only whole folders (with a manifest) are ever built on or
+//! restored from.
+//!
+//! Incrementals: each live backup starts a libvirt checkpoint (`edgevirt-<backup uid>`, a
+//! dirty bitmap in each disk), and the next backup copies only the blocks that bitmap marks.
+//! Its disk files are qcow2 images whose backing file is the parent's (a path relative to
+//! the folder), so the chain reads as whole disks wherever the target is mounted. Before a
+//! backup, every checkpoint of the domain but the one of the last whole backup is deleted
+//! (a leftover of a failed or killed backup merges into it), so no stray bitmap is ever
+//! trusted; after a guest restart, libvirt forgets checkpoints, and the one of the last
+//! backup is defined again from the manifest when its bitmaps are still whole in the disks,
+//! else the backup is full.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow, bail};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::Agent;
+use super::ports::{Stored, decode_items};
+use crate::hypervisor::{DomainState, Job};
+use crate::types::backup::{
+    MANIFEST, Manifest, ManifestDisk, NODE_ANNOTATION, VirtualMachineBackup,
+    VirtualMachineBackupStatus, backup_type, checkpoint_name, failed, folder_name, is_folder_name,
+    set as set_condition,
+};
+use crate::types::{Kind, Meta, now};
+
+/// Back up, every few seconds, until cancelled.
+pub async fn run(agent: Arc<Agent>, cancel: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+        if let Err(e) = round(&agent).await {
+            tracing::debug!(error = %e, "backup round failed; trying again");
+        }
+    }
+}
+
+async fn round(agent: &Agent) -> anyhow::Result<()> {
+    if agent.cfg.backup_targets.is_empty() {
+        return Ok(());
+    }
+    let here = agent.cfg.node_name.as_str();
+    let all: Vec<Stored<VirtualMachineBackup>> =
+        decode_items(agent.cp.list_of(Kind::VirtualMachineBackup).await?);
+    sweep(agent, &all).await;
+    for b in &all {
+        let o = &b.obj;
+        if o.annotation(NODE_ANNOTATION) != Some(here) || o.deleting() || o.finished() {
+            continue;
+        }
+        back_up(agent, o).await?;
+    }
+    Ok(())
+}
+
+/// Remove the half-written folders (`.part-<uid>`) of backups that no longer run: left by
+/// a failure this agent could not clean up, or by a kill.
+async fn sweep(agent: &Agent, all: &[Stored<VirtualMachineBackup>]) {
+    let running = |uid: &str| all.iter().any(|b| b.obj.uid() == uid && !b.obj.finished());
+    for (_, root) in &agent.cfg.backup_targets {
+        for ns in subdirs(root).await {
+            for vm_dir in subdirs(&ns).await {
+                for d in subdirs(&vm_dir).await {
+                    let name = d.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                    if let Some(uid) = name.strip_prefix(".part-")
+                        && !running(uid)
+                    {
+                        tracing::info!(folder = %d.display(), "removing a half-written backup");
+                        let _ = tokio::fs::remove_dir_all(&d).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    if let Ok(mut rd) = tokio::fs::read_dir(dir).await {
+        while let Ok(Some(e)) = rd.next_entry().await {
+            if e.file_type().await.is_ok_and(|t| t.is_dir()) {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+/// Write the backup's status (a merge of `f`'s changes over what it is now).
+async fn set_status(
+    agent: &Agent,
+    b: &VirtualMachineBackup,
+    st: &VirtualMachineBackupStatus,
+) -> anyhow::Result<()> {
+    agent
+        .cp
+        .patch_of(
+            Kind::VirtualMachineBackup,
+            b.namespace(),
+            b.name(),
+            json!({ "status": st }),
+            true,
+        )
+        .await?;
+    Ok(())
+}
+
+/// Take one backup and record how it ended.
+async fn back_up(agent: &Agent, b: &VirtualMachineBackup) -> anyhow::Result<()> {
+    let (ns, name) = (b.namespace(), b.name());
+    let mut st = b.status.clone().unwrap_or_default();
+    set_condition(
+        &mut st.conditions,
+        "Progressing",
+        true,
+        "InProgress",
+        "starting the copy",
+    );
+    set_status(agent, b, &st).await?;
+    let t0 = Instant::now();
+    tracing::info!(namespace = %ns, backup = %name, "backup starting");
+    let outcome = take(agent, b, &mut st).await;
+    st.copy_ms = Some(t0.elapsed().as_millis() as u64);
+    match outcome {
+        Ok(()) => {
+            st.completion_time = Some(now());
+            let msg = format!(
+                "{} backup of {} written to {}",
+                st.type_.as_deref().unwrap_or("a"),
+                human(st.size_bytes.unwrap_or(0)),
+                st.path.as_deref().unwrap_or("the target")
+            );
+            set_condition(&mut st.conditions, "Progressing", false, "Completed", &msg);
+            set_condition(&mut st.conditions, "Done", true, "Completed", &msg);
+            tracing::info!(namespace = %ns, backup = %name, kind = ?st.type_, bytes = ?st.size_bytes, ms = ?st.copy_ms, path = ?st.path, "backup done");
+        }
+        Err(e) => {
+            let why = format!("{e:#}");
+            tracing::warn!(namespace = %ns, backup = %name, error = %why, "backup failed");
+            failed(&mut st, &why);
+        }
+    }
+    set_status(agent, b, &st).await
+}
+
+/// Where a backup of `ns/vm` goes in its target: `TARGET/NS/VM`.
+fn vm_dir(agent: &Agent, target: &str, ns: &str, vm: &str) -> anyhow::Result<PathBuf> {
+    let (_, root) = agent
+        .cfg
+        .backup_targets
+        .iter()
+        .find(|(n, _)| n == target)
+        .ok_or_else(|| {
+            anyhow!(
+                "node {} does not mount backup target {target:?}",
+                agent.cfg.node_name
+            )
+        })?;
+    crate::types::check_name("namespace", ns)?;
+    crate::types::check_name("name", vm)?;
+    if !root.is_dir() {
+        bail!(
+            "backup target {target}: {} is not a folder (is it mounted?)",
+            root.display()
+        );
+    }
+    Ok(root.join(ns).join(vm))
+}
+
+/// The whole backups in a VM's folder, oldest first.
+pub async fn whole_backups(dir: &Path) -> Vec<Manifest> {
+    let mut out = vec![];
+    for d in subdirs(dir).await {
+        let name = d.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if !is_folder_name(name) {
+            continue;
+        }
+        if let Ok(m) = read_manifest(&d).await
+            && m.name == name
+        {
+            out.push(m);
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+pub async fn read_manifest(folder: &Path) -> anyhow::Result<Manifest> {
+    let raw = tokio::fs::read(folder.join(MANIFEST))
+        .await
+        .with_context(|| format!("reading {}", folder.join(MANIFEST).display()))?;
+    serde_json::from_slice(&raw).with_context(|| format!("{} is no manifest", folder.display()))
+}
+
+/// The copy itself; fills in `st` as it goes.
+async fn take(
+    agent: &Agent,
+    b: &VirtualMachineBackup,
+    st: &mut VirtualMachineBackupStatus,
+) -> anyhow::Result<()> {
+    let ns = b.namespace();
+    let vm_name = b.spec.source.name.as_str();
+    let target = b.spec.pvc_name.clone().unwrap_or_default();
+    let dir = vm_dir(agent, &target, ns, vm_name)?;
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .with_context(|| format!("creating {}", dir.display()))?;
+    let vm = agent
+        .cp
+        .vms()
+        .await?
+        .into_iter()
+        .map(|v| v.obj)
+        .find(|v| v.namespace() == ns && v.name() == vm_name)
+        .ok_or_else(|| anyhow!("VirtualMachine {ns}/{vm_name} does not exist"))?;
+    // The volumes, their claims and DataVolumes.
+    let mut volumes = vec![];
+    let mut data_volumes = vec![];
+    for v in &st.included_volumes {
+        let vol = vm
+            .spec
+            .template
+            .spec
+            .volumes
+            .iter()
+            .find(|x| x.name == v.volume_name)
+            .ok_or_else(|| anyhow!("volume {:?} is no longer in the VM", v.volume_name))?;
+        let claim = match (&vol.data_volume, &vol.persistent_volume_claim) {
+            (Some(d), _) => d.name.clone(),
+            (None, Some(c)) => c.claim_name.clone(),
+            _ => bail!("volume {:?} has no disk of its own", v.volume_name),
+        };
+        if let Some(dv) = agent.cp.get_data_volume(ns, &claim).await? {
+            let dv = dv.obj;
+            data_volumes.push(json!({
+                "metadata": {"name": dv.name(), "labels": dv.metadata.labels, "annotations": dv.metadata.annotations},
+                "spec": dv.spec,
+            }));
+        }
+        volumes.push((v.volume_name.clone(), claim));
+    }
+    let here = agent.cfg.node_name.as_str();
+    let domain = agent
+        .cp
+        .get_vmi(ns, vm_name)
+        .await?
+        .map(|v| v.obj)
+        .filter(|v| v.node_name() == Some(here) && !v.deleting())
+        .and_then(|v| v.status.and_then(|s| s.domain_name));
+    let live = match &domain {
+        Some(d) => {
+            let (hv, d2) = (agent.hv.clone(), d.clone());
+            tokio::task::spawn_blocking(move || hv.state(&d2))
+                .await??
+                .filter(|s| matches!(s, DomainState::Running | DomainState::Paused))
+                .map(|s| (d.clone(), s))
+        }
+        None => None,
+    };
+    // The backup this one builds on: the last whole one of this VM (same uid, same volumes).
+    let vm_uid = vm.uid().to_string();
+    let earlier = whole_backups(&dir).await;
+    let parent = earlier.iter().rev().find(|m| {
+        m.virtual_machine["metadata"]["uid"].as_str() == Some(vm_uid.as_str())
+            && m.disks.len() == volumes.len()
+            && m.disks
+                .iter()
+                .zip(&volumes)
+                .all(|(d, (v, _))| d.volume == *v)
+    });
+    let created = chrono::Utc::now();
+    let folder = folder_name(&created.format("%Y%m%dT%H%M%SZ").to_string(), b.uid());
+    let part = dir.join(format!(".part-{}", b.uid()));
+    let _ = tokio::fs::remove_dir_all(&part).await;
+    tokio::fs::create_dir_all(&part)
+        .await
+        .with_context(|| format!("creating {}", part.display()))?;
+    let r = copy(agent, b, st, &live, parent, &volumes, &part).await;
+    let (kind, checkpoint, checkpoint_xml, frozen_ms) = match r {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = tokio::fs::remove_dir_all(&part).await;
+            if let Some((dom, _)) = &live {
+                forget_checkpoint(agent, dom, &checkpoint_name(b.uid())).await;
+            }
+            return Err(with_space(e, &dir));
+        }
+    };
+    let parent_name = (kind == backup_type::INCREMENTAL)
+        .then(|| parent.map(|p| p.name.clone()))
+        .flatten();
+    let finish = async {
+        let mut disks = vec![];
+        for (i, (volume, claim)) in volumes.iter().enumerate() {
+            let file = format!("{i}.qcow2");
+            let path = part.join(&file);
+            if let Some(p) = &parent_name {
+                // The parent's file of the same volume, relative to this folder.
+                let backing = format!("../{p}/{file}");
+                super::run_tool(
+                    "qemu-img",
+                    &[
+                        "rebase",
+                        "-u",
+                        "-f",
+                        "qcow2",
+                        "-F",
+                        "qcow2",
+                        "-b",
+                        &backing,
+                        &path.to_string_lossy(),
+                    ],
+                )
+                .await?;
+            }
+            let f = tokio::fs::File::open(&path).await?;
+            f.sync_all().await?;
+            let bytes = f.metadata().await?.len();
+            disks.push(ManifestDisk {
+                volume: volume.clone(),
+                claim: claim.clone(),
+                file,
+                virtual_size: virtual_size(&path).await?,
+                bytes,
+                sha256: sha256_file(&path).await?,
+            });
+        }
+        let mut vm_copy = serde_json::to_value(&vm)?;
+        if let Some(m) = vm_copy["metadata"].as_object_mut() {
+            m.retain(|k, _| {
+                ["name", "namespace", "uid", "labels", "annotations"].contains(&k.as_str())
+            });
+        }
+        if let Some(o) = vm_copy.as_object_mut() {
+            o.remove("status");
+        }
+        let manifest = Manifest {
+            format: 1,
+            type_: kind.to_string(),
+            name: folder.clone(),
+            parent: parent_name.clone(),
+            created: created.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            node: here.to_string(),
+            backup: format!("{ns}/{}", b.name()),
+            checkpoint: checkpoint.clone(),
+            checkpoint_xml,
+            virtual_machine: vm_copy,
+            data_volumes,
+            disks,
+        };
+        let raw = serde_json::to_vec_pretty(&manifest)?;
+        let mf = part.join(MANIFEST);
+        tokio::fs::write(&mf, &raw)
+            .await
+            .with_context(|| format!("writing {}", mf.display()))?;
+        tokio::fs::File::open(&mf).await?.sync_all().await?;
+        tokio::fs::File::open(&part).await?.sync_all().await?;
+        let whole = dir.join(&folder);
+        tokio::fs::rename(&part, &whole)
+            .await
+            .with_context(|| format!("renaming {} to {}", part.display(), whole.display()))?;
+        tokio::fs::File::open(&dir).await?.sync_all().await?;
+        anyhow::Ok(manifest)
+    };
+    let manifest = match finish.await {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = tokio::fs::remove_dir_all(&part).await;
+            if let Some((dom, _)) = &live {
+                forget_checkpoint(agent, dom, &checkpoint_name(b.uid())).await;
+            }
+            return Err(with_space(e, &dir));
+        }
+    };
+    // Only the newest checkpoint is kept: the next backup counts from it.
+    if let (Some((dom, _)), Some(p)) = (&live, parent)
+        && let Some(ck) = &p.checkpoint
+    {
+        forget_checkpoint(agent, dom, ck).await;
+    }
+    st.type_ = Some(kind.to_string());
+    st.checkpoint_name = checkpoint;
+    st.parent = parent_name;
+    st.path = Some(format!("{ns}/{vm_name}/{folder}"));
+    st.size_bytes = Some(manifest.disks.iter().map(|d| d.bytes).sum());
+    st.frozen_ms = frozen_ms;
+    Ok(())
+}
+
+/// A failure on a target that filled up says so.
+fn with_space(e: anyhow::Error, dir: &Path) -> anyhow::Error {
+    match nix::sys::statvfs::statvfs(dir) {
+        Ok(fs) if fs.blocks_available() == 0 => {
+            e.context(format!("the backup target is full ({})", dir.display()))
+        }
+        _ => e,
+    }
+}
+
+async fn forget_checkpoint(agent: &Agent, dom: &str, ck: &str) {
+    let (hv, d, c) = (agent.hv.clone(), dom.to_string(), ck.to_string());
+    let r = tokio::task::spawn_blocking(move || {
+        if hv.checkpoints(&d)?.contains(&c) {
+            hv.checkpoint_delete(&d, &c)?;
+        }
+        Ok::<_, crate::hypervisor::Error>(())
+    })
+    .await;
+    if let Ok(Err(e)) = r {
+        tracing::warn!(domain = %dom, checkpoint = %ck, error = %e, "deleting a checkpoint failed");
+    }
+}
+
+type Copied = (&'static str, Option<String>, Option<String>, Option<u64>);
+
+/// Copy the disks into `part`: (type, checkpoint, its XML, ms frozen).
+async fn copy(
+    agent: &Agent,
+    b: &VirtualMachineBackup,
+    st: &mut VirtualMachineBackupStatus,
+    live: &Option<(String, DomainState)>,
+    parent: Option<&Manifest>,
+    volumes: &[(String, String)],
+    part: &Path,
+) -> anyhow::Result<Copied> {
+    let Some((dom, state)) = live else {
+        // A stopped VM: a full copy of each disk.
+        for (i, (_, claim)) in volumes.iter().enumerate() {
+            let (src, format) = super::snapshot::disk_of(agent, b.namespace(), claim).await?;
+            super::snapshot::convert(&src, &format, &part.join(format!("{i}.qcow2")), "qcow2")
+                .await?;
+        }
+        return Ok((backup_type::FULL, None, None, None));
+    };
+    let hv = agent.hv.clone();
+    let xml = {
+        let (hv, d) = (hv.clone(), dom.clone());
+        tokio::task::spawn_blocking(move || hv.xml(&d)).await??
+    };
+    let disks = crate::hypervisor::all_domain_disks(&xml);
+    let mut wanted = vec![];
+    for (i, (volume, _)) in volumes.iter().enumerate() {
+        let alias = format!("ua-{volume}");
+        let d = disks
+            .iter()
+            .find(|d| d.alias == alias)
+            .ok_or_else(|| anyhow!("volume {volume:?} is not a disk of the running guest"))?;
+        wanted.push((d.target.clone(), part.join(format!("{i}.qcow2"))));
+    }
+    // A job left running by an earlier life of this agent holds the domain.
+    if let Ok(Job::Running { .. }) = super::snapshot::job(agent, dom).await {
+        let (hv, d) = (hv.clone(), dom.clone());
+        let _ = tokio::task::spawn_blocking(move || hv.abort_job(&d)).await;
+        for _ in 0..50 {
+            if !matches!(
+                super::snapshot::job(agent, dom).await,
+                Ok(Job::Running { .. })
+            ) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // The checkpoint to count from: the parent's, known to libvirt or defined again.
+    let parent_ck = match parent.filter(|_| b.spec.force_full_backup != Some(true)) {
+        Some(p) => match (&p.checkpoint, &p.checkpoint_xml) {
+            (Some(ck), Some(ck_xml)) => {
+                let (hv, d, ck, x) = (hv.clone(), dom.clone(), ck.clone(), ck_xml.clone());
+                tokio::task::spawn_blocking(move || {
+                    if hv.checkpoints(&d)?.contains(&ck) {
+                        return Ok(Some(ck));
+                    }
+                    match hv.checkpoint_redefine(&d, &x) {
+                        Ok(()) => Ok(Some(ck)),
+                        Err(e) => {
+                            tracing::info!(domain = %d, checkpoint = %ck, error = %e, "the last backup's checkpoint is gone: this backup is full");
+                            Ok::<_, crate::hypervisor::Error>(None)
+                        }
+                    }
+                })
+                .await??
+            }
+            _ => None,
+        },
+        None => None,
+    };
+    // Every other checkpoint of edgevirt's is a leftover: deleting it merges its bitmap
+    // into its parent's, so nothing a later backup counts on is lost.
+    {
+        let (hv2, d, keep) = (hv.clone(), dom.clone(), parent_ck.clone());
+        tokio::task::spawn_blocking(move || {
+            for c in hv2.checkpoints(&d)? {
+                if c.starts_with("edgevirt-") && Some(&c) != keep.as_ref() {
+                    tracing::info!(domain = %d, checkpoint = %c, "deleting a leftover checkpoint");
+                    hv2.checkpoint_delete(&d, &c)?;
+                }
+            }
+            Ok::<_, crate::hypervisor::Error>(())
+        })
+        .await??;
+    }
+    let esc = |s: &str| quick_xml::escape::escape(s).into_owned();
+    let mut backup = String::from("<domainbackup mode='push'>");
+    if let Some(ck) = &parent_ck {
+        backup.push_str(&format!("<incremental>{}</incremental>", esc(ck)));
+    }
+    backup.push_str("<disks>");
+    let new_ck = checkpoint_name(b.uid());
+    let mut ck_xml = format!("<domaincheckpoint><name>{}</name><disks>", esc(&new_ck));
+    for d in &disks {
+        match wanted.iter().find(|(t, _)| *t == d.target) {
+            Some((t, file)) => {
+                backup.push_str(&format!(
+                    "<disk name='{}' backup='yes' type='file'><target file='{}'/><driver type='qcow2'/></disk>",
+                    esc(t),
+                    esc(&file.to_string_lossy())
+                ));
+                ck_xml.push_str(&format!("<disk name='{}' checkpoint='bitmap'/>", esc(t)));
+            }
+            None if !d.file.is_empty() && !d.readonly => {
+                backup.push_str(&format!("<disk name='{}' backup='no'/>", esc(&d.target)));
+                ck_xml.push_str(&format!(
+                    "<disk name='{}' checkpoint='no'/>",
+                    esc(&d.target)
+                ));
+            }
+            None => {}
+        }
+    }
+    backup.push_str("</disks></domainbackup>");
+    ck_xml.push_str("</disks></domaincheckpoint>");
+    let mut frozen = None;
+    if *state == DomainState::Running && b.spec.skip_quiesce != Some(true) {
+        let t0 = Instant::now();
+        match super::snapshot::guest_agent(agent, dom, r#"{"execute":"guest-fsfreeze-freeze"}"#)
+            .await
+        {
+            Ok(_) => frozen = Some(t0),
+            Err(e) => {
+                tracing::info!(domain = %dom, reason = %e, "no guest agent froze the filesystems: the backup is crash-consistent")
+            }
+        }
+    }
+    let begun = {
+        let (hv, d, x, c) = (hv.clone(), dom.clone(), backup, ck_xml);
+        tokio::task::spawn_blocking(move || hv.backup_begin(&d, &x, Some(&c))).await
+    };
+    let mut frozen_ms = None;
+    if let Some(t0) = frozen {
+        super::snapshot::thaw(agent, dom).await;
+        frozen_ms = Some(t0.elapsed().as_millis() as u64);
+    }
+    begun?.map_err(|e| anyhow!("starting the backup: {e}"))?;
+    let kind = if parent_ck.is_some() {
+        backup_type::INCREMENTAL
+    } else {
+        backup_type::FULL
+    };
+    st.type_ = Some(kind.into());
+    let mut last_report = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        match super::snapshot::job(agent, dom).await? {
+            Job::Running { processed, total } => {
+                if last_report.elapsed() > Duration::from_secs(1) && total > 0 {
+                    last_report = Instant::now();
+                    let msg = format!(
+                        "{kind}: copied {} of {} ({:.0}%)",
+                        human(processed),
+                        human(total),
+                        processed as f64 * 100.0 / total as f64
+                    );
+                    set_condition(&mut st.conditions, "Progressing", true, "InProgress", &msg);
+                    let _ = set_status(agent, b, st).await;
+                }
+            }
+            Job::Completed => break,
+            Job::Failed(why) => bail!("copying the disks failed: {why}"),
+            Job::None => {
+                for (_, file) in &wanted {
+                    if !file.is_file() {
+                        bail!("the backup ended without writing {}", file.display());
+                    }
+                }
+                break;
+            }
+        }
+    }
+    let xml = {
+        let (hv, d, c) = (hv.clone(), dom.clone(), new_ck.clone());
+        tokio::task::spawn_blocking(move || hv.checkpoint_xml(&d, &c))
+            .await?
+            .ok()
+    };
+    Ok((kind, Some(new_ck), xml, frozen_ms))
+}
+
+/// A disk image's size as the guest sees it.
+async fn virtual_size(path: &Path) -> anyhow::Result<u64> {
+    let out = tokio::process::Command::new("qemu-img")
+        .args(["info", "--output=json", "-f", "qcow2"])
+        .arg(path)
+        .output()
+        .await
+        .context("running qemu-img info")?;
+    if !out.status.success() {
+        bail!(
+            "qemu-img info {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    v["virtual-size"]
+        .as_u64()
+        .ok_or_else(|| anyhow!("qemu-img info gave no size for {}", path.display()))
+}
+
+/// SHA-256 of a file, hex.
+pub async fn sha256_file(path: &Path) -> anyhow::Result<String> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        use sha2::Digest;
+        use std::io::Read;
+        let mut f =
+            std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        let mut h = sha2::Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f
+                .read(&mut buf)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        Ok(hex::encode(h.finalize()))
+    })
+    .await?
+}
+
+/// Re-read a backup folder and its parents and check every file against its manifest: the
+/// problems found (none: the backup is whole), and the manifest.
+pub async fn verify(folder: &Path) -> anyhow::Result<(Manifest, Vec<String>)> {
+    let top = read_manifest(folder).await?;
+    let mut problems = vec![];
+    let mut cur = Some((folder.to_path_buf(), top.clone()));
+    let mut seen = 0;
+    while let Some((dir, m)) = cur.take() {
+        seen += 1;
+        if seen > 10_000 {
+            problems.push("the chain of parents loops".into());
+            break;
+        }
+        for d in &m.disks {
+            if d.file.contains('/') || d.file.starts_with('.') {
+                problems.push(format!(
+                    "{}: a disk file name {:?} is not allowed",
+                    m.name, d.file
+                ));
+                continue;
+            }
+            let path = dir.join(&d.file);
+            match sha256_file(&path).await {
+                Ok(sum) if sum == d.sha256 => {}
+                Ok(sum) => problems.push(format!(
+                    "{}: {} has checksum {sum}, the manifest says {}",
+                    m.name, d.file, d.sha256
+                )),
+                Err(e) => problems.push(format!("{}: {e:#}", m.name)),
+            }
+        }
+        if let Some(p) = &m.parent {
+            if !is_folder_name(p) {
+                problems.push(format!("{}: parent {p:?} is no backup folder name", m.name));
+                break;
+            }
+            let pdir = dir.parent().map(|d| d.join(p)).unwrap_or_default();
+            match read_manifest(&pdir).await {
+                Ok(pm) => cur = Some((pdir, pm)),
+                Err(e) => problems.push(format!("{}: its parent is missing: {e:#}", m.name)),
+            }
+        }
+    }
+    Ok((top, problems))
+}
+
+fn human(bytes: u64) -> String {
+    const MIB: f64 = 1024.0 * 1024.0;
+    if bytes as f64 >= 1024.0 * MIB {
+        format!("{:.1} GiB", bytes as f64 / (1024.0 * MIB))
+    } else {
+        format!("{:.1} MiB", bytes as f64 / MIB)
+    }
+}

@@ -1,0 +1,344 @@
+//! KubeVirt's `backup.kubevirt.io/v1alpha1` `VirtualMachineBackup`: a copy of a VM (its spec
+//! and its persistent disks) written to a backup target while the guest runs.
+//!
+//! A backup target is a folder every node that backs up to it mounts (a local disk, NFS),
+//! declared like the shared pool: `serve --backup-target NAME=PATH`. KubeVirt's push mode
+//! writes into the claim `pvcName` names; here `pvcName` names the target. The first backup
+//! of a VM into a target is full; later ones hold only the blocks the guest changed since
+//! the previous one (a libvirt checkpoint, which is a QEMU dirty bitmap in the disk), unless
+//! `forceFullBackup` is set. KubeVirt needs a `VirtualMachineBackupTracker` for that; edgevirt
+//! keeps the chain in the target itself, so a backup of a `VirtualMachine` is incremental
+//! whenever it can be.
+//!
+//! The target holds everything a restore needs (see [`Manifest`]): a restore reads the folder
+//! alone, on any edgevirt appliance.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::FieldError;
+use super::snapshot::{LocalObjectReference, SnapshotCondition};
+
+/// The API group of the backup kinds.
+pub const GROUP: &str = "backup.kubevirt.io";
+
+/// On a backup: the node whose agent copies the disks.
+pub const NODE_ANNOTATION: &str = "edgevirt.io/backup-node";
+
+/// The name of a backup's manifest in its folder.
+pub const MANIFEST: &str = "manifest.json";
+
+/// `status.type`.
+pub mod backup_type {
+    pub const FULL: &str = "Full";
+    pub const INCREMENTAL: &str = "Incremental";
+}
+
+/// Back up a VirtualMachine to a backup target.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "backup.kubevirt.io",
+    version = "v1alpha1",
+    kind = "VirtualMachineBackup",
+    namespaced,
+    status = "VirtualMachineBackupStatus",
+    shortname = "vmbackup",
+    shortname = "vmbackups",
+    category = "all",
+    printcolumn = r#"{"name":"Source","type":"string","jsonPath":".spec.source.name"}"#,
+    printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.pvcName"}"#,
+    printcolumn = r#"{"name":"Type","type":"string","jsonPath":".status.type"}"#,
+    printcolumn = r#"{"name":"Done","type":"string","jsonPath":".status.conditions[?(@.type=='Done')].status"}"#,
+    printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.sizeBytes"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.conditions[?(@.type=='Progressing')].message"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct VirtualMachineBackupSpec {
+    /// The VM to back up (`apiGroup: kubevirt.io`, `kind: VirtualMachine`).
+    pub source: LocalObjectReference,
+    /// `Push` (the default; `Pull` is refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// The backup target to write to (a node's `serve --backup-target NAME=PATH`); KubeVirt
+    /// names the claim receiving a push-mode backup here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc_name: Option<String>,
+    /// Copy every block even when an incremental backup could be taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force_full_backup: Option<bool>,
+    /// Do not freeze the guest's filesystems (the copy is crash-consistent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip_quiesce: Option<bool>,
+    /// Pull mode only: refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret_ref: Option<String>,
+    /// Pull mode only: refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_duration: Option<String>,
+}
+
+/// A volume in a backup.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupVolumeInfo {
+    /// The VM's volume.
+    pub volume_name: String,
+}
+
+/// Where a backup stands. `type`, `checkpointName`, `conditions` and `includedVolumes` are
+/// KubeVirt's; the rest are edgevirt's.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineBackupStatus {
+    /// `Full` or `Incremental`.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub type_: Option<String>,
+    /// The checkpoint (dirty bitmap) this backup started, which the next one counts from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_name: Option<String>,
+    /// `Progressing` (its message says how far the copy is), `Done`, and on failure
+    /// `Failure` with the reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<SnapshotCondition>,
+    /// The volumes copied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub included_volumes: Vec<BackupVolumeInfo>,
+    /// The backup's folder inside the target (`NAMESPACE/VM/FOLDER`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The folder of the backup this one builds on (incremental only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// Bytes the backup takes on the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    /// How long the guest's filesystems were frozen, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen_ms: Option<u64>,
+    /// How long the copy took, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_ms: Option<u64>,
+    /// When the backup completed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<String>,
+}
+
+impl VirtualMachineBackup {
+    /// Whether it ended, well or not.
+    pub fn finished(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| (c.type_ == "Done" || c.type_ == "Failure") && c.status == "True")
+        })
+    }
+
+    /// Whether it ended well.
+    pub fn succeeded(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Done" && c.status == "True")
+                && !s
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Failure" && c.status == "True")
+        })
+    }
+}
+
+/// What a backup folder holds, in its `manifest.json`: the VM and its DataVolumes as they
+/// were, and each disk file with its checksum. An incremental disk file is a qcow2 image
+/// whose backing file is the same disk in the parent's folder (a relative path), so the
+/// chain reads as one disk wherever the target is mounted.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Manifest {
+    /// The manifest's format (1).
+    pub format: u32,
+    /// `Full` or `Incremental`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// This backup's folder name.
+    pub name: String,
+    /// The parent's folder name (a sibling), for an incremental.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// When the copy was taken (RFC 3339).
+    pub created: String,
+    /// The node that took it.
+    pub node: String,
+    /// The VirtualMachineBackup that asked for it (`NAMESPACE/NAME`).
+    pub backup: String,
+    /// The checkpoint the copy started, and libvirt's definition of it (to define it again
+    /// after the guest restarted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_xml: Option<String>,
+    /// The VirtualMachine as it was (metadata and spec).
+    pub virtual_machine: Value,
+    /// The DataVolumes its volumes used, as they were (metadata and spec).
+    #[serde(default)]
+    pub data_volumes: Vec<Value>,
+    /// The disks.
+    pub disks: Vec<ManifestDisk>,
+}
+
+/// One disk in a backup folder.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestDisk {
+    /// The VM's volume.
+    pub volume: String,
+    /// The DataVolume (claim) it was.
+    pub claim: String,
+    /// The file in the folder (`0.qcow2`, ...).
+    pub file: String,
+    /// The disk's size as the guest sees it.
+    pub virtual_size: u64,
+    /// The file's size on the target.
+    pub bytes: u64,
+    /// SHA-256 of the file, hex.
+    pub sha256: String,
+}
+
+/// A backup folder's name: when, then the backup's uid (so names sort by time and never
+/// come from what a user typed).
+pub fn folder_name(created_compact: &str, uid: &str) -> String {
+    format!("{created_compact}-{uid}")
+}
+
+/// Whether `s` can be a backup folder name (and so a path component): letters, digits and
+/// dashes only.
+pub fn is_folder_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 100
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !s.starts_with('-')
+}
+
+/// The checkpoint a backup starts: `edgevirt-<backup uid>`.
+pub fn checkpoint_name(uid: &str) -> String {
+    format!("edgevirt-{uid}")
+}
+
+/// Set (or replace) a condition with its reason and message.
+pub fn set(list: &mut Vec<SnapshotCondition>, type_: &str, on: bool, reason: &str, msg: &str) {
+    let status = if on { "True" } else { "False" };
+    let since = list
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap_or_else(super::now);
+    list.retain(|c| c.type_ != type_);
+    list.push(SnapshotCondition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: (!msg.is_empty()).then(|| msg.to_string()),
+        last_probe_time: None,
+        last_transition_time: Some(since),
+    });
+}
+
+/// Mark a backup failed, with the reason.
+pub fn failed(st: &mut VirtualMachineBackupStatus, why: &str) {
+    set(&mut st.conditions, "Progressing", false, "Failed", why);
+    set(&mut st.conditions, "Failure", true, "Failed", why);
+    set(&mut st.conditions, "Done", true, "Failed", why);
+}
+
+fn problem(field: &str, message: String) -> FieldError {
+    FieldError {
+        field: field.to_string(),
+        reason: "FieldValueInvalid",
+        message,
+    }
+}
+
+/// Every problem of a backup spec.
+pub fn backup_problems(s: &VirtualMachineBackupSpec) -> Vec<FieldError> {
+    let mut p = vec![];
+    if s.source.api_group.as_deref().unwrap_or("kubevirt.io") != "kubevirt.io"
+        || s.source.kind != "VirtualMachine"
+    {
+        p.push(problem(
+            "spec.source",
+            format!(
+                "edgevirt backs up VirtualMachines (apiGroup kubevirt.io), not {} {:?}",
+                s.source.api_group.as_deref().unwrap_or(""),
+                s.source.kind
+            ),
+        ));
+    }
+    if let Err(e) = super::check_name("spec.source.name", &s.source.name) {
+        p.push(problem("spec.source.name", e.0));
+    }
+    if let Some(m) = &s.mode
+        && m != "Push"
+    {
+        p.push(problem(
+            "spec.mode",
+            format!("{m:?}: edgevirt takes Push backups only (written to a backup target)"),
+        ));
+    }
+    match &s.pvc_name {
+        None => p.push(problem(
+            "spec.pvcName",
+            "name the backup target to write to (a node's serve --backup-target NAME=PATH)".into(),
+        )),
+        Some(t) => {
+            if let Err(e) = super::check_name("spec.pvcName", t) {
+                p.push(problem("spec.pvcName", e.0));
+            }
+        }
+    }
+    if s.token_secret_ref.is_some() || s.ttl_duration.is_some() {
+        p.push(problem(
+            "spec",
+            "tokenSecretRef and ttlDuration belong to Pull mode, which edgevirt does not offer"
+                .into(),
+        ));
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(v: Value) -> VirtualMachineBackupSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn backup_specs_are_checked() {
+        let ok = spec(serde_json::json!({
+            "source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": "vm1"},
+            "pvcName": "nas", "mode": "Push"
+        }));
+        assert!(backup_problems(&ok).is_empty());
+        let bad = spec(serde_json::json!({
+            "source": {"kind": "Pod", "name": "../x"}, "mode": "Pull", "ttlDuration": "1h"
+        }));
+        let fields: Vec<_> = backup_problems(&bad).into_iter().map(|p| p.field).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.source",
+                "spec.source.name",
+                "spec.mode",
+                "spec.pvcName",
+                "spec"
+            ]
+        );
+        assert!(is_folder_name("20261207T041500Z-0f3a"));
+        assert!(!is_folder_name("../etc"));
+        assert!(!is_folder_name("a/b"));
+        assert!(!is_folder_name("-rf"));
+    }
+}

@@ -1467,3 +1467,95 @@ async fn snapshot_and_restore_bookkeeping() {
             .contains("default/nope does not exist")
     );
 }
+
+/// A backup goes to the node holding the VM's disks when that node mounts its target, and
+/// fails at once, saying why, when it does not or when the VM is missing.
+#[tokio::test]
+async fn a_backup_goes_to_the_node_that_holds_the_disks_and_mounts_the_target() {
+    use crate::types::backup::*;
+    let (_d, ctx) = ctx().await;
+    let s = &ctx.store;
+    s.create(
+        Kind::Node,
+        json!({"metadata": {"name": "n1"}, "spec": {}, "status": {
+            "memoryBytes": 1u64 << 33, "lastHeartbeatTime": crate::types::now(),
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "backupTargets": [{"name": "nas", "path": "/mnt/nas"}]}}),
+        false,
+    )
+    .await
+    .unwrap();
+    s.create(
+        Kind::DataVolume,
+        json!({"metadata": {"name": "root", "namespace": "default",
+                "annotations": {crate::types::cdi::NODE_ANNOTATION: "n1"}},
+               "spec": {"source": {"blank": {}},
+                        "storage": {"resources": {"requests": {"storage": "1Gi"}}}}}),
+        false,
+    )
+    .await
+    .unwrap();
+    s.create(
+        Kind::VirtualMachine,
+        json!({"metadata": {"name": "vm", "namespace": "default"}, "spec": {
+            "runStrategy": "Halted",
+            "template": {"spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {}},
+                "volumes": [{"name": "root", "dataVolume": {"name": "root"}},
+                            {"name": "ci", "cloudInitNoCloud": {"userData": "x"}}]}}}}),
+        false,
+    )
+    .await
+    .unwrap();
+    let backup = |name: &str, vm: &str, target: &str| {
+        json!({"metadata": {"name": name, "namespace": "default"},
+               "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": vm},
+                        "pvcName": target}})
+    };
+    let failure = |b: &VirtualMachineBackup| {
+        b.status
+            .as_ref()
+            .and_then(|st| st.conditions.iter().find(|c| c.type_ == "Failure"))
+            .and_then(|c| c.message.clone())
+    };
+    for (name, vm, target) in [
+        ("ok", "vm", "nas"),
+        ("usb", "vm", "usb"),
+        ("gone", "nope", "nas"),
+    ] {
+        s.create(Kind::VirtualMachineBackup, backup(name, vm, target), false)
+            .await
+            .unwrap();
+        backup::reconcile_backup(&ctx, "default", name)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        backup::pending(s).await,
+        Vec::<crate::controller::Key>::new(),
+        "every backup is handed over or failed"
+    );
+    let ok: VirtualMachineBackup = s.get_typed("default", "ok").await.unwrap().unwrap();
+    assert_eq!(ok.annotation(NODE_ANNOTATION), Some("n1"));
+    assert!(!ok.finished());
+    let st = ok.status.clone().unwrap();
+    assert_eq!(st.included_volumes.len(), 1);
+    assert_eq!(st.included_volumes[0].volume_name, "root");
+    let usb: VirtualMachineBackup = s.get_typed("default", "usb").await.unwrap().unwrap();
+    assert!(usb.finished() && !usb.succeeded());
+    assert!(
+        failure(&usb).unwrap().contains(
+            "node n1, which holds the disks of default/vm, does not mount backup target \"usb\""
+        ),
+        "{:?}",
+        failure(&usb)
+    );
+    assert_eq!(usb.annotation(NODE_ANNOTATION), None);
+    let gone: VirtualMachineBackup = s.get_typed("default", "gone").await.unwrap().unwrap();
+    assert!(failure(&gone).unwrap().contains("does not exist"));
+    // Handed over, it is the node's: the controller leaves it be.
+    backup::reconcile_backup(&ctx, "default", "ok")
+        .await
+        .unwrap();
+    let again: VirtualMachineBackup = s.get_typed("default", "ok").await.unwrap().unwrap();
+    assert_eq!(again.status, ok.status);
+}

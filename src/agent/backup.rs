@@ -254,23 +254,7 @@ async fn take(
         volumes.push((v.volume_name.clone(), claim));
     }
     let here = agent.cfg.node_name.as_str();
-    let domain = agent
-        .cp
-        .get_vmi(ns, vm_name)
-        .await?
-        .map(|v| v.obj)
-        .filter(|v| v.node_name() == Some(here) && !v.deleting())
-        .and_then(|v| v.status.and_then(|s| s.domain_name));
-    let live = match &domain {
-        Some(d) => {
-            let (hv, d2) = (agent.hv.clone(), d.clone());
-            tokio::task::spawn_blocking(move || hv.state(&d2))
-                .await??
-                .filter(|s| matches!(s, DomainState::Running | DomainState::Paused))
-                .map(|s| (d.clone(), s))
-        }
-        None => None,
-    };
+    let live = super::snapshot::live_domain(agent, ns, vm_name).await?;
     // The backup this one builds on: the last whole one of this VM (same uid, same volumes).
     let vm_uid = vm.uid().to_string();
     let earlier = whole_backups(&dir).await;

@@ -300,24 +300,8 @@ async fn capture(
     tokio::fs::create_dir_all(&part)
         .await
         .with_context(|| format!("creating {}", part.display()))?;
-    let here = agent.cfg.node_name.as_str();
-    let domain = agent
-        .cp
-        .get_vmi(ns, vm_name)
-        .await?
-        .map(|v| v.obj)
-        .filter(|v| v.node_name() == Some(here) && !v.deleting())
-        .and_then(|v| v.status.and_then(|s| s.domain_name));
-    let live = match &domain {
-        Some(d) => {
-            let (hv, d2) = (agent.hv.clone(), d.clone());
-            let state = tokio::task::spawn_blocking(move || hv.state(&d2)).await??;
-            state.filter(|s| matches!(s, DomainState::Running | DomainState::Paused))
-        }
-        None => None,
-    };
-    let result = match (&domain, live) {
-        (Some(dom), Some(state)) => capture_live(agent, c, dom, state, &part).await?,
+    let result = match live_domain(agent, ns, vm_name).await? {
+        Some((dom, state)) => capture_live(agent, c, &dom, state, &part).await?,
         _ => {
             for (i, b) in c.spec.volume_backups.iter().enumerate() {
                 let (src, format) = disk_of(agent, ns, b.claim()).await?;
@@ -332,6 +316,31 @@ async fn capture(
         .await
         .with_context(|| format!("renaming {} to {}", part.display(), dir.display()))?;
     Ok(result)
+}
+
+/// The VM's running (or paused) domain on this node, with its state: `None` when the VM
+/// does not run here.
+pub(super) async fn live_domain(
+    agent: &Agent,
+    ns: &str,
+    vm: &str,
+) -> anyhow::Result<Option<(String, DomainState)>> {
+    let here = agent.cfg.node_name.as_str();
+    let Some(dom) = agent
+        .cp
+        .get_vmi(ns, vm)
+        .await?
+        .map(|v| v.obj)
+        .filter(|v| v.node_name() == Some(here) && !v.deleting())
+        .and_then(|v| v.status.and_then(|s| s.domain_name))
+    else {
+        return Ok(None);
+    };
+    let (hv, d) = (agent.hv.clone(), dom.clone());
+    let state = tokio::task::spawn_blocking(move || hv.state(&d)).await??;
+    Ok(state
+        .filter(|s| matches!(s, DomainState::Running | DomainState::Paused))
+        .map(|s| (dom, s)))
 }
 
 /// A guest-agent command; `Err` when no agent answers.

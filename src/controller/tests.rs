@@ -1225,11 +1225,9 @@ async fn topology_spread_keeps_groups_even() {
 /// node recorded; a restore of a running VM under StopTarget halts it, then hands the disks
 /// to the node, then writes the snapshot's spec back; deleting the snapshot deletes its
 /// content.
-#[tokio::test]
-async fn snapshot_and_restore_bookkeeping() {
-    use crate::types::snapshot::*;
-    let (_d, ctx) = ctx().await;
-    let s = &ctx.store;
+/// A stopped VM `vm` with a DataVolume `root` whose disk is on node n1, and a cloud-init
+/// volume.
+async fn add_vm_with_disk_on_n1(s: &crate::store::Store) {
     s.create(
         Kind::DataVolume,
         json!({"metadata": {"name": "root", "namespace": "default",
@@ -1251,6 +1249,14 @@ async fn snapshot_and_restore_bookkeeping() {
     )
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn snapshot_and_restore_bookkeeping() {
+    use crate::types::snapshot::*;
+    let (_d, ctx) = ctx().await;
+    let s = &ctx.store;
+    add_vm_with_disk_on_n1(s).await;
     let snap = |name: &str| {
         json!({"metadata": {"name": name, "namespace": "default"},
                "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": "vm"}}})
@@ -1485,27 +1491,7 @@ async fn a_backup_goes_to_the_node_that_holds_the_disks_and_mounts_the_target() 
     )
     .await
     .unwrap();
-    s.create(
-        Kind::DataVolume,
-        json!({"metadata": {"name": "root", "namespace": "default",
-                "annotations": {crate::types::cdi::NODE_ANNOTATION: "n1"}},
-               "spec": {"source": {"blank": {}},
-                        "storage": {"resources": {"requests": {"storage": "1Gi"}}}}}),
-        false,
-    )
-    .await
-    .unwrap();
-    s.create(
-        Kind::VirtualMachine,
-        json!({"metadata": {"name": "vm", "namespace": "default"}, "spec": {
-            "runStrategy": "Halted",
-            "template": {"spec": {"domain": {"memory": {"guest": "1Gi"}, "devices": {}},
-                "volumes": [{"name": "root", "dataVolume": {"name": "root"}},
-                            {"name": "ci", "cloudInitNoCloud": {"userData": "x"}}]}}}}),
-        false,
-    )
-    .await
-    .unwrap();
+    add_vm_with_disk_on_n1(s).await;
     let backup = |name: &str, vm: &str, target: &str| {
         json!({"metadata": {"name": name, "namespace": "default"},
                "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": vm},

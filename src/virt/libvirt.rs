@@ -68,6 +68,20 @@ impl Libvirt {
         }
     }
 
+    /// A domain's checkpoint by name; the caller frees the handle
+    /// (`virDomainCheckpointFree`).
+    fn checkpoint(&self, name: &str, checkpoint: &str) -> Result<sys::virDomainCheckpointPtr> {
+        let d = self.domain(name)?;
+        let ck = cstring(checkpoint)?;
+        // SAFETY: `d` is a live domain handle and `ck` NUL-terminated for the call; the
+        // checkpoint handle returned holds its own reference to the domain.
+        let c = unsafe { sys::virDomainCheckpointLookupByName(d.as_ptr(), ck.as_ptr(), 0) };
+        if c.is_null() {
+            return Err(last_error());
+        }
+        Ok(c)
+    }
+
     fn domain(&self, name: &str) -> Result<Domain> {
         let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
         match conn.lookup_domain_by_name(name) {
@@ -266,15 +280,10 @@ impl Hypervisor for Libvirt {
     }
 
     fn checkpoint_xml(&self, name: &str, checkpoint: &str) -> Result<String> {
-        let d = self.domain(name)?;
-        let ck = cstring(checkpoint)?;
-        // SAFETY: `d` is live and `ck` NUL-terminated; the handle is freed below, and the
-        // XML string (malloc'ed by libvirt) is copied, then freed.
+        let c = self.checkpoint(name, checkpoint)?;
+        // SAFETY: `c` is a live checkpoint handle, freed below; the XML string (malloc'ed
+        // by libvirt) is copied, then freed.
         unsafe {
-            let c = sys::virDomainCheckpointLookupByName(d.as_ptr(), ck.as_ptr(), 0);
-            if c.is_null() {
-                return Err(last_error());
-            }
             let x = sys::virDomainCheckpointGetXMLDesc(c, 0);
             sys::virDomainCheckpointFree(c);
             if x.is_null() {
@@ -303,14 +312,9 @@ impl Hypervisor for Libvirt {
     }
 
     fn checkpoint_delete(&self, name: &str, checkpoint: &str) -> Result<()> {
-        let d = self.domain(name)?;
-        let ck = cstring(checkpoint)?;
-        // SAFETY: `d` is live and `ck` NUL-terminated; the handle is freed after the delete.
+        let c = self.checkpoint(name, checkpoint)?;
+        // SAFETY: `c` is a live checkpoint handle, freed after the delete.
         unsafe {
-            let c = sys::virDomainCheckpointLookupByName(d.as_ptr(), ck.as_ptr(), 0);
-            if c.is_null() {
-                return Err(last_error());
-            }
             let r = sys::virDomainCheckpointDelete(c, 0);
             let e = (r < 0).then(last_error);
             sys::virDomainCheckpointFree(c);

@@ -45,6 +45,8 @@ pub struct Settings {
     pub shared_pool: Option<(String, PathBuf)>,
     /// The backup targets this host mounts: name and path (`backup_target`).
     pub backup_targets: Vec<(String, PathBuf)>,
+    /// How often the controller copies its database to those targets.
+    pub database_backup_interval: Duration,
     /// The folder hostDisk volumes may live in (`host_disk_dir`).
     pub host_disk_dir: Option<PathBuf>,
     /// Registry mirrors for container disks (`registry_mirrors`).
@@ -269,6 +271,14 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
         let store = store.clone();
         let cancel = cancel.clone();
         tasks.spawn(async move { crate::controller::run(store, cancel).await });
+    }
+    {
+        let (store, dir, targets) = (store.clone(), s.data_dir.clone(), s.backup_targets.clone());
+        let (every, cancel) = (s.database_backup_interval, cancel.clone());
+        tasks.spawn(async move {
+            crate::controller::dbbackup::run(store, dir, targets, every, 48, cancel).await;
+            Ok(())
+        });
     }
     if s.role == Role::All {
         let token = local_agent_token(&store, &s.data_dir).await?;

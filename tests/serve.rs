@@ -208,3 +208,113 @@ fn tells_systemd_ready_watchdog_and_stopping() {
     child.wait().unwrap();
     std::mem::forget(_guard);
 }
+
+/// The controller copies its database to the backup target on its schedule; a fresh
+/// controller started on a copy (and the TLS files beside it, as the README says) is the
+/// same controller: the same VMs, the same admin token, the same certificate.
+#[tokio::test]
+async fn a_database_backup_rebuilds_a_controller_with_the_same_vms() {
+    edgevirt::tls::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    let mut cmd = serve::command(testkit::exe(), dir.path());
+    cmd.args([
+        "--role",
+        "controller",
+        "--listen",
+        "0.0.0.0:0",
+        "--node-name",
+        "t",
+    ])
+    .arg("--backup-target")
+    .arg(format!("nas={}", target.path().display()))
+    .args(["--database-backup-interval", "1"]);
+    let mut server = serve::start(cmd, dir.path());
+    let token = server.initial("token");
+    let vms = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines";
+    for name in ["shop-till", "shop-nvr"] {
+        let vm = serde_json::json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": name},
+            "spec": {"runStrategy": "Halted", "template": {"spec": {
+                "domain": {"memory": {"guest": "64Mi"}, "devices": {}}}}}});
+        let r = server
+            .http
+            .post(format!("{}{vms}", server.url))
+            .bearer_auth(&token)
+            .json(&vm)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 201);
+    }
+    // Wait for a copy that holds both VMs (copies made before they existed do not).
+    let copies = target.path().join("_controller");
+    let names = |db: &std::path::Path| {
+        let db = db.to_path_buf();
+        async move {
+            let probe = tempfile::tempdir().unwrap();
+            let file = probe.path().join("probe.db");
+            std::fs::copy(&db, &file).ok()?;
+            let store = edgevirt::store::Store::open(&file).await.ok()?;
+            let vms: Vec<edgevirt::types::VirtualMachine> = store.all().await.ok()?;
+            let mut n: Vec<String> = vms
+                .iter()
+                .map(|v| edgevirt::types::Meta::name(v).to_string())
+                .collect();
+            n.sort();
+            Some(n)
+        }
+    };
+    let copy = testkit::wait_for(
+        "a database copy with both VMs",
+        Duration::from_secs(30),
+        || async {
+            let mut files: Vec<_> = std::fs::read_dir(&copies)
+                .ok()?
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|e| e == "db"))
+                .collect();
+            files.sort();
+            let newest = files.pop()?;
+            (names(&newest).await? == ["shop-nvr", "shop-till"]).then_some(newest)
+        },
+    )
+    .await;
+    assert!(
+        copies.join("tls/server.crt").is_file(),
+        "the certificate is kept beside"
+    );
+    let cert = std::fs::read(dir.path().join("tls/server.crt")).unwrap();
+    server.stop();
+
+    // A fresh controller: the copy as its database, the TLS files in place.
+    let fresh = tempfile::tempdir().unwrap();
+    std::fs::copy(&copy, fresh.path().join("edgevirt.db")).unwrap();
+    std::fs::create_dir_all(fresh.path().join("tls")).unwrap();
+    for f in ["server.crt", "server.key"] {
+        std::fs::copy(copies.join("tls").join(f), fresh.path().join("tls").join(f)).unwrap();
+    }
+    let mut rebuilt = start(fresh.path(), "0.0.0.0:0");
+    assert_eq!(
+        std::fs::read(fresh.path().join("tls/server.crt")).unwrap(),
+        cert
+    );
+    let r = rebuilt
+        .http
+        .get(format!("{}{vms}", rebuilt.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "the old admin token still works");
+    let list: serde_json::Value = r.json().await.unwrap();
+    let mut got: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["metadata"]["name"].as_str().unwrap())
+        .collect();
+    got.sort();
+    assert_eq!(got, ["shop-nvr", "shop-till"]);
+    rebuilt.stop();
+}

@@ -149,6 +149,10 @@ struct ServeArgs {
         value_delimiter = ','
     )]
     backup_targets: Vec<String>,
+    /// Seconds between copies of the controller's database to each backup target of its
+    /// host (TARGET/_controller/; the newest 48 are kept) [default: 3600].
+    #[arg(long, env = "EDGEVIRT_DATABASE_BACKUP_INTERVAL")]
+    database_backup_interval: Option<u64>,
     /// The one folder where KubeVirt `hostDisk` volumes may live on this host (an absolute
     /// path). Unset: hostDisk volumes are refused here. A hostDisk path must be inside it;
     /// `DiskOrCreate` makes a sparse raw file of the asked capacity there.
@@ -213,6 +217,7 @@ struct FileSettings {
     cpu_model: Option<String>,
     shared_pool: Option<String>,
     backup_targets: Option<Vec<String>>,
+    database_backup_interval: Option<u64>,
     host_disk_dir: Option<PathBuf>,
     registry_mirrors: Option<Vec<String>>,
     image_gc_grace: Option<u64>,
@@ -416,6 +421,12 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
         cpu_model,
         shared_pool,
         backup_targets,
+        database_backup_interval: std::time::Duration::from_secs(
+            a.database_backup_interval
+                .or(f.database_backup_interval)
+                .unwrap_or(3600)
+                .max(1),
+        ),
         host_disk_dir,
         registry_mirrors,
         image_gc_grace: std::time::Duration::from_secs(

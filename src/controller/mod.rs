@@ -5,6 +5,7 @@
 
 mod backup;
 pub mod datavolume;
+pub mod dbbackup;
 pub mod instancetype;
 mod migration;
 mod node;

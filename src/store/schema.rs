@@ -132,6 +132,18 @@ impl Store {
 
     /// Before any pending migration, write a consistent copy of the database next to it
     /// (`VACUUM INTO`, safe with WAL): `<file>.bak-<schema>-<UTC timestamp>`.
+    /// Write a consistent copy of the whole database to `dest` (SQLite's `VACUUM INTO`:
+    /// one transaction's view, while writers go on). `dest` must not exist.
+    pub async fn copy_to(&self, dest: &Path) -> Result<()> {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "VACUUM INTO '{}'",
+            dest.to_string_lossy().replace('\'', "''")
+        )))
+        .execute(&self.reader)
+        .await?;
+        Ok(())
+    }
+
     async fn backup_before_migrating(pool: &SqlitePool, path: &Path) -> Result<()> {
         let (found, known) = (Self::schema_version(pool).await?, Self::known_schema());
         let has_data: Option<(String,)> =

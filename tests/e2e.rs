@@ -2910,7 +2910,10 @@ async fn backups_full_then_incremental_verify_and_restore_as_a_new_vm() {
         .tempdir_in("/var/tmp")
         .unwrap();
     let arg = format!("nas={}", target.path().display());
-    let a = Appliance::start(&["--backup-target", &arg]).await;
+    // A small target on a tmpfs of its own, to fill up.
+    let small = Tmpfs::mount("evtest-small-", "192m");
+    let small_arg = format!("small={}", small.path.display());
+    let mut a = Appliance::start(&["--backup-target", &arg, "--backup-target", &small_arg]).await;
     a.import_guest().await;
     for (name, size) in [("bob-root", "128Mi"), ("bob-data", "64Mi")] {
         let dv = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
@@ -2932,22 +2935,6 @@ async fn backups_full_then_incremental_verify_and_restore_as_a_new_vm() {
         Some(sh(&dom, "grep -q ' / ext2' /proc/mounts && echo disk")).filter(|s| s.trim() == "disk")
     })
     .await;
-    let cli = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_edgevirt"))
-            .args(args)
-            .env("EDGEVIRT_SERVER", &a.url)
-            .env("EDGEVIRT_TOKEN", &a.token)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    };
     let write = |dom: &str, seek_mib: u32, mib: u32| {
         let out = sh(
             dom,
@@ -2982,9 +2969,12 @@ async fn backups_full_then_incremental_verify_and_restore_as_a_new_vm() {
         )
         .await;
     assert_eq!(code, 422, "{v}");
-    let (ok, out) = cli(&[
-        "backup", "create", "bob", "--target", "usb", "--name", "nowhere",
-    ]);
+    let (ok, out) = ev_cli(
+        &a,
+        &[
+            "backup", "create", "bob", "--target", "usb", "--name", "nowhere",
+        ],
+    );
     assert!(!ok, "{out}");
     assert!(
         out.contains("does not mount backup target \"usb\""),
@@ -2993,7 +2983,10 @@ async fn backups_full_then_incremental_verify_and_restore_as_a_new_vm() {
 
     // The full backup.
     write(&dom, 0, 8);
-    let (ok, out) = cli(&["backup", "create", "bob", "--target", "nas", "--name", "b1"]);
+    let (ok, out) = ev_cli(
+        &a,
+        &["backup", "create", "bob", "--target", "nas", "--name", "b1"],
+    );
     assert!(ok, "{out}");
     let (_, b1) = a.get(&format!("{BACKUPS}/b1")).await;
     assert_eq!(b1["status"]["type"], "Full", "{b1}");
@@ -3014,7 +3007,10 @@ async fn backups_full_then_incremental_verify_and_restore_as_a_new_vm() {
     // Writes, then the incremental: it holds about the 16 MiB written, not the disk.
     write(&dom, 16, 16);
     let at_backup = data_sum(&dom);
-    let (ok, out) = cli(&["backup", "create", "bob", "--target", "nas", "--name", "b2"]);
+    let (ok, out) = ev_cli(
+        &a,
+        &["backup", "create", "bob", "--target", "nas", "--name", "b2"],
+    );
     assert!(ok, "{out}");
     let (_, b2) = a.get(&format!("{BACKUPS}/b2")).await;
     assert_eq!(b2["status"]["type"], "Incremental", "{b2}");
@@ -3034,7 +3030,7 @@ async fn backups_full_then_incremental_verify_and_restore_as_a_new_vm() {
     write(&dom, 40, 8);
 
     // verify, from the folder alone; a tampered copy does not verify.
-    let (ok, out) = cli(&["backup", "verify", inc_dir.to_str().unwrap()]);
+    let (ok, out) = ev_cli(&a, &["backup", "verify", inc_dir.to_str().unwrap()]);
     assert!(ok, "{out}");
     assert!(out.contains("2 backup(s) in its chain"), "{out}");
     let copy = tempfile::Builder::new()
@@ -3061,26 +3057,32 @@ async fn backups_full_then_incremental_verify_and_restore_as_a_new_vm() {
     bytes[at] ^= 0xff;
     std::fs::write(&tampered, bytes).unwrap();
     let copied_inc = copy.path().join("bob").join(inc["name"].as_str().unwrap());
-    let (ok, out) = cli(&["backup", "verify", copied_inc.to_str().unwrap()]);
+    let (ok, out) = ev_cli(&a, &["backup", "verify", copied_inc.to_str().unwrap()]);
     assert!(!ok, "a tampered parent must not verify: {out}");
     assert!(out.contains("1.qcow2 has checksum"), "{out}");
-    let (ok, out) = cli(&[
-        "backup",
-        "restore",
-        copied_inc.to_str().unwrap(),
-        "--as",
-        "bob-bad",
-    ]);
+    let (ok, out) = ev_cli(
+        &a,
+        &[
+            "backup",
+            "restore",
+            copied_inc.to_str().unwrap(),
+            "--as",
+            "bob-bad",
+        ],
+    );
     assert!(!ok && out.contains("not restoring"), "{out}");
 
     // The restore, as a new VM: its data disk is the guest's at the incremental's moment.
-    let (ok, out) = cli(&[
-        "backup",
-        "restore",
-        inc_dir.to_str().unwrap(),
-        "--as",
-        "bob2",
-    ]);
+    let (ok, out) = ev_cli(
+        &a,
+        &[
+            "backup",
+            "restore",
+            inc_dir.to_str().unwrap(),
+            "--as",
+            "bob2",
+        ],
+    );
     assert!(ok, "{out}");
     let vmi2 = a.wait_running("bob2", None, BOOT).await;
     let dom2 = vmi2["status"]["domainName"].as_str().unwrap().to_string();
@@ -3096,15 +3098,256 @@ async fn backups_full_then_incremental_verify_and_restore_as_a_new_vm() {
         v["spec"]["template"]["spec"]["volumes"][1]["dataVolume"]["name"], "bob2-data",
         "{v}"
     );
-    let (ok, out) = cli(&["backup", "list"]);
+    let (ok, out) = ev_cli(&a, &["backup", "list"]);
     assert!(
         ok && out.contains("Incremental") && out.contains("Full"),
         "{out}"
     );
 
+    a.delete(&format!("{VMS}/bob2")).await;
+
+    // A schedule every 2 s keeping the last 2: after 4 runs it is suspended; exactly its 2
+    // newest backups remain, the older folders are gone, and what remains (built on the
+    // removed ones) still verifies down to the manual backups.
+    let schedules = "/apis/edgevirt.io/v1/namespaces/default/backupschedules";
+    let (code, v) = a
+        .post_yaml(
+            schedules,
+            r#"{"apiVersion": "edgevirt.io/v1", "kind": "BackupSchedule",
+                "metadata": {"name": "often"},
+                "spec": {"target": "nas", "vms": ["bob"], "every": "2s", "keep": {"last": 2}}}"#,
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    let sched = wait_for("4 scheduled runs", BOOT, || async {
+        let (_, s) = a.get(&format!("{schedules}/often")).await;
+        (s["status"]["runs"].as_u64().unwrap_or(0) >= 4).then_some(s)
+    })
+    .await;
+    let mut suspended = sched.clone();
+    suspended["spec"]["suspend"] = json!(true);
+    let (code, v) = a.put_json(&format!("{schedules}/often"), &suspended).await;
+    assert_eq!(code, 200, "{v}");
+    let done = |b: &serde_json::Value| {
+        b["status"]["conditions"].as_array().is_some_and(|l| {
+            l.iter()
+                .any(|c| c["type"] == "Done" && c["status"] == "True")
+        })
+    };
+    let kept = wait_for(
+        "the schedule's retention to leave its 2 newest",
+        BOOT,
+        || async {
+            let (_, l) = a
+                .get(&format!(
+                    "{BACKUPS}?labelSelector=edgevirt.io/backup-schedule%3Doften"
+                ))
+                .await;
+            let l = l["items"].as_array().cloned().unwrap_or_default();
+            (l.len() == 2 && l.iter().all(done)).then_some(l)
+        },
+    )
+    .await;
+    let (_, s) = a.get(&format!("{schedules}/often")).await;
+    let runs = s["status"]["runs"].as_u64().unwrap();
+    assert!(runs >= 4, "{s}");
+    let mut kept_folders: Vec<String> = kept
+        .iter()
+        .map(|b| {
+            let p = b["status"]["path"].as_str().unwrap();
+            p.rsplit('/').next().unwrap().to_string()
+        })
+        .collect();
+    kept_folders.sort();
+    let mut expect = vec![
+        full["name"].as_str().unwrap().to_string(),
+        inc["name"].as_str().unwrap().to_string(),
+    ];
+    expect.extend(kept_folders.clone());
+    expect.sort();
+    let on_target = wait_for("the pruned folders to go", BOOT, || async {
+        let mut names: Vec<String> = std::fs::read_dir(vm_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        (names == expect).then_some(names)
+    })
+    .await;
+    println!("schedule: {runs} runs, kept {kept_folders:?}; on the target {on_target:?}");
+    let newest = vm_dir.join(kept_folders.last().unwrap());
+    let (ok, out) = ev_cli(&a, &["backup", "verify", newest.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(out.contains("4 backup(s) in its chain"), "{out}");
+
+    // A target that fills up mid-backup: that backup fails with the reason and leaves no
+    // half folder; the earlier backup there still verifies; the guest runs on.
+    let (ok, out) = ev_cli(
+        &a,
+        &[
+            "backup", "create", "bob", "--target", "small", "--name", "s1",
+        ],
+    );
+    assert!(ok, "{out}");
+    let (_, s1) = a.get(&format!("{BACKUPS}/s1")).await;
+    assert_eq!(s1["status"]["type"], "Full", "{s1}");
+    let s1_dir = small.path.join(s1["status"]["path"].as_str().unwrap());
+    let filler = small.path.join("filler");
+    let _ = std::process::Command::new("dd")
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", filler.display()))
+        .args(["bs=1M", "status=none"])
+        .status();
+    write(&dom, 0, 8);
+    let (ok, out) = ev_cli(
+        &a,
+        &[
+            "backup", "create", "bob", "--target", "small", "--name", "s2",
+        ],
+    );
+    assert!(!ok, "a backup onto a full target must fail: {out}");
+    assert!(out.contains("the backup target is full"), "{out}");
+    let bob_small = s1_dir.parent().unwrap().to_path_buf();
+    let leftovers = |dir: &std::path::Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".part-"))
+            .collect()
+    };
+    assert_eq!(leftovers(&bob_small), Vec::<String>::new());
+    let (ok, out) = ev_cli(&a, &["backup", "verify", s1_dir.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    std::fs::remove_file(&filler).unwrap();
+
+    // kill -9 of the appliance while a backup is being written: the guest runs on, thawed;
+    // after the restart the backup is taken again, from the last whole one, and is correct
+    // (its chain reads as the guest's disk).
+    write(&dom, 24, 8);
+    let now_sum = data_sum(&dom);
+    let (ok, out) = ev_cli(
+        &a,
+        &[
+            "backup",
+            "create",
+            "bob",
+            "--target",
+            "small",
+            "--name",
+            "s3",
+            "--no-wait",
+        ],
+    );
+    assert!(ok, "{out}");
+    wait_for(
+        "the backup to be half written",
+        Duration::from_secs(60),
+        || async { (!leftovers(&bob_small).is_empty()).then_some(()) },
+    )
+    .await;
+    a.kill9();
+    assert!(
+        domid(&dom).is_some(),
+        "the guest must outlive the appliance"
+    );
+    a.spawn().await;
+    let s3 = wait_for("the interrupted backup to be taken again", BOOT, || async {
+        let (_, b) = a.get(&format!("{BACKUPS}/s3")).await;
+        done(&b).then_some(b)
+    })
+    .await;
+    assert_eq!(s3["status"]["type"], "Incremental", "{s3}");
+    let s1_name = s1_dir.file_name().unwrap().to_str().unwrap();
+    assert_eq!(s3["status"]["parent"], s1_name, "{s3}");
+    let s3_dir = small.path.join(s3["status"]["path"].as_str().unwrap());
+    let (ok, out) = ev_cli(&a, &["backup", "verify", s3_dir.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let raw = small.path.join("data.raw");
+    assert!(
+        std::process::Command::new("qemu-img")
+            .args(["convert", "-f", "qcow2", "-O", "raw"])
+            .arg(s3_dir.join("1.qcow2"))
+            .arg(&raw)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = std::process::Command::new("sha256sum")
+        .arg(&raw)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&raw);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next(),
+        Some(now_sum.as_str()),
+        "the backup taken after the kill reads as the guest's disk"
+    );
+    let fs = virsh(&[
+        "qemu-agent-command",
+        &dom,
+        r#"{"execute":"guest-fsfreeze-status"}"#,
+    ])
+    .1;
+    assert!(fs.contains("\"thawed\""), "the guest is thawed: {fs}");
+    assert_eq!(leftovers(&bob_small), Vec::<String>::new());
+
     // The original ran on throughout.
     assert_eq!(domid(&dom).as_deref(), Some(id.as_str()));
     assert!(guest_uptime(&dom).unwrap() > up_before);
-    a.delete(&format!("{VMS}/bob2")).await;
     a.delete(&format!("{VMS}/bob")).await;
+}
+
+/// A tmpfs mounted for a test, unmounted when dropped.
+struct Tmpfs {
+    path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(prefix: &str, size: &str) -> Tmpfs {
+        let dir = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mounting a tmpfs on {}", dir.path().display());
+        Tmpfs {
+            path: dir.path().to_path_buf(),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.path)
+            .status();
+    }
+}
+
+/// `edgevirt ARGS` against the appliance: whether it succeeded, and all it printed.
+fn ev_cli(a: &Appliance, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_edgevirt"))
+        .args(args)
+        .env("EDGEVIRT_SERVER", &a.url)
+        .env("EDGEVIRT_TOKEN", &a.token)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
 }

@@ -30,7 +30,7 @@ use super::Agent;
 use super::ports::{Stored, decode_items};
 use crate::hypervisor::{DomainState, Job};
 use crate::types::backup::{
-    MANIFEST, Manifest, ManifestDisk, NODE_ANNOTATION, VirtualMachineBackup,
+    FILES_FINALIZER, MANIFEST, Manifest, ManifestDisk, NODE_ANNOTATION, VirtualMachineBackup,
     VirtualMachineBackupStatus, backup_type, checkpoint_name, failed, folder_name, is_folder_name,
     set as set_condition,
 };
@@ -59,11 +59,112 @@ async fn round(agent: &Agent) -> anyhow::Result<()> {
     sweep(agent, &all).await;
     for b in &all {
         let o = &b.obj;
-        if o.annotation(NODE_ANNOTATION) != Some(here) || o.deleting() || o.finished() {
+        if o.annotation(NODE_ANNOTATION) != Some(here) {
+            continue;
+        }
+        if o.deleting() {
+            if o.has_finalizer(FILES_FINALIZER) {
+                remove_backup(agent, o).await?;
+            }
+            continue;
+        }
+        if o.finished() {
             continue;
         }
         back_up(agent, o).await?;
     }
+    Ok(())
+}
+
+/// A deleted backup: merge its folder into the backups that build on it, remove it, then
+/// let the object go.
+async fn remove_backup(agent: &Agent, b: &VirtualMachineBackup) -> anyhow::Result<()> {
+    let (ns, name) = (b.namespace(), b.name());
+    if let Some(path) = b.status.as_ref().and_then(|s| s.path.as_deref()) {
+        let parts: Vec<&str> = path.split('/').collect();
+        let ok = matches!(parts.as_slice(), [n, vm, f]
+            if *n == ns && *vm == b.spec.source.name && is_folder_name(f));
+        if !ok {
+            bail!("backup {ns}/{name} names a folder {path:?} that is not its own");
+        }
+        let target = b.spec.pvc_name.clone().unwrap_or_default();
+        let dir = vm_dir(agent, &target, ns, &b.spec.source.name)?;
+        merge_away(&dir, parts[2]).await?;
+        tracing::info!(namespace = %ns, backup = %name, folder = %path, "removed a deleted backup's folder");
+    }
+    let rest: Vec<&String> = b
+        .metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .filter(|f| *f != FILES_FINALIZER)
+        .collect();
+    agent
+        .cp
+        .patch_of(
+            Kind::VirtualMachineBackup,
+            ns,
+            name,
+            json!({"metadata": {"finalizers": rest}}),
+            false,
+        )
+        .await?;
+    Ok(())
+}
+
+/// Remove the backup folder `name` of a VM's folder `dir`. The backups built on it first
+/// take in the blocks they read from it (`qemu-img rebase` onto its parent, or onto nothing
+/// when it was full), and their manifests follow; so every other backup stays whole. Safe
+/// to run again after a crash at any point.
+pub async fn merge_away(dir: &Path, name: &str) -> anyhow::Result<()> {
+    let folder = dir.join(name);
+    if !folder.exists() {
+        return Ok(());
+    }
+    let gone = read_manifest(&folder).await?;
+    for mut child in whole_backups(dir)
+        .await
+        .into_iter()
+        .filter(|c| c.parent.as_deref() == Some(name))
+    {
+        let cdir = dir.join(&child.name);
+        for d in child.disks.iter_mut() {
+            if d.file.contains('/') || d.file.starts_with('.') {
+                bail!(
+                    "{}: a disk file name {:?} is not allowed",
+                    child.name,
+                    d.file
+                );
+            }
+            let path = cdir.join(&d.file);
+            let path_s = path.to_string_lossy().into_owned();
+            let mut args = vec!["rebase", "-q", "-f", "qcow2"];
+            let backing = gone.parent.as_ref().map(|p| format!("../{p}/{}", d.file));
+            match &backing {
+                Some(b) => args.extend(["-F", "qcow2", "-b", b.as_str()]),
+                None => args.extend(["-b", ""]),
+            }
+            args.push(&path_s);
+            super::run_tool("qemu-img", &args).await?;
+            let f = tokio::fs::File::open(&path).await?;
+            f.sync_all().await?;
+            d.bytes = f.metadata().await?.len();
+            d.sha256 = sha256_file(&path).await?;
+        }
+        child.parent = gone.parent.clone();
+        if child.parent.is_none() {
+            child.type_ = backup_type::FULL.into();
+        }
+        let tmp = cdir.join(format!(".{MANIFEST}.new"));
+        tokio::fs::write(&tmp, serde_json::to_vec_pretty(&child)?).await?;
+        tokio::fs::File::open(&tmp).await?.sync_all().await?;
+        tokio::fs::rename(&tmp, cdir.join(MANIFEST)).await?;
+        tracing::info!(backup = %child.name, removed = %name, "merged a removed backup into the one built on it");
+    }
+    let doomed = dir.join(format!(".deleting-{name}"));
+    tokio::fs::rename(&folder, &doomed).await?;
+    tokio::fs::File::open(dir).await?.sync_all().await?;
+    tokio::fs::remove_dir_all(&doomed).await?;
     Ok(())
 }
 
@@ -80,6 +181,9 @@ async fn sweep(agent: &Agent, all: &[Stored<VirtualMachineBackup>]) {
                         && !running(uid)
                     {
                         tracing::info!(folder = %d.display(), "removing a half-written backup");
+                        let _ = tokio::fs::remove_dir_all(&d).await;
+                    }
+                    if name.starts_with(".deleting-") {
                         let _ = tokio::fs::remove_dir_all(&d).await;
                     }
                 }

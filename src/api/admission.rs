@@ -317,6 +317,19 @@ pub async fn admit(
             )?;
             obj["spec"] = canon;
         }
+        Kind::BackupSchedule => {
+            use crate::types::backup::{BackupScheduleSpec, schedule_problems};
+            // Unlike the backups, a schedule may change (suspend it, change its rule).
+            let sched: BackupScheduleSpec = decode(kind.name(), spec).map_err(&refused)?;
+            let errors = schedule_problems(&sched);
+            if !errors.is_empty() {
+                return Err(refused(FieldErrors {
+                    kind: kind.name().into(),
+                    errors,
+                }));
+            }
+            obj["spec"] = serde_json::to_value(&sched).map_err(ApiError::internal)?;
+        }
         Kind::VirtualMachineSnapshotContent => match existing {
             None => {
                 return Err(ApiError::invalid(

@@ -141,6 +141,11 @@ fn description(kind: Kind) -> &'static str {
              to a backup target (`pvcName` names it) while the guest runs: the first backup \
              is full, later ones hold only the blocks changed since the previous one."
         }
+        Kind::BackupSchedule => {
+            "BackupSchedule backs up VMs to a backup target every `every` (a duration) and \
+             deletes the schedule's older backups by a retention rule (`keep`: last, hourly, \
+             daily, weekly, monthly, as Proxmox prunes)."
+        }
         Kind::NetworkAttachmentDefinition => {
             "NetworkAttachmentDefinition is a network VMs join (Multus' kind): the CNI \
              configuration of a `bridge` plugin naming a host bridge the operator made, with \

@@ -54,7 +54,8 @@ enum BackupCmd {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Format,
     },
-    /// Delete a backup object (its folder on the target stays: it is the backup).
+    /// Delete a backup and its folder on the target (the backups built on it take in the
+    /// blocks they need from it first).
     Delete { name: String },
     /// Re-read a backup folder (TARGET/NAMESPACE/VM/FOLDER) and every parent it builds on,
     /// and check each file against the checksum in its manifest. Needs only the folder.
@@ -183,7 +184,7 @@ pub async fn run(a: BackupArgs) -> anyhow::Result<()> {
         BackupCmd::Delete { name } => {
             let c = a.client.client()?;
             c.delete(&format!("{}/{name}", path(ns))).await?;
-            println!("virtualmachinebackup {name} deleted (its folder on the target stays)");
+            println!("virtualmachinebackup {name} deleted");
         }
         BackupCmd::Verify { folder } => {
             let (m, problems) = crate::agent::backup::verify(&folder).await?;

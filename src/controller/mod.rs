@@ -175,7 +175,14 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                             }
                             queue.push(&(ev.kind, ns, name));
                         }
-                        Kind::VirtualMachineRestore | Kind::VirtualMachineBackup => {
+                        Kind::VirtualMachineRestore | Kind::BackupSchedule => {
+                            queue.push(&(ev.kind, ns, name))
+                        }
+                        Kind::VirtualMachineBackup => {
+                            // A schedule prunes when its backups end.
+                            if let Some(s) = backup::schedule_of(&ev.object) {
+                                queue.push(&(Kind::BackupSchedule, ns.clone(), s));
+                            }
                             queue.push(&(ev.kind, ns, name))
                         }
                         Kind::VirtualMachineSnapshotContent => {
@@ -234,6 +241,9 @@ pub async fn run(store: Store, cancel: CancellationToken) -> anyhow::Result<()> 
                     snapshot::reconcile_restore(&ctx, &key.1, &key.2).await
                 }
                 Kind::VirtualMachineBackup => backup::reconcile_backup(&ctx, &key.1, &key.2).await,
+                Kind::BackupSchedule => {
+                    backup::reconcile_schedule(&ctx, &key.1, &key.2, chrono::Utc::now()).await
+                }
                 _ => Ok(Action::Done),
             };
             match r {

@@ -1545,3 +1545,80 @@ async fn a_backup_goes_to_the_node_that_holds_the_disks_and_mounts_the_target() 
     let again: VirtualMachineBackup = s.get_typed("default", "ok").await.unwrap().unwrap();
     assert_eq!(again.status, ok.status);
 }
+
+/// A schedule against a fake clock: it runs when due and not before, and once its backups
+/// are done, its rule (keep the last 1) deletes the older.
+#[tokio::test]
+async fn a_schedule_runs_when_due_and_prunes_by_its_rule() {
+    use crate::types::backup::*;
+    let (_d, ctx) = ctx().await;
+    let s = &ctx.store;
+    add_vm_with_disk_on_n1(s).await;
+    s.create(
+        Kind::BackupSchedule,
+        json!({"metadata": {"name": "hourly", "namespace": "default"},
+               "spec": {"target": "nas", "vms": ["vm"], "every": "1h", "keep": {"last": 1}}}),
+        false,
+    )
+    .await
+    .unwrap();
+    let t0 = chrono::DateTime::parse_from_rfc3339("2026-12-07T02:00:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let ours = || async {
+        let mut l: Vec<VirtualMachineBackup> = s
+            .all::<VirtualMachineBackup>()
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|b| !b.deleting())
+            .collect();
+        l.sort_by(|a, b| a.name().cmp(b.name()));
+        l
+    };
+    let finish = |name: String, at: &'static str| async move {
+        s.update_typed("default", &name, |b: &mut VirtualMachineBackup| {
+            let st = b.status.get_or_insert_with(Default::default);
+            set(&mut st.conditions, "Done", true, "Completed", "");
+            st.completion_time = Some(at.into());
+            Ok(())
+        })
+        .await
+        .unwrap();
+    };
+    let ctx = &ctx;
+    let run = |at: chrono::DateTime<chrono::Utc>| async move {
+        backup::reconcile_schedule(ctx, "default", "hourly", at)
+            .await
+            .unwrap()
+    };
+    let action = run(t0).await;
+    assert!(matches!(action, Action::RequeueAfter(d) if d == std::time::Duration::from_secs(3600)));
+    let l = ours().await;
+    assert_eq!(l.len(), 1);
+    assert_eq!(l[0].name(), "hourly-vm-20261207020000");
+    assert_eq!(l[0].spec.pvc_name.as_deref(), Some("nas"));
+    assert_eq!(
+        l[0].metadata.labels.as_ref().unwrap()[SCHEDULE_LABEL],
+        "hourly"
+    );
+    // Not due yet: nothing new.
+    run(t0 + chrono::Duration::minutes(10)).await;
+    assert_eq!(ours().await.len(), 1);
+    finish(l[0].name().to_string(), "2026-12-07T02:01:00Z").await;
+    run(t0 + chrono::Duration::minutes(61)).await;
+    let l = ours().await;
+    assert_eq!(l.len(), 2, "due again");
+    finish(l[1].name().to_string(), "2026-12-07T03:02:00Z").await;
+    run(t0 + chrono::Duration::minutes(62)).await;
+    let l = ours().await;
+    assert_eq!(
+        l.iter().map(|b| b.name()).collect::<Vec<_>>(),
+        ["hourly-vm-20261207030100"],
+        "keep last 1: the older one is pruned"
+    );
+    let sched: BackupSchedule = s.get_typed("default", "hourly").await.unwrap().unwrap();
+    let st = sched.status.unwrap();
+    assert_eq!((st.runs, st.pruned), (2, 1));
+    assert_eq!(st.next_run.as_deref(), Some("2026-12-07T04:01:00Z"));
+}

@@ -150,6 +150,194 @@ impl VirtualMachineBackup {
     }
 }
 
+/// On a backup: its folder is still on the target (removed by its node's agent on deletion,
+/// merging it into the backups that build on it).
+pub const FILES_FINALIZER: &str = "edgevirt.io/backup-files";
+/// On a backup a schedule made: the schedule's name.
+pub const SCHEDULE_LABEL: &str = "edgevirt.io/backup-schedule";
+/// On a backup a schedule made: the VM's name.
+pub const VM_LABEL: &str = "edgevirt.io/backup-vm";
+
+/// Back up VMs on a schedule and prune their old backups by a retention rule, as Proxmox
+/// prunes (`keep-last`, `keep-hourly`, `keep-daily`, `keep-weekly`, `keep-monthly`).
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "edgevirt.io",
+    version = "v1",
+    kind = "BackupSchedule",
+    namespaced,
+    status = "BackupScheduleStatus",
+    shortname = "backupschedule",
+    shortname = "backupschedules",
+    printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.target"}"#,
+    printcolumn = r#"{"name":"Every","type":"string","jsonPath":".spec.every"}"#,
+    printcolumn = r#"{"name":"LastRun","type":"date","jsonPath":".status.lastRun"}"#,
+    printcolumn = r#"{"name":"NextRun","type":"date","jsonPath":".status.nextRun"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct BackupScheduleSpec {
+    /// The backup target (a node's `serve --backup-target NAME=PATH`).
+    pub target: String,
+    /// The VMs to back up, by name, in the schedule's namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vms: Vec<String>,
+    /// Also every VM of the namespace carrying all these labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_labels: Option<std::collections::BTreeMap<String, String>>,
+    /// How often: a duration such as `24h` or `6h30m` (at least `1s`).
+    pub every: String,
+    /// What to keep; the rest of the schedule's backups are deleted.
+    #[serde(default)]
+    pub keep: Retention,
+    /// Make every Nth backup of a VM a full one (0 or unset: only when needed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full_every: Option<u32>,
+    /// No new backups while true (pruning goes on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend: Option<bool>,
+}
+
+/// Proxmox's prune options: each keeps the newest backup of that many distinct periods,
+/// newest first, counting only periods the options before it left uncovered. All zero:
+/// everything is kept.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct Retention {
+    /// Keep the newest N backups.
+    #[serde(default)]
+    pub last: u32,
+    /// Keep the newest backup of each of the last N hours that have one.
+    #[serde(default)]
+    pub hourly: u32,
+    /// Keep the newest backup of each of the last N days that have one.
+    #[serde(default)]
+    pub daily: u32,
+    /// Keep the newest backup of each of the last N ISO weeks that have one.
+    #[serde(default)]
+    pub weekly: u32,
+    /// Keep the newest backup of each of the last N months that have one.
+    #[serde(default)]
+    pub monthly: u32,
+}
+
+/// Where a schedule stands.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupScheduleStatus {
+    /// When it last made backups (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_run: Option<String>,
+    /// When it makes the next ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_run: Option<String>,
+    /// How many runs it made.
+    #[serde(default)]
+    pub runs: u64,
+    /// The backups its last run made.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_backups: Vec<String>,
+    /// How many backups its retention rule deleted so far.
+    #[serde(default)]
+    pub pruned: u64,
+    /// Why the last run could not back up a VM, if it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Which of `backups` (name, completion time; any order) the rule keeps; the others go.
+pub fn retained(
+    rule: &Retention,
+    backups: &[(String, chrono::DateTime<chrono::Utc>)],
+) -> std::collections::HashSet<String> {
+    use chrono::Datelike;
+    use chrono::Timelike;
+    let mut list: Vec<&(String, chrono::DateTime<chrono::Utc>)> = backups.iter().collect();
+    list.sort_by(|a, b| b.1.cmp(&a.1).then(b.0.cmp(&a.0)));
+    let mut keep: std::collections::HashSet<String> = Default::default();
+    if *rule == Retention::default() {
+        return list.iter().map(|(n, _)| n.clone()).collect();
+    }
+    let period = |t: &chrono::DateTime<chrono::Utc>, which: u8| -> String {
+        match which {
+            0 => String::new(),
+            1 => format!("{}-{}-{}", t.year(), t.ordinal(), t.hour()),
+            2 => format!("{}-{}", t.year(), t.ordinal()),
+            3 => {
+                let w = t.iso_week();
+                format!("{}-{}", w.year(), w.week())
+            }
+            _ => format!("{}-{}", t.year(), t.month()),
+        }
+    };
+    let rules = [
+        (0u8, rule.last),
+        (1, rule.hourly),
+        (2, rule.daily),
+        (3, rule.weekly),
+        (4, rule.monthly),
+    ];
+    for (which, n) in rules {
+        if n == 0 {
+            continue;
+        }
+        if which == 0 {
+            keep.extend(list.iter().take(n as usize).map(|(b, _)| b.clone()));
+            continue;
+        }
+        // Periods a kept backup already covers do not count.
+        let covered: std::collections::HashSet<String> = list
+            .iter()
+            .filter(|(b, _)| keep.contains(b))
+            .map(|(_, t)| period(t, which))
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        for (b, t) in &list {
+            if keep.contains(b) {
+                continue;
+            }
+            let p = period(t, which);
+            if covered.contains(&p) || seen.contains(&p) {
+                continue;
+            }
+            if seen.len() >= n as usize {
+                break;
+            }
+            seen.insert(p);
+            keep.insert(b.clone());
+        }
+    }
+    keep
+}
+
+/// Every problem of a schedule spec.
+pub fn schedule_problems(s: &BackupScheduleSpec) -> Vec<FieldError> {
+    let mut p = vec![];
+    if let Err(e) = super::check_name("spec.target", &s.target) {
+        p.push(problem("spec.target", e.0));
+    }
+    for (i, vm) in s.vms.iter().enumerate() {
+        if let Err(e) = super::check_name("vm", vm) {
+            p.push(problem(&format!("spec.vms[{i}]"), e.0));
+        }
+    }
+    if s.vms.is_empty() && s.match_labels.as_ref().is_none_or(|m| m.is_empty()) {
+        p.push(problem(
+            "spec.vms",
+            "name the VMs to back up (vms) or the labels they carry (matchLabels)".into(),
+        ));
+    }
+    match super::parse_duration(&s.every) {
+        Some(d) if d >= std::time::Duration::from_secs(1) => {}
+        _ => p.push(problem(
+            "spec.every",
+            format!("{:?} is no duration of at least 1s (such as 24h)", s.every),
+        )),
+    }
+    p
+}
+
 /// What a backup folder holds, in its `manifest.json`: the VM and its DataVolumes as they
 /// were, and each disk file with its checksum. An incremental disk file is a qcow2 image
 /// whose backing file is the same disk in the parent's folder (a relative path), so the
@@ -337,8 +525,92 @@ mod tests {
             ]
         );
         assert!(is_folder_name("20261207T041500Z-0f3a"));
+        let sched: BackupScheduleSpec = serde_json::from_value(serde_json::json!({
+            "target": "nas", "every": "0s"
+        }))
+        .unwrap();
+        let fields: Vec<_> = schedule_problems(&sched)
+            .into_iter()
+            .map(|p| p.field)
+            .collect();
+        assert_eq!(fields, ["spec.vms", "spec.every"]);
         assert!(!is_folder_name("../etc"));
         assert!(!is_folder_name("a/b"));
         assert!(!is_folder_name("-rf"));
+    }
+}
+
+#[cfg(test)]
+mod retention_tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    /// Backups every 6 hours for 100 days before a fake "now", kept as Proxmox would.
+    #[test]
+    fn retention_keeps_what_proxmox_prune_keeps() {
+        let start = chrono::Utc.with_ymd_and_hms(2026, 1, 1, 3, 0, 0).unwrap();
+        let all: Vec<(String, chrono::DateTime<chrono::Utc>)> = (0..400)
+            .map(|i| {
+                let t = start + chrono::Duration::hours(6 * i);
+                (t.format("b-%Y%m%dT%H").to_string(), t)
+            })
+            .collect();
+        // The newest is April 10 (a Friday, ISO week 15) at 21:00; backups are taken at
+        // 03, 09, 15 and 21 each day.
+        let kept = |rule: Retention| {
+            let mut k: Vec<_> = retained(&rule, &all).into_iter().collect();
+            k.sort();
+            k
+        };
+        // keep-last 3: the three newest.
+        assert_eq!(
+            kept(Retention {
+                last: 3,
+                ..Default::default()
+            }),
+            ["b-20260410T09", "b-20260410T15", "b-20260410T21"]
+        );
+        // keep-last 2, then keep-daily 3: April 10 is covered by the last two, so the
+        // newest of April 9, 8 and 7.
+        assert_eq!(
+            kept(Retention {
+                last: 2,
+                daily: 3,
+                ..Default::default()
+            }),
+            [
+                "b-20260407T21",
+                "b-20260408T21",
+                "b-20260409T21",
+                "b-20260410T15",
+                "b-20260410T21"
+            ]
+        );
+        // keep-weekly 2: weeks 15 and 14 (Sunday April 5); then keep-monthly 3: April is
+        // covered, so the ends of March, February and January.
+        assert_eq!(
+            kept(Retention {
+                weekly: 2,
+                monthly: 3,
+                ..Default::default()
+            }),
+            [
+                "b-20260131T21",
+                "b-20260228T21",
+                "b-20260331T21",
+                "b-20260405T21",
+                "b-20260410T21"
+            ]
+        );
+        // keep-hourly 2: each backup is its own hour.
+        assert_eq!(
+            kept(Retention {
+                hourly: 2,
+                ..Default::default()
+            }),
+            ["b-20260410T15", "b-20260410T21"]
+        );
+        // No option: everything stays.
+        assert_eq!(retained(&Retention::default(), &all).len(), 400);
     }
 }

@@ -140,10 +140,12 @@ pub enum Kind {
     VirtualMachineRestore,
     /// `backup.kubevirt.io/v1alpha1`: a VM's spec and disks copied to a backup target.
     VirtualMachineBackup,
+    /// `edgevirt.io/v1`: back up VMs on a schedule and prune old backups.
+    BackupSchedule,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 21] = [
+    pub const ALL: [Kind; 22] = [
         Kind::VirtualMachine,
         Kind::VirtualMachineInstance,
         Kind::VirtualMachineInstanceMigration,
@@ -165,6 +167,7 @@ impl Kind {
         Kind::VirtualMachineSnapshotContent,
         Kind::VirtualMachineRestore,
         Kind::VirtualMachineBackup,
+        Kind::BackupSchedule,
     ];
 
     pub fn name(self) -> &'static str {
@@ -190,6 +193,7 @@ impl Kind {
             Kind::VirtualMachineSnapshotContent => "VirtualMachineSnapshotContent",
             Kind::VirtualMachineRestore => "VirtualMachineRestore",
             Kind::VirtualMachineBackup => "VirtualMachineBackup",
+            Kind::BackupSchedule => "BackupSchedule",
         }
     }
 
@@ -216,6 +220,7 @@ impl Kind {
             Kind::VirtualMachineSnapshotContent => "virtualmachinesnapshotcontents",
             Kind::VirtualMachineRestore => "virtualmachinerestores",
             Kind::VirtualMachineBackup => "virtualmachinebackups",
+            Kind::BackupSchedule => "backupschedules",
         }
     }
 
@@ -224,7 +229,7 @@ impl Kind {
             Kind::VirtualMachine
             | Kind::VirtualMachineInstance
             | Kind::VirtualMachineInstanceMigration => "kubevirt.io",
-            Kind::Node | Kind::Image => "edgevirt.io",
+            Kind::Node | Kind::Image | Kind::BackupSchedule => "edgevirt.io",
             Kind::Namespace | Kind::Secret | Kind::ConfigMap | Kind::Event => "",
             Kind::VirtualMachineInstancetype
             | Kind::VirtualMachineClusterInstancetype
@@ -280,6 +285,7 @@ impl Kind {
                 | Kind::VirtualMachineSnapshotContent
                 | Kind::VirtualMachineRestore
                 | Kind::VirtualMachineBackup
+                | Kind::BackupSchedule
         )
     }
 
@@ -312,6 +318,7 @@ impl Kind {
             Kind::VirtualMachineSnapshotContent => snapshot::VirtualMachineSnapshotContent::crd(),
             Kind::VirtualMachineRestore => snapshot::VirtualMachineRestore::crd(),
             Kind::VirtualMachineBackup => backup::VirtualMachineBackup::crd(),
+            Kind::BackupSchedule => backup::BackupSchedule::crd(),
             Kind::Namespace
             | Kind::Secret
             | Kind::ConfigMap

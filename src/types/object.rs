@@ -91,6 +91,9 @@ impl Typed for super::snapshot::VirtualMachineRestore {
 impl Typed for super::backup::VirtualMachineBackup {
     const KIND: Kind = Kind::VirtualMachineBackup;
 }
+impl Typed for super::backup::BackupSchedule {
+    const KIND: Kind = Kind::BackupSchedule;
+}
 
 /// Check a status written through a `status` subresource against its kind's typed status,
 /// naming the field that does not fit (`status.phase: invalid type: integer `3`, ...`).
@@ -130,6 +133,7 @@ pub fn check_status(kind: Kind, status: &Value) -> Result<(), Invalid> {
         }
         Kind::VirtualMachineRestore => fits::<super::snapshot::VirtualMachineRestoreStatus>(status),
         Kind::VirtualMachineBackup => fits::<super::backup::VirtualMachineBackupStatus>(status),
+        Kind::BackupSchedule => fits::<super::backup::BackupScheduleStatus>(status),
         Kind::Namespace
         | Kind::Secret
         | Kind::ConfigMap

@@ -1205,6 +1205,50 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                 .msg(msg),
         );
     }
+    let schedules = "/apis/edgevirt.io/v1/namespaces/default/backupschedules";
+    let schedule = |spec: Value| {
+        json!({"apiVersion": "edgevirt.io/v1", "kind": "BackupSchedule",
+               "metadata": {"name": "hostile-schedule"}, "spec": spec})
+    };
+    for (name, spec, msg) in [
+        (
+            "schedule-no-vms",
+            json!({"target": "nas", "every": "1h"}),
+            "name the VMs",
+        ),
+        (
+            "schedule-zero-interval",
+            json!({"target": "nas", "vms": [BASE_VM], "every": "0s"}),
+            "at least 1s",
+        ),
+        (
+            "schedule-traversal-vm",
+            json!({"target": "nas", "vms": ["../../etc"], "every": "1h"}),
+            "vms[0]",
+        ),
+        (
+            "schedule-traversal-target",
+            json!({"target": "/mnt/nas", "vms": [BASE_VM], "every": "1h"}),
+            "spec.target",
+        ),
+        (
+            "schedule-negative-keep",
+            json!({"target": "nas", "vms": [BASE_VM], "every": "1h", "keep": {"last": -1}}),
+            "keep",
+        ),
+        (
+            "schedule-unknown-keep",
+            json!({"target": "nas", "vms": [BASE_VM], "every": "1h", "keep": {"yearly": 2}}),
+            "yearly",
+        ),
+    ] {
+        c.push(
+            Case::new(name, Method::POST, schedules.to_string())
+                .json(&schedule(spec))
+                .expect(&[422])
+                .msg(msg),
+        );
+    }
     c.push(
         Case::new("backup-not-json", Method::POST, backups.to_string())
             .body(Some("text/plain"), b"pvcName: nas".to_vec())

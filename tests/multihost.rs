@@ -1990,3 +1990,129 @@ async fn a_persistent_tpm_moves_with_a_live_migration() {
     })
     .await;
 }
+
+/// Backups on one host, restored as a new VM on the other: both hosts mount the same backup
+/// target; a VM pinned to a is backed up fully, writes more, is backed up incrementally;
+/// `edgevirt backup restore` of the incremental as a new VM pinned to b boots there with the
+/// data disk the guest had at that moment (same SHA-256 inside both guests).
+#[tokio::test]
+#[ignore = "needs root, libvirtd, network namespaces and the test guest: run scripts/test.sh"]
+async fn a_backup_taken_on_one_host_comes_back_as_a_new_vm_on_the_other() {
+    let mut a = Host::up("a", 11);
+    let mut b = Host::up("b", 12);
+    let c = controller().await;
+    c.import_guest().await;
+    let nas = tempfile::Builder::new()
+        .prefix("evmh-nas-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    for h in [&mut a, &mut b] {
+        h.env.push((
+            "EDGEVIRT_BACKUP_TARGETS".into(),
+            format!("nas={}", nas.path().display()),
+        ));
+    }
+    let (na, nb) = join_both(&c, &mut a, &mut b).await;
+    for n in [&na, &nb] {
+        assert_eq!(n["status"]["backupTargets"][0]["name"], "nas", "{n}");
+    }
+    let dvs = "/apis/cdi.kubevirt.io/v1beta1/namespaces/default/datavolumes";
+    for (name, size) in [("keep-root", "128Mi"), ("keep-data", "32Mi")] {
+        let dv = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+            "metadata": {"name": name},
+            "spec": {"source": {"blank": {}},
+                     "storage": {"resources": {"requests": {"storage": size}}}}});
+        let (code, v) = c.post_yaml(dvs, &dv.to_string()).await;
+        assert_eq!(code, 201, "{v}");
+    }
+    let yaml = Vm::guest("keep")
+        .memory("128Mi")
+        .disk_root("root", json!({"dataVolume": {"name": "keep-root"}}))
+        .disk("data", json!({"dataVolume": {"name": "keep-data"}}))
+        .with(|v: &mut Value| {
+            v["spec"]["template"]["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": "a"});
+        })
+        .yaml();
+    let (code, v) = c.post_yaml(VMS, &yaml).await;
+    assert_eq!(code, 201, "{v}");
+    c.wait_running("keep", None, BOOT).await;
+    let dom = domain_of(&a, "keep").expect("keep runs on a");
+    let sh = |h: &Host, dom: &str, cmd: &str| {
+        h.guest_exec(dom, "/bin/sh", &["-c", cmd])
+            .unwrap_or_default()
+    };
+    wait_for("the guest on its disk root", BOOT, || async {
+        Some(sh(&a, &dom, "grep -q ' / ext2' /proc/mounts && echo disk"))
+            .filter(|s| s.trim() == "disk")
+    })
+    .await;
+    let write = |seek: u32| {
+        let out = sh(
+            &a,
+            &dom,
+            &format!(
+                "dd if=/dev/urandom of=/dev/vdb bs=1M seek={seek} count=8 conv=fsync 2>/dev/null && echo ok"
+            ),
+        );
+        assert_eq!(out.trim(), "ok");
+    };
+    write(0);
+    let (ok, out) = cli(
+        &c,
+        &[
+            "backup", "create", "keep", "--target", "nas", "--name", "k1",
+        ],
+    );
+    assert!(ok && out.contains("Full backup"), "{out}");
+    write(16);
+    let sum = sh(&a, &dom, "sha256sum /dev/vdb");
+    let sum = sum
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(sum.len(), 64);
+    let (ok, out) = cli(
+        &c,
+        &[
+            "backup", "create", "keep", "--target", "nas", "--name", "k2",
+        ],
+    );
+    assert!(ok && out.contains("Incremental backup"), "{out}");
+    let (_, k2) = c
+        .get("/apis/backup.kubevirt.io/v1alpha1/namespaces/default/virtualmachinebackups/k2")
+        .await;
+    let folder = nas.path().join(k2["status"]["path"].as_str().unwrap());
+
+    let (ok, out) = cli(
+        &c,
+        &[
+            "backup",
+            "restore",
+            folder.to_str().unwrap(),
+            "--as",
+            "kept",
+            "--node",
+            "b",
+        ],
+    );
+    assert!(ok, "{out}");
+    let vmi = c.wait_running("kept", None, BOOT).await;
+    assert_eq!(vmi["status"]["nodeName"], "b", "{vmi}");
+    let dom2 = domain_of(&b, "kept").expect("kept runs on b");
+    wait_for("the restored guest on its disk root", BOOT, || async {
+        Some(sh(&b, &dom2, "grep -q ' / ext2' /proc/mounts && echo disk"))
+            .filter(|s| s.trim() == "disk")
+    })
+    .await;
+    let got = sh(&b, &dom2, "sha256sum /dev/vdb");
+    assert_eq!(
+        got.split_whitespace().next(),
+        Some(sum.as_str()),
+        "the restored data disk on b is the guest's at the incremental backup"
+    );
+    // The original runs on, on a.
+    assert!(domain_of(&a, "keep").is_some());
+    c.delete(&format!("{VMS}/kept")).await;
+    c.delete(&format!("{VMS}/keep")).await;
+}

@@ -1761,36 +1761,7 @@ async fn snapshots_from_the_vm_page() {
     let token = s.initial("token");
     let password = s.initial("password");
     let snaps = "/apis/snapshot.kubevirt.io/v1beta1/namespaces/default/virtualmachinesnapshots";
-    let r = s
-        .http
-        .put(format!("{}/apis/edgevirt.io/v1/images/k/upload", s.url))
-        .bearer_auth(&token)
-        .header("content-type", "application/octet-stream")
-        .body(vec![7u8; 4096])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::CREATED);
-    for vm in ["snappy", "other"] {
-        let r = s
-            .http
-            .post(format!(
-                "{}/apis/kubevirt.io/v1/namespaces/default/virtualmachines",
-                s.url
-            ))
-            .bearer_auth(&token)
-            .json(&testkit::Vm::halted(vm, "k").json())
-            .send()
-            .await
-            .unwrap();
-        let code = r.status();
-        assert_eq!(
-            code,
-            StatusCode::CREATED,
-            "{vm}: {}",
-            r.text().await.unwrap()
-        );
-    }
+    halted_vms(&s, &token, &["snappy", "other"]).await;
     let b = login(&s, "admin", &password).await.unwrap();
     let page = "/ui/vms/default/snappy";
     assert!(b.html(&s, page).await.contains("No snapshots."));
@@ -1879,4 +1850,128 @@ async fn snapshots_from_the_vm_page() {
     let list = s.api_get(&token, snaps).await;
     assert_eq!(list["items"].as_array().map(Vec::len), Some(0), "{list}");
     assert!(b.html(&s, page).await.contains("No snapshots."));
+}
+
+/// The VM page's Backups section: "Back up now" makes a VirtualMachineBackup through the
+/// API (here the VM has no persistent disk, so it fails at once and the row says why),
+/// Delete removes it; a form without its token, a viewer, and another VM's backup are
+/// refused.
+#[tokio::test]
+async fn backups_from_the_vm_page() {
+    let s = start();
+    let token = s.initial("token");
+    let password = s.initial("password");
+    let backups = "/apis/backup.kubevirt.io/v1alpha1/namespaces/default/virtualmachinebackups";
+    halted_vms(&s, &token, &["backed", "other"]).await;
+    let b = login(&s, "admin", &password).await.unwrap();
+    let page = "/ui/vms/default/backed";
+    let html = b.html(&s, page).await;
+    assert!(html.contains("No backups."), "{html}");
+    assert!(
+        html.contains("No node mounts a backup target"),
+        "without a target the page says how to declare one"
+    );
+    let r = b
+        .post(&s, &format!("{page}/backup"), &[("target", "nas")])
+        .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN, "no form token");
+    let r = b
+        .post(
+            &s,
+            &format!("{page}/backup"),
+            &[("csrf", &b.csrf), ("target", "nas")],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let mut name = None;
+    for _ in 0..100 {
+        let list = s.api_get(&token, backups).await;
+        let item = &list["items"][0];
+        assert_eq!(item["spec"]["pvcName"], "nas", "{list}");
+        assert_eq!(item["spec"]["source"]["name"], "backed", "{list}");
+        if item["status"]["conditions"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|c| c["type"] == "Failure"))
+        {
+            name = item["metadata"]["name"].as_str().map(str::to_string);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let name = name.expect("the backup ends");
+    let html = b.html(&s, page).await;
+    let table = &html[html.find("id=\"backups\"").unwrap()..];
+    let table = &table[..table.find("</table>").unwrap()];
+    assert!(
+        table.contains(&name)
+            && table.contains("Failed: ")
+            && table.contains("no persistent volumes"),
+        "{table}"
+    );
+    // Not another VM's backup, and not for a viewer.
+    let r = b
+        .post(
+            &s,
+            "/ui/vms/default/other/deletebackup",
+            &[("csrf", &b.csrf), ("backup", &name)],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let v = b.add_viewer(&s, "vera").await;
+    let vhtml = v.html(&s, page).await;
+    assert!(vhtml.contains(&name) && !vhtml.contains("Back up now"));
+    let r = v
+        .post(
+            &s,
+            &format!("{page}/deletebackup"),
+            &[("csrf", &v.csrf), ("backup", &name)],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // Delete.
+    let r = b
+        .post(
+            &s,
+            &format!("{page}/deletebackup"),
+            &[("csrf", &b.csrf), ("backup", &name)],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let list = s.api_get(&token, backups).await;
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(0), "{list}");
+    assert!(b.html(&s, page).await.contains("No backups."));
+}
+
+/// An image `k` and a stopped VM booting from it for each name.
+async fn halted_vms(s: &Server, token: &str, names: &[&str]) {
+    let r = s
+        .http
+        .put(format!("{}/apis/edgevirt.io/v1/images/k/upload", s.url))
+        .bearer_auth(token)
+        .header("content-type", "application/octet-stream")
+        .body(vec![7u8; 4096])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    for vm in names {
+        let r = s
+            .http
+            .post(format!(
+                "{}/apis/kubevirt.io/v1/namespaces/default/virtualmachines",
+                s.url
+            ))
+            .bearer_auth(token)
+            .json(&testkit::Vm::halted(vm, "k").json())
+            .send()
+            .await
+            .unwrap();
+        let code = r.status();
+        assert_eq!(
+            code,
+            StatusCode::CREATED,
+            "{vm}: {}",
+            r.text().await.unwrap()
+        );
+    }
 }

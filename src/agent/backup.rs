@@ -377,7 +377,9 @@ async fn take(
     tokio::fs::create_dir_all(&part)
         .await
         .with_context(|| format!("creating {}", part.display()))?;
+    let t_copy = Instant::now();
     let r = copy(agent, b, st, &live, parent, &volumes, &part).await;
+    let copy_ms = t_copy.elapsed().as_millis();
     let (kind, checkpoint, checkpoint_xml, frozen_ms) = match r {
         Ok(x) => x,
         Err(e) => {
@@ -464,7 +466,10 @@ async fn take(
         tokio::fs::File::open(&dir).await?.sync_all().await?;
         anyhow::Ok(manifest)
     };
-    let manifest = match finish.await {
+    let t_finish = Instant::now();
+    let finished = finish.await;
+    tracing::info!(namespace = %ns, vm = %vm_name, copy_ms, checksum_and_manifest_ms = t_finish.elapsed().as_millis(), "backup phases");
+    let manifest = match finished {
         Ok(m) => m,
         Err(e) => {
             let _ = tokio::fs::remove_dir_all(&part).await;

@@ -123,6 +123,11 @@ where
         .route("/ui/vms/{ns}/{name}/adddisk", post(pages::add_disk))
         .route("/ui/vms/{ns}/{name}/detach", post(pages::detach))
         .route("/ui/vms/{ns}/{name}/snapshot", post(pages::take_snapshot))
+        .route("/ui/vms/{ns}/{name}/backup", post(pages::back_up_now))
+        .route(
+            "/ui/vms/{ns}/{name}/deletebackup",
+            post(pages::delete_backup),
+        )
         .route("/ui/vms/{ns}/{name}/restore", post(pages::restore_snapshot))
         .route(
             "/ui/vms/{ns}/{name}/deletesnapshot",

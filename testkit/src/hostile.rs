@@ -2167,6 +2167,24 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                 &[404],
             ),
             (
+                "dashboard-backup-missing-vm",
+                "/ui/vms/default/nosuch/backup",
+                form(&[("target", "nas")]),
+                &[404],
+            ),
+            (
+                "dashboard-backup-traversal-target",
+                "/ui/vms/default/hostile-base/backup",
+                form(&[("target", "../../etc")]),
+                &[422],
+            ),
+            (
+                "dashboard-deletebackup-traversal",
+                "/ui/vms/default/hostile-base/deletebackup",
+                form(&[("backup", "../../etc/passwd")]),
+                &[404],
+            ),
+            (
                 "dashboard-eject-without-disk",
                 "/ui/vms/default/nosuch/eject",
                 form(&[]),

@@ -94,6 +94,77 @@ struct DetailTpl {
     /// Where the VM could move: ready nodes that take VMs, other than its own.
     targets: Vec<String>,
     snapshots: Vec<SnapshotRow>,
+    backups: Vec<BackupRow>,
+    /// The backup targets the nodes mount, for "Back up now".
+    backup_targets: Vec<String>,
+}
+
+/// One of the VM's backups, as its section lists it.
+pub struct BackupRow {
+    name: String,
+    target: String,
+    /// `Full`, `Incremental`, or empty until known.
+    kind: String,
+    /// `Done: ...`, `Running: copied ... (NN%)`, `Failed: why`.
+    state: String,
+    /// Its size on the target, in MiB, once done.
+    size: String,
+    /// Where it is: `TARGET:NS/VM/FOLDER`, for `edgevirt backup verify|restore`.
+    path: String,
+    created: String,
+}
+
+/// The VM's backups, newest first.
+fn backup_rows(
+    all: &[crate::types::backup::VirtualMachineBackup],
+    ns: &str,
+    vm: &str,
+) -> Vec<BackupRow> {
+    let mut rows: Vec<BackupRow> = all
+        .iter()
+        .filter(|b| b.namespace() == ns && b.spec.source.name == vm && !b.deleting())
+        .map(|b| {
+            let st = b.status.clone().unwrap_or_default();
+            let msg = |t: &str| {
+                st.conditions
+                    .iter()
+                    .find(|c| c.type_ == t)
+                    .and_then(|c| c.message.clone())
+                    .unwrap_or_default()
+            };
+            let state = if b.succeeded() {
+                "Done".to_string()
+            } else if b.finished() {
+                format!("Failed: {}", msg("Failure"))
+            } else {
+                format!("Running: {}", msg("Progressing"))
+            };
+            let target = b.spec.pvc_name.clone().unwrap_or_default();
+            BackupRow {
+                name: b.name().to_string(),
+                path: st
+                    .path
+                    .as_ref()
+                    .map(|p| format!("{target}:{p}"))
+                    .unwrap_or_default(),
+                target,
+                kind: st.type_.clone().unwrap_or_default(),
+                state,
+                size: st
+                    .size_bytes
+                    .map(|b| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64))
+                    .unwrap_or_default(),
+                created: b
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0.to_string())
+                    .unwrap_or_default(),
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| b.created.cmp(&a.created));
+    rows
 }
 
 /// One of the VM's snapshots, as its section lists it.
@@ -555,6 +626,18 @@ fn done_notice(action: &str, name: &str) -> Option<String> {
         "deletesnapshot" => {
             return Some("The snapshot is deleted; its copies go within seconds.".to_string());
         }
+        "backup" => {
+            return Some(format!(
+                "A backup of {name} is being taken; it is listed under Backups with its progress."
+            ));
+        }
+        "deletebackup" => {
+            return Some(
+                "The backup is deleted; its folder goes within seconds (the backups built on it \
+                 keep what they need)."
+                    .to_string(),
+            );
+        }
         "grow" => {
             return Some(format!(
                 "The disk of {name} grows; a running guest sees the new size within seconds \
@@ -617,9 +700,30 @@ pub async fn vm_detail(
         &ns,
         &name,
     );
+    let backups = backup_rows(
+        &st.store
+            .all::<crate::types::backup::VirtualMachineBackup>()
+            .await
+            .unwrap_or_default(),
+        &ns,
+        &name,
+    );
+    let mut backup_targets: Vec<String> = st
+        .store
+        .all::<crate::types::edgevirt::Node>()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|n| n.status.map(|s| s.backup_targets).unwrap_or_default())
+        .map(|t| t.name)
+        .collect();
+    backup_targets.sort();
+    backup_targets.dedup();
     render(&DetailTpl {
         targets,
         snapshots,
+        backups,
+        backup_targets,
         c: Chrome {
             notice: q.done.as_deref().and_then(|a| done_notice(a, &name)),
             ..Chrome::new(&u, name.clone())

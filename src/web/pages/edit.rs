@@ -563,6 +563,96 @@ pub async fn delete_snapshot(
 }
 
 /// The form names a snapshot of this VM (404 when it names anything else).
+#[derive(Deserialize)]
+pub struct BackupForm {
+    #[serde(default)]
+    target: String,
+    #[serde(default)]
+    backup: String,
+}
+
+fn backups_uri(ns: &str) -> String {
+    format!(
+        "/apis/backup.kubevirt.io/v1alpha1/namespaces/{}/virtualmachinebackups",
+        url_encode(ns)
+    )
+}
+
+/// `POST /ui/vms/{ns}/{name}/backup`: a `VirtualMachineBackup` of the VM to the target the
+/// form names (the API checks it).
+pub async fn back_up_now(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    Path((ns, name)): Path<(String, String)>,
+    Form(f): Form<BackupForm>,
+) -> Response {
+    if let Some(r) = super::viewer_refused(&u, "take backups") {
+        return r;
+    }
+    if let Err(r) = load_raw_vm(&st, &ns, &name).await {
+        return r;
+    }
+    let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S");
+    let mut backup = format!("{name}-backup-{stamp}");
+    if backup.len() > 63 {
+        backup = format!("backup-{stamp}");
+    }
+    let body = serde_json::json!({
+        "apiVersion": "backup.kubevirt.io/v1alpha1", "kind": "VirtualMachineBackup",
+        "metadata": {"name": backup, "namespace": ns},
+        "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": name},
+                 "pvcName": f.target, "mode": "Push"},
+    });
+    tracing::info!(namespace = %ns, vm = %name, backup = %backup, target = %f.target, user = %p.user, "backing up");
+    api_then_back(
+        &api,
+        &p,
+        (Method::POST, backups_uri(&ns), body.to_string()),
+        (&ns, &name, "backup"),
+    )
+    .await
+}
+
+/// `POST /ui/vms/{ns}/{name}/deletebackup`: delete one of the VM's backups (and its folder).
+pub async fn delete_backup(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    Path((ns, name)): Path<(String, String)>,
+    Form(f): Form<BackupForm>,
+) -> Response {
+    if let Some(r) = super::viewer_refused(&u, "delete backups") {
+        return r;
+    }
+    let found = match crate::types::check_name("backup", &f.backup) {
+        Ok(()) => st
+            .store
+            .get_typed::<crate::types::backup::VirtualMachineBackup>(&ns, &f.backup)
+            .await
+            .ok()
+            .flatten(),
+        Err(_) => None,
+    };
+    if found.is_none_or(|b| b.spec.source.name != name) {
+        return error_page(
+            StatusCode::NOT_FOUND,
+            &format!("VM {name} has no backup {:?}", f.backup),
+        );
+    }
+    tracing::info!(namespace = %ns, vm = %name, backup = %f.backup, user = %p.user, "deleting a backup");
+    let uri = format!("{}/{}", backups_uri(&ns), url_encode(&f.backup));
+    api_then_back(
+        &api,
+        &p,
+        (Method::DELETE, uri, String::new()),
+        (&ns, &name, "deletebackup"),
+    )
+    .await
+}
+
 async fn own_snapshot(
     st: &crate::http::AppState,
     ns: &str,

@@ -48,8 +48,8 @@ pub use consoles::{console, serial};
 pub use create::{create_from_form, create_from_yaml, new_vm};
 pub use detail::{vm_detail, vm_status};
 pub use edit::{
-    add_disk, delete_snapshot, detach, edit_vm, eject, grow, restore_snapshot, save_vm,
-    take_snapshot, vm_action, vm_migrate,
+    add_disk, back_up_now, delete_backup, delete_snapshot, detach, edit_vm, eject, grow,
+    restore_snapshot, save_vm, take_snapshot, vm_action, vm_migrate,
 };
 pub use images::{delete_image, images};
 pub use login::{login, login_page, logout};

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Agent;
 use super::ports::{Stored, decode_items};
-use crate::hypervisor::{DomainState, Job};
+use crate::hypervisor::DomainState;
 use crate::types::backup::{
     FILES_FINALIZER, MANIFEST, Manifest, ManifestDisk, NODE_ANNOTATION, VirtualMachineBackup,
     VirtualMachineBackupStatus, backup_type, checkpoint_name, failed, folder_name, is_folder_name,
@@ -129,7 +129,7 @@ pub async fn merge_away(dir: &Path, name: &str) -> anyhow::Result<()> {
     {
         let cdir = dir.join(&child.name);
         for d in child.disks.iter_mut() {
-            if d.file.contains('/') || d.file.starts_with('.') {
+            if !d.file_name_ok() {
                 bail!(
                     "{}: a disk file name {:?} is not allowed",
                     child.name,
@@ -554,20 +554,7 @@ async fn copy(
             .ok_or_else(|| anyhow!("volume {volume:?} is not a disk of the running guest"))?;
         wanted.push((d.target.clone(), part.join(format!("{i}.qcow2"))));
     }
-    // A job left running by an earlier life of this agent holds the domain.
-    if let Ok(Job::Running { .. }) = super::snapshot::job(agent, dom).await {
-        let (hv, d) = (hv.clone(), dom.clone());
-        let _ = tokio::task::spawn_blocking(move || hv.abort_job(&d)).await;
-        for _ in 0..50 {
-            if !matches!(
-                super::snapshot::job(agent, dom).await,
-                Ok(Job::Running { .. })
-            ) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+    super::snapshot::abort_leftover_job(agent, dom).await;
     // The checkpoint to count from: the parent's, known to libvirt or defined again.
     let parent_ck = match parent.filter(|_| b.spec.force_full_backup != Some(true)) {
         Some(p) => match (&p.checkpoint, &p.checkpoint_xml) {
@@ -665,32 +652,18 @@ async fn copy(
     };
     st.type_ = Some(kind.into());
     let mut last_report = Instant::now();
-    loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        match super::snapshot::job(agent, dom).await? {
-            Job::Running { processed, total } => {
-                if last_report.elapsed() > Duration::from_secs(1) && total > 0 {
-                    last_report = Instant::now();
-                    let msg = format!(
-                        "{kind}: copied {} of {} ({:.0}%)",
-                        human(processed),
-                        human(total),
-                        processed as f64 * 100.0 / total as f64
-                    );
-                    set_condition(&mut st.conditions, "Progressing", true, "InProgress", &msg);
-                    let _ = set_status(agent, b, st).await;
-                }
-            }
-            Job::Completed => break,
-            Job::Failed(why) => bail!("copying the disks failed: {why}"),
-            Job::None => {
-                for (_, file) in &wanted {
-                    if !file.is_file() {
-                        bail!("the backup ended without writing {}", file.display());
-                    }
-                }
-                break;
-            }
+    let files: Vec<&Path> = wanted.iter().map(|(_, f)| f.as_path()).collect();
+    while let Some((processed, total)) = super::snapshot::poll_backup(agent, dom, &files).await? {
+        if last_report.elapsed() > Duration::from_secs(1) && total > 0 {
+            last_report = Instant::now();
+            let msg = format!(
+                "{kind}: copied {} of {} ({:.0}%)",
+                human(processed),
+                human(total),
+                processed as f64 * 100.0 / total as f64
+            );
+            set_condition(&mut st.conditions, "Progressing", true, "InProgress", &msg);
+            let _ = set_status(agent, b, st).await;
         }
     }
     let xml = {
@@ -748,8 +721,9 @@ pub async fn sha256_file(path: &Path) -> anyhow::Result<String> {
 }
 
 /// Re-read a backup folder and its parents and check every file against its manifest: the
-/// problems found (none: the backup is whole), and the manifest.
-pub async fn verify(folder: &Path) -> anyhow::Result<(Manifest, Vec<String>)> {
+/// manifest, how many backups the chain holds, and the problems found (none: the backup
+/// is whole).
+pub async fn verify(folder: &Path) -> anyhow::Result<(Manifest, usize, Vec<String>)> {
     let top = read_manifest(folder).await?;
     let mut problems = vec![];
     let mut cur = Some((folder.to_path_buf(), top.clone()));
@@ -761,7 +735,7 @@ pub async fn verify(folder: &Path) -> anyhow::Result<(Manifest, Vec<String>)> {
             break;
         }
         for d in &m.disks {
-            if d.file.contains('/') || d.file.starts_with('.') {
+            if !d.file_name_ok() {
                 problems.push(format!(
                     "{}: a disk file name {:?} is not allowed",
                     m.name, d.file
@@ -790,7 +764,7 @@ pub async fn verify(folder: &Path) -> anyhow::Result<(Manifest, Vec<String>)> {
             }
         }
     }
-    Ok((top, problems))
+    Ok((top, seen, problems))
 }
 
 fn human(bytes: u64) -> String {

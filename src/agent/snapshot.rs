@@ -400,12 +400,7 @@ async fn capture_live(
         }
     }
     backup.push_str("</disks></domainbackup>");
-    // A backup left running by an earlier life of this agent holds the domain's job.
-    if let Ok(Job::Running { .. }) = job(agent, dom).await {
-        let (hv, d) = (agent.hv.clone(), dom.to_string());
-        let _ = tokio::task::spawn_blocking(move || hv.abort_job(&d)).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    abort_leftover_job(agent, dom).await;
     let mut indications = vec![indication::ONLINE.to_string()];
     let mut frozen = None;
     if state == DomainState::Paused {
@@ -431,28 +426,52 @@ async fn capture_live(
         indications.push(indication::GUEST_AGENT.into());
     }
     begun?.map_err(|e| anyhow!("starting the backup: {e}"))?;
-    loop {
-        // A local libvirt call: polling often costs little and ends the copy sooner.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        match job(agent, dom).await? {
-            Job::Running { .. } => continue,
-            Job::Completed => break,
-            Job::Failed(why) => bail!("copying the disks failed: {why}"),
-            Job::None => {
-                // libvirt keeps no record: trust only files of the right size.
-                for (_, file) in &wanted {
-                    if !file.is_file() {
-                        bail!("the backup ended without writing {}", file.display());
-                    }
-                }
-                break;
-            }
-        }
-    }
+    let files: Vec<&Path> = wanted.iter().map(|(_, f)| f.as_path()).collect();
+    while poll_backup(agent, dom, &files).await?.is_some() {}
     Ok((indications, frozen_ms))
 }
 
-pub(super) async fn job(agent: &Agent, dom: &str) -> anyhow::Result<Job> {
+/// Abort a push backup left running on the domain by an earlier life of this agent (it
+/// holds the domain's job), and wait up to 5 s for it to end.
+pub(super) async fn abort_leftover_job(agent: &Agent, dom: &str) {
+    if let Ok(Job::Running { .. }) = job(agent, dom).await {
+        let (hv, d) = (agent.hv.clone(), dom.to_string());
+        let _ = tokio::task::spawn_blocking(move || hv.abort_job(&d)).await;
+        for _ in 0..50 {
+            if !matches!(job(agent, dom).await, Ok(Job::Running { .. })) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Wait 50 ms, then read the domain's push backup: `Some((bytes copied, total))` while it
+/// runs, `None` once it ended well. When libvirt keeps no record of how it ended, it ended
+/// well only if every one of `files` was written.
+pub(super) async fn poll_backup(
+    agent: &Agent,
+    dom: &str,
+    files: &[&Path],
+) -> anyhow::Result<Option<(u64, u64)>> {
+    // A local libvirt call: polling often costs little and ends the copy sooner.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    match job(agent, dom).await? {
+        Job::Running { processed, total } => Ok(Some((processed, total))),
+        Job::Completed => Ok(None),
+        Job::Failed(why) => bail!("copying the disks failed: {why}"),
+        Job::None => {
+            for file in files {
+                if !file.is_file() {
+                    bail!("the backup ended without writing {}", file.display());
+                }
+            }
+            Ok(None)
+        }
+    }
+}
+
+async fn job(agent: &Agent, dom: &str) -> anyhow::Result<Job> {
     let (hv, d) = (agent.hv.clone(), dom.to_string());
     Ok(tokio::task::spawn_blocking(move || hv.job(&d)).await??)
 }

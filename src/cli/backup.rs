@@ -187,7 +187,7 @@ pub async fn run(a: BackupArgs) -> anyhow::Result<()> {
             println!("virtualmachinebackup {name} deleted");
         }
         BackupCmd::Verify { folder } => {
-            let (m, problems) = crate::agent::backup::verify(&folder).await?;
+            let (m, chain, problems) = crate::agent::backup::verify(&folder).await?;
             if !problems.is_empty() {
                 for p in &problems {
                     eprintln!("{p}");
@@ -198,7 +198,6 @@ pub async fn run(a: BackupArgs) -> anyhow::Result<()> {
                     problems.len()
                 );
             }
-            let chain = chain_len(&folder).await;
             println!(
                 "backup {} verified: {} disk(s), {} backup(s) in its chain",
                 m.name,
@@ -218,19 +217,6 @@ pub async fn run(a: BackupArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-async fn chain_len(folder: &Path) -> usize {
-    let mut n = 0;
-    let mut cur = folder.to_path_buf();
-    while let Ok(m) = crate::agent::backup::read_manifest(&cur).await {
-        n += 1;
-        match (m.parent, cur.parent()) {
-            (Some(p), Some(dir)) if n < 10_000 => cur = dir.join(p),
-            _ => break,
-        }
-    }
-    n
 }
 
 /// The new VM from the manifest's: its name, its volumes pointing at the new DataVolumes,
@@ -296,7 +282,7 @@ async fn restore(
     let bar = indicatif::ProgressBar::new_spinner();
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar.set_message(format!("verifying {}", folder.display()));
-    let (m, problems) = crate::agent::backup::verify(folder).await?;
+    let (m, _, problems) = crate::agent::backup::verify(folder).await?;
     bar.finish_and_clear();
     if !problems.is_empty() {
         for p in &problems {
@@ -316,7 +302,7 @@ async fn restore(
     let scratch = scratch.unwrap_or_else(std::env::temp_dir);
     let mut dvs = vec![];
     for d in &m.disks {
-        if d.file.contains('/') || d.file.starts_with('.') {
+        if !d.file_name_ok() {
             bail!(
                 "the manifest names a disk file {:?}, which is not allowed",
                 d.file

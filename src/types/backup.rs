@@ -394,6 +394,14 @@ pub struct ManifestDisk {
     pub sha256: String,
 }
 
+impl ManifestDisk {
+    /// Whether its file name is one edgevirt writes (`N.qcow2`): a manifest from a folder
+    /// is read as untrusted, so a name with a path in it is never opened.
+    pub fn file_name_ok(&self) -> bool {
+        !self.file.contains('/') && !self.file.starts_with('.')
+    }
+}
+
 /// A backup folder's name: when, then the backup's uid (so names sort by time and never
 /// come from what a user typed).
 pub fn folder_name(created_compact: &str, uid: &str) -> String {

@@ -8,9 +8,9 @@
 //! GiB (default 2) into which the guest wrote `BENCH_FILL_MIB` MiB (default 1024) of random
 //! data, backing up to a target folder on the same filesystem as the data dir:
 //!
-//! 1. Full backup throughput: `BENCH_ROUNDS` (default 3) full backups (`forceFullBackup`)
+//! 1. Full backup throughput: `BENCH_ROUNDS` (default 5) full backups (`forceFullBackup`)
 //!    of the running guest, each timed by the node (`status.copyMs`: freeze, libvirt's push
-//!    backup, SHA-256 of every file, manifest, fsync, rename), against `qemu-img convert -U
+//!    backup, BLAKE3 of every file, manifest, fsync, rename), against `qemu-img convert -U
 //!    -O qcow2` of the same disk into the same target followed by an fsync (the baseline, run
 //!    before each backup): p50 of each and the throughput ratio edgevirt/qemu-img.
 //! 2. Incremental: after each full backup the guest writes `BENCH_WRITE_MIB` MiB (default
@@ -82,7 +82,7 @@ async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    let rounds = env("BENCH_ROUNDS", 3).max(1);
+    let rounds = env("BENCH_ROUNDS", 5).max(1);
     let gib = env("BENCH_DISK_GIB", 2);
     let fill = env("BENCH_FILL_MIB", 1024);
     let write = env("BENCH_WRITE_MIB", 64);
@@ -204,10 +204,14 @@ async fn main() {
         "guest frozen: p50 {:.0} ms, max {max_fz:.0} ms",
         p50(frozen)
     );
-    // Where the node's time went (its log: the copy, then checksums and manifest).
+    // Where the node's time went (its log: before the copy; the freeze, libvirt's start and
+    // the copy; the flush, checksums and manifest).
     let log = std::fs::read_to_string(a.dir.join("serve.log")).unwrap_or_default();
-    for line in log.lines().filter(|l| l.contains("backup phases")) {
-        if let Some(at) = line.find("copy_ms") {
+    for line in log
+        .lines()
+        .filter(|l| l.contains("backup phases") || l.contains("backup copied"))
+    {
+        if let Some(at) = line.find("prepare_ms").or_else(|| line.find("freeze_ms")) {
             println!("node: {}", &line[at..]);
         }
     }

@@ -2990,10 +2990,14 @@ async fn backups_full_then_incremental_verify_and_restore_as_a_new_vm() {
     assert!(ok, "{out}");
     let (_, b1) = a.get(&format!("{BACKUPS}/b1")).await;
     assert_eq!(b1["status"]["type"], "Full", "{b1}");
+    let vols = b1["status"]["includedVolumes"].as_array().unwrap();
+    assert_eq!(vols.len(), 2, "{b1}");
+    assert_eq!(vols[0]["volumeName"], "root");
+    assert_eq!(vols[1]["volumeName"], "data");
+    assert_eq!(vols[1]["virtualSize"], 64 << 20, "{b1}");
     assert_eq!(
-        b1["status"]["includedVolumes"],
-        json!([{"volumeName": "root"}, {"volumeName": "data"}]),
-        "{b1}"
+        b1["status"]["virtualMachine"]["metadata"]["name"], "bob",
+        "the VM as backed up, for a restore from the dashboard: {b1}"
     );
     let full_dir = target.path().join(b1["status"]["path"].as_str().unwrap());
     let full: serde_json::Value =
@@ -3084,6 +3088,82 @@ async fn backups_full_then_incremental_verify_and_restore_as_a_new_vm() {
         ],
     );
     assert!(ok, "{out}");
+    // The dashboard's verify and restore, which run on the node that holds the backup.
+    let http = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let password = testkit::hostile::admin_password(&a);
+    let (session, csrf) = testkit::hostile::dashboard_session(&http, &a.url, &password)
+        .await
+        .unwrap();
+    let ui_post = |path: String, form: Vec<(&'static str, String)>| {
+        let mut form = form;
+        form.push(("csrf", csrf.clone()));
+        http.post(format!("{}{path}", a.url))
+            .header("cookie", format!("edgevirt_session={session}"))
+            .form(&form)
+            .send()
+    };
+    let r = ui_post(
+        "/ui/vms/default/bob/restorebackup".into(),
+        vec![("backup", "b2".into()), ("as", "bob3".into())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 303, "{}", r.text().await.unwrap_or_default());
+    let r = ui_post(
+        "/ui/vms/default/bob/verifybackup".into(),
+        vec![("backup", "b2".into())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 303);
+    let verified = wait_for("the node's verification", BOOT, || async {
+        let (_, b) = a.get(&format!("{BACKUPS}/b2")).await;
+        b["status"]["conditions"]
+            .as_array()
+            .and_then(|l| l.iter().find(|c| c["type"] == "Verified").cloned())
+    })
+    .await;
+    assert_eq!(verified["status"], "True", "{verified}");
+    assert!(
+        verified["message"]
+            .as_str()
+            .unwrap()
+            .contains("chain of 2 backup(s)"),
+        "{verified}"
+    );
+    let page = http
+        .get(format!("{}/ui/vms/default/bob", a.url))
+        .header("cookie", format!("edgevirt_session={session}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("Whole ("), "the page shows the verification");
+    let (_, dv3) = a.get(&format!("{DVS}/bob3-data")).await;
+    assert_eq!(
+        dv3["spec"]["source"]["backup"],
+        json!({"name": "b2", "volume": "data"}),
+        "{dv3}"
+    );
+    let vmi3 = a.wait_running("bob3", None, BOOT).await;
+    let dom3 = vmi3["status"]["domainName"].as_str().unwrap().to_string();
+    wait_for("the guest restored from the dashboard", BOOT, || async {
+        Some(sh(&dom3, "grep -q ' / ext2' /proc/mounts && echo disk"))
+            .filter(|s| s.trim() == "disk")
+    })
+    .await;
+    assert_eq!(
+        data_sum(&dom3),
+        at_backup,
+        "the data disk restored by the node"
+    );
+    a.delete(&format!("{VMS}/bob3")).await;
     let vmi2 = a.wait_running("bob2", None, BOOT).await;
     let dom2 = vmi2["status"]["domainName"].as_str().unwrap().to_string();
     wait_for("the restored guest on its disk root", BOOT, || async {

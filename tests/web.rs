@@ -1917,6 +1917,44 @@ async fn backups_from_the_vm_page() {
         )
         .await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    for action in ["verifybackup", "restorebackup"] {
+        let r = b
+            .post(
+                &s,
+                &format!("/ui/vms/default/other/{action}"),
+                &[("csrf", &b.csrf), ("backup", &name), ("as", "x")],
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{action}");
+        // A failed backup has nothing to verify or restore, and the page says so.
+        let r = b
+            .post(
+                &s,
+                &format!("{page}/{action}"),
+                &[("csrf", &b.csrf), ("backup", &name), ("as", "backed2")],
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::CONFLICT, "{action}");
+        assert!(r.text().await.unwrap().contains("has not completed"));
+    }
+    assert!(
+        !table.contains("Restore as new VM"),
+        "no restore button for a failed backup: {table}"
+    );
+    let list = s
+        .api_get(
+            &token,
+            "/apis/kubevirt.io/v1/namespaces/default/virtualmachines",
+        )
+        .await;
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(2), "{list}");
+    // The Backups page lists it with its VM.
+    let site = b.html(&s, "/ui/backups").await;
+    let all = &site[site.find("id=\"all-backups\"").unwrap()..];
+    assert!(
+        all.contains(&name) && all.contains("default/backed"),
+        "{all}"
+    );
     let v = b.add_viewer(&s, "vera").await;
     let vhtml = v.html(&s, page).await;
     assert!(vhtml.contains(&name) && !vhtml.contains("Back up now"));
@@ -1940,6 +1978,106 @@ async fn backups_from_the_vm_page() {
     let list = s.api_get(&token, backups).await;
     assert_eq!(list["items"].as_array().map(Vec::len), Some(0), "{list}");
     assert!(b.html(&s, page).await.contains("No backups."));
+}
+
+#[tokio::test]
+async fn backup_schedules_and_targets_on_the_backups_page() {
+    let s = start();
+    let token = s.initial("token");
+    let password = s.initial("password");
+    let uri = "/apis/edgevirt.io/v1/namespaces/default/backupschedules";
+    let b = login(&s, "admin", &password).await.unwrap();
+    let html = b.html(&s, "/ui/backups").await;
+    assert!(html.contains("No node mounts a backup target"), "{html}");
+    assert!(html.contains("No schedule.") && html.contains("id=\"new-schedule\""));
+    let form = |name: &'static str, every: &'static str, last: &'static str| {
+        vec![
+            ("name", name),
+            ("namespace", "default"),
+            ("target", "nas"),
+            ("vms", "web, db"),
+            ("every", every),
+            ("keep_last", last),
+            ("keep_daily", "7"),
+            ("keep_weekly", ""),
+            ("keep_monthly", "6"),
+        ]
+    };
+    let post = |path: &'static str, f: Vec<(&'static str, &'static str)>| {
+        let (b, s) = (&b, &s);
+        async move {
+            let mut all: Vec<(&str, &str)> = f;
+            all.push(("csrf", b.csrf.as_str()));
+            b.post(s, path, &all).await
+        }
+    };
+    // Bad input: a duration that is none, a count that is none; nothing is made.
+    let r = post("/ui/backups/schedules", form("nightly", "soon", "3")).await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(r.text().await.unwrap().contains("soon"));
+    let r = post("/ui/backups/schedules", form("nightly", "24h", "-1")).await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let r = post("/ui/backups/schedules", form("../x", "24h", "3")).await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let list = s.api_get(&token, uri).await;
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(0), "{list}");
+    // A schedule from the form.
+    let r = post("/ui/backups/schedules", form("nightly", "24h", "3")).await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let sched = s.api_get(&token, &format!("{uri}/nightly")).await;
+    assert_eq!(
+        sched["spec"]["vms"],
+        serde_json::json!(["web", "db"]),
+        "{sched}"
+    );
+    assert_eq!(sched["spec"]["target"], "nas");
+    assert_eq!(sched["spec"]["keep"]["last"], 3);
+    assert_eq!(sched["spec"]["keep"]["daily"], 7);
+    assert_eq!(sched["spec"]["keep"]["monthly"], 6);
+    let html = b.html(&s, "/ui/backups").await;
+    let table = &html[html.find("id=\"schedules\"").unwrap()..];
+    let table = &table[..table.find("</table>").unwrap()];
+    assert!(
+        table.contains("default/nightly")
+            && table.contains("last 3, daily 7, monthly 6")
+            && table.contains("web, db")
+            && table.contains("Suspend"),
+        "{table}"
+    );
+    // Suspend, resume; a viewer sees the schedule but can change nothing.
+    let r = post(
+        "/ui/backups/schedules/default/nightly/suspend",
+        vec![("suspend", "true")],
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let sched = s.api_get(&token, &format!("{uri}/nightly")).await;
+    assert_eq!(sched["spec"]["suspend"], true, "{sched}");
+    assert!(b.html(&s, "/ui/backups").await.contains("(suspended)"));
+    let r = post(
+        "/ui/backups/schedules/default/nightly/suspend",
+        vec![("suspend", "maybe")],
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let v = b.add_viewer(&s, "vera").await;
+    let vhtml = v.html(&s, "/ui/backups").await;
+    assert!(vhtml.contains("default/nightly") && !vhtml.contains("id=\"new-schedule\""));
+    let r = v
+        .post(
+            &s,
+            "/ui/backups/schedules/default/nightly/delete",
+            &[("csrf", &v.csrf)],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // Delete; a schedule that is not there is 404.
+    let r = post("/ui/backups/schedules/default/nightly/delete", vec![]).await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let r = post("/ui/backups/schedules/default/nightly/delete", vec![]).await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let list = s.api_get(&token, uri).await;
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(0), "{list}");
 }
 
 /// An image `k` and a stopped VM booting from it for each name.

@@ -662,6 +662,13 @@ async fn write_disk(
             let (path, format) = super::local_image(agent, image).await?;
             convert(&path, &format, tmp, size, prealloc).await
         }
+        Fill::Backup(backup, volume) => {
+            // A chain of qcow2 files whose backing files the verification checked against
+            // the manifest: read whole, as the guest saw the disk.
+            let (top, virtual_size) =
+                super::backup::restore_source(agent, dv.namespace(), backup, volume).await?;
+            write_image(&top, "qcow2", virtual_size, tmp, size, prealloc).await
+        }
         Fill::Clone(sns, sname) => {
             let src = agent
                 .cp
@@ -717,13 +724,25 @@ async fn convert(
     let (format, virtual_size) = crate::virt::image::inspect(from, Some(format))
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    write_image(from, &format, virtual_size, tmp, size, prealloc).await
+}
+
+/// Write the image `from` (of `virtual_size` bytes) into `tmp` as qcow2 of `size` bytes.
+async fn write_image(
+    from: &Path,
+    format: &str,
+    virtual_size: u64,
+    tmp: &Path,
+    size: u64,
+    prealloc: bool,
+) -> anyhow::Result<()> {
     if virtual_size > size {
         bail!(
             "the image's virtual size ({virtual_size} bytes) is larger than the storage the \
              DataVolume asks for ({size} bytes)"
         );
     }
-    let mut args: Vec<String> = vec!["convert".into(), "-q".into(), "-f".into(), format];
+    let mut args: Vec<String> = vec!["convert".into(), "-q".into(), "-f".into(), format.into()];
     args.extend(["-O".into(), "qcow2".into()]);
     if prealloc {
         args.extend(["-o".into(), "preallocation=falloc".into()]);

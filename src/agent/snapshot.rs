@@ -446,7 +446,7 @@ pub(super) async fn abort_leftover_job(agent: &Agent, dom: &str) {
     }
 }
 
-/// Wait 50 ms, then read the domain's push backup: `Some((bytes copied, total))` while it
+/// Wait 20 ms, then read the domain's push backup: `Some((bytes copied, total))` while it
 /// runs, `None` once it ended well. When libvirt keeps no record of how it ended, it ended
 /// well only if every one of `files` was written.
 pub(super) async fn poll_backup(
@@ -455,7 +455,7 @@ pub(super) async fn poll_backup(
     files: &[&Path],
 ) -> anyhow::Result<Option<(u64, u64)>> {
     // A local libvirt call: polling often costs little and ends the copy sooner.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
     match job(agent, dom).await? {
         Job::Running { processed, total } => Ok(Some((processed, total))),
         Job::Completed => Ok(None),

@@ -219,56 +219,6 @@ pub async fn run(a: BackupArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The new VM from the manifest's: its name, its volumes pointing at the new DataVolumes,
-/// and nothing that would clash with the original (MAC addresses, firmware uuid).
-fn new_vm(
-    old: &Value,
-    ns: &str,
-    name: &str,
-    dvs: &[(String, String)],
-    node: Option<&str>,
-    stopped: bool,
-) -> Value {
-    let mut vm = json!({
-        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-        "metadata": {"name": name, "namespace": ns, "labels": old["metadata"]["labels"].clone()},
-        "spec": old["spec"].clone(),
-    });
-    if vm["metadata"]["labels"].is_null() {
-        vm["metadata"].as_object_mut().map(|m| m.remove("labels"));
-    }
-    let spec = &mut vm["spec"];
-    spec.as_object_mut()
-        .map(|s| s.remove("dataVolumeTemplates"));
-    let t = &mut spec["template"]["spec"];
-    if let Some(vols) = t["volumes"].as_array_mut() {
-        for v in vols {
-            let vname = v["name"].as_str().unwrap_or_default().to_string();
-            if let Some((_, dv)) = dvs.iter().find(|(vol, _)| *vol == vname) {
-                v.as_object_mut().map(|o| o.remove("persistentVolumeClaim"));
-                v["dataVolume"] = json!({"name": dv});
-            }
-        }
-    }
-    if let Some(ifaces) = t["domain"]["devices"]["interfaces"].as_array_mut() {
-        for i in ifaces {
-            i.as_object_mut().map(|o| o.remove("macAddress"));
-        }
-    }
-    if let Some(fw) = t["domain"]["firmware"].as_object_mut() {
-        fw.remove("uuid");
-        fw.remove("serial");
-    }
-    if let Some(n) = node {
-        t["nodeSelector"] = json!({"kubernetes.io/hostname": n});
-    }
-    if stopped {
-        spec.as_object_mut().map(|s| s.remove("running"));
-        spec["runStrategy"] = json!("Halted");
-    }
-    vm
-}
-
 async fn restore(
     c: &crate::client::Client,
     ns: &str,
@@ -370,7 +320,7 @@ async fn restore(
         println!("datavolume/{dv_name} uploaded (volume {})", d.volume);
         dvs.push((d.volume.clone(), dv_name));
     }
-    let vm = new_vm(
+    let vm = crate::types::backup::restored_vm(
         &m.virtual_machine,
         ns,
         new_name,
@@ -392,51 +342,4 @@ async fn restore(
             .unwrap_or("?")
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_restored_vm_gets_its_new_disks_and_no_clashing_identity() {
-        let old = json!({
-            "metadata": {"name": "web", "uid": "u1", "labels": {"app": "web"}},
-            "spec": {
-                "runStrategy": "Always",
-                "dataVolumeTemplates": [{"metadata": {"name": "web-root"}}],
-                "template": {"spec": {
-                    "domain": {"devices": {"interfaces": [{"name": "lan", "macAddress": "02:00:00:00:00:01"}]},
-                               "firmware": {"uuid": "abc", "serial": "s"}},
-                    "volumes": [
-                        {"name": "root", "dataVolume": {"name": "web-root"}},
-                        {"name": "data", "persistentVolumeClaim": {"claimName": "web-data"}},
-                        {"name": "ci", "cloudInitNoCloud": {"userData": "x"}}
-                    ]
-                }}
-            }
-        });
-        let dvs = vec![
-            ("root".to_string(), "web2-root".to_string()),
-            ("data".to_string(), "web2-data".to_string()),
-        ];
-        let vm = new_vm(&old, "default", "web2", &dvs, Some("n2"), true);
-        assert_eq!(vm["metadata"]["name"], "web2");
-        assert_eq!(vm["metadata"]["labels"]["app"], "web");
-        assert!(vm["metadata"].get("uid").is_none());
-        assert!(vm["spec"].get("dataVolumeTemplates").is_none());
-        let t = &vm["spec"]["template"]["spec"];
-        assert_eq!(t["volumes"][0]["dataVolume"]["name"], "web2-root");
-        assert_eq!(t["volumes"][1]["dataVolume"]["name"], "web2-data");
-        assert!(t["volumes"][1].get("persistentVolumeClaim").is_none());
-        assert!(t["volumes"][2].get("cloudInitNoCloud").is_some());
-        assert!(
-            t["domain"]["devices"]["interfaces"][0]
-                .get("macAddress")
-                .is_none()
-        );
-        assert!(t["domain"]["firmware"].get("uuid").is_none());
-        assert_eq!(t["nodeSelector"]["kubernetes.io/hostname"], "n2");
-        assert_eq!(vm["spec"]["runStrategy"], "Halted");
-    }
 }

@@ -108,6 +108,7 @@ pub async fn reconcile_backup(ctx: &Context, ns: &str, name: &str) -> Result<Act
         .iter()
         .map(|v| BackupVolumeInfo {
             volume_name: v.volume_name.clone(),
+            virtual_size: None,
         })
         .collect();
     tracing::info!(namespace = %ns, backup = %name, node = %node, target = %target, "backup handed to its node");

@@ -16,7 +16,7 @@
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::FieldError;
 use super::snapshot::{LocalObjectReference, SnapshotCondition};
@@ -29,6 +29,10 @@ pub const NODE_ANNOTATION: &str = "edgevirt.io/backup-node";
 
 /// The name of a backup's manifest in its folder.
 pub const MANIFEST: &str = "manifest.json";
+
+/// On a backup: ask its node to re-read it against its manifest (any new value asks again;
+/// the dashboard's Verify button sets the time). The answer is the `Verified` condition.
+pub const VERIFY_ANNOTATION: &str = "edgevirt.io/verify";
 
 /// `status.type`.
 pub mod backup_type {
@@ -86,6 +90,9 @@ pub struct VirtualMachineBackupSpec {
 pub struct BackupVolumeInfo {
     /// The VM's volume.
     pub volume_name: String,
+    /// edgevirt's: the disk's size as the guest sees it, in bytes (once copied).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtual_size: Option<u64>,
 }
 
 /// Where a backup stands. `type`, `checkpointName`, `conditions` and `includedVolumes` are
@@ -124,6 +131,13 @@ pub struct VirtualMachineBackupStatus {
     /// When the backup completed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<String>,
+    /// The VM as it was backed up (its name, labels and spec, as in the manifest): what a
+    /// restore as a new VM starts from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtual_machine: Option<Value>,
+    /// The `edgevirt.io/verify` value the `Verified` condition answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_request: Option<String>,
 }
 
 impl VirtualMachineBackup {
@@ -390,8 +404,8 @@ pub struct ManifestDisk {
     pub virtual_size: u64,
     /// The file's size on the target.
     pub bytes: u64,
-    /// SHA-256 of the file, hex.
-    pub sha256: String,
+    /// BLAKE3 of the file, hex (`b3sum` prints the same).
+    pub blake3: String,
 }
 
 impl ManifestDisk {
@@ -503,9 +517,102 @@ pub fn backup_problems(s: &VirtualMachineBackupSpec) -> Vec<FieldError> {
     p
 }
 
+/// A VM restored as a new one from the VM a backup holds (a manifest's, or a backup's
+/// `status.virtualMachine`): its name, its volumes pointing at the new DataVolumes,
+/// and nothing that would clash with the original (MAC addresses, firmware uuid).
+pub fn restored_vm(
+    old: &Value,
+    ns: &str,
+    name: &str,
+    dvs: &[(String, String)],
+    node: Option<&str>,
+    stopped: bool,
+) -> Value {
+    let mut vm = json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": name, "namespace": ns, "labels": old["metadata"]["labels"].clone()},
+        "spec": old["spec"].clone(),
+    });
+    if vm["metadata"]["labels"].is_null() {
+        vm["metadata"].as_object_mut().map(|m| m.remove("labels"));
+    }
+    let spec = &mut vm["spec"];
+    spec.as_object_mut()
+        .map(|s| s.remove("dataVolumeTemplates"));
+    let t = &mut spec["template"]["spec"];
+    if let Some(vols) = t["volumes"].as_array_mut() {
+        for v in vols {
+            let vname = v["name"].as_str().unwrap_or_default().to_string();
+            if let Some((_, dv)) = dvs.iter().find(|(vol, _)| *vol == vname) {
+                v.as_object_mut().map(|o| o.remove("persistentVolumeClaim"));
+                v["dataVolume"] = json!({"name": dv});
+            }
+        }
+    }
+    if let Some(ifaces) = t["domain"]["devices"]["interfaces"].as_array_mut() {
+        for i in ifaces {
+            i.as_object_mut().map(|o| o.remove("macAddress"));
+        }
+    }
+    if let Some(fw) = t["domain"]["firmware"].as_object_mut() {
+        fw.remove("uuid");
+        fw.remove("serial");
+    }
+    if let Some(n) = node {
+        t["nodeSelector"] = json!({"kubernetes.io/hostname": n});
+    }
+    if stopped {
+        spec.as_object_mut().map(|s| s.remove("running"));
+        spec["runStrategy"] = json!("Halted");
+    }
+    vm
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restored_vm_gets_its_new_disks_and_no_clashing_identity() {
+        let old = json!({
+            "metadata": {"name": "web", "uid": "u1", "labels": {"app": "web"}},
+            "spec": {
+                "runStrategy": "Always",
+                "dataVolumeTemplates": [{"metadata": {"name": "web-root"}}],
+                "template": {"spec": {
+                    "domain": {"devices": {"interfaces": [{"name": "lan", "macAddress": "02:00:00:00:00:01"}]},
+                               "firmware": {"uuid": "abc", "serial": "s"}},
+                    "volumes": [
+                        {"name": "root", "dataVolume": {"name": "web-root"}},
+                        {"name": "data", "persistentVolumeClaim": {"claimName": "web-data"}},
+                        {"name": "ci", "cloudInitNoCloud": {"userData": "x"}}
+                    ]
+                }}
+            }
+        });
+        let dvs = vec![
+            ("root".to_string(), "web2-root".to_string()),
+            ("data".to_string(), "web2-data".to_string()),
+        ];
+        let vm = restored_vm(&old, "default", "web2", &dvs, Some("n2"), true);
+        assert_eq!(vm["metadata"]["name"], "web2");
+        assert_eq!(vm["metadata"]["labels"]["app"], "web");
+        assert!(vm["metadata"].get("uid").is_none());
+        assert!(vm["spec"].get("dataVolumeTemplates").is_none());
+        let t = &vm["spec"]["template"]["spec"];
+        assert_eq!(t["volumes"][0]["dataVolume"]["name"], "web2-root");
+        assert_eq!(t["volumes"][1]["dataVolume"]["name"], "web2-data");
+        assert!(t["volumes"][1].get("persistentVolumeClaim").is_none());
+        assert!(t["volumes"][2].get("cloudInitNoCloud").is_some());
+        assert!(
+            t["domain"]["devices"]["interfaces"][0]
+                .get("macAddress")
+                .is_none()
+        );
+        assert!(t["domain"]["firmware"].get("uuid").is_none());
+        assert_eq!(t["nodeSelector"]["kubernetes.io/hostname"], "n2");
+        assert_eq!(vm["spec"]["runStrategy"], "Halted");
+    }
 
     fn spec(v: Value) -> VirtualMachineBackupSpec {
         serde_json::from_value(v).unwrap()

@@ -115,6 +115,21 @@ pub struct DataVolumeSource {
     /// A disk image sent by `edgevirt image upload` (CDI's `virtctl image-upload`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upload: Option<Blank>,
+    /// edgevirt's: a volume's disk out of a `VirtualMachineBackup` of the same namespace,
+    /// read from its backup chain (verified first) by a node that mounts its target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupSource>,
+}
+
+/// A volume of a backup.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(deny_unknown_fields)]
+pub struct BackupSource {
+    /// The `VirtualMachineBackup` (it must be done).
+    pub name: String,
+    /// The backed-up VM's volume.
+    pub volume: String,
 }
 
 /// CDI's `DataVolumeBlankImage`: no fields.
@@ -244,6 +259,8 @@ pub enum Fill {
     Clone(String, String),
     /// What `edgevirt image upload` sent.
     Upload,
+    /// A volume of a backup in the same namespace: the backup's name and the volume.
+    Backup(String, String),
 }
 
 impl DataVolumeSpec {
@@ -321,6 +338,8 @@ impl DataVolumeSpec {
             Some(Fill::Registry(url.strip_prefix("docker://")?.to_string()))
         } else if s.upload.is_some() {
             Some(Fill::Upload)
+        } else if let Some(b) = &s.backup {
+            Some(Fill::Backup(b.name.clone(), b.volume.clone()))
         } else {
             s.pvc.as_ref().map(|p| {
                 Fill::Clone(
@@ -375,8 +394,8 @@ impl DataVolumeSpec {
         match &self.source {
             None => bad(
                 format!("{at}.source"),
-                "required: one of blank, http, registry, pvc or upload (sourceRef is not \
-                 supported yet)"
+                "required: one of blank, http, registry, pvc, upload or backup (sourceRef \
+                 is not supported yet)"
                     .into(),
             ),
             Some(s) => {
@@ -386,6 +405,7 @@ impl DataVolumeSpec {
                     s.registry.is_some(),
                     s.pvc.is_some(),
                     s.upload.is_some(),
+                    s.backup.is_some(),
                 ]
                 .iter()
                 .filter(|b| **b)
@@ -426,6 +446,15 @@ impl DataVolumeSpec {
                             format!("{f}.pullMethod"),
                             format!("{m:?}: must be pod or node"),
                         );
+                    }
+                }
+                if let Some(b) = &s.backup {
+                    let f = format!("{at}.source.backup");
+                    if let Err(e) = super::check_name("name", &b.name) {
+                        bad(format!("{f}.name"), e.0);
+                    }
+                    if let Err(e) = super::check_name("volume", &b.volume) {
+                        bad(format!("{f}.volume"), e.0);
                     }
                 }
                 if let Some(p) = &s.pvc {
@@ -611,6 +640,33 @@ mod tests {
             .iter()
             .map(|e| format!("{}: {}", e.field, e.message))
             .collect()
+    }
+
+    #[test]
+    fn a_backup_source_names_a_backup_and_a_volume_of_this_namespace() {
+        let storage = serde_json::json!({"resources": {"requests": {"storage": "67108864"}}});
+        let s = spec(serde_json::json!({
+            "source": {"backup": {"name": "b2", "volume": "data"}}, "storage": storage
+        }));
+        assert!(s.check("default", "spec").is_empty());
+        assert_eq!(s.size(), Some(64 << 20));
+        assert_eq!(
+            s.fill("default"),
+            Some(Fill::Backup("b2".into(), "data".into()))
+        );
+        let p = problems(serde_json::json!({
+            "source": {"backup": {"name": "../../etc", "volume": "a/b"}}, "storage": storage
+        }));
+        assert!(
+            p.iter().any(|m| m.starts_with("spec.source.backup.name:"))
+                && p.iter()
+                    .any(|m| m.starts_with("spec.source.backup.volume:")),
+            "{p:?}"
+        );
+        let p = problems(serde_json::json!({
+            "source": {"backup": {"name": "b2", "volume": "data"}, "blank": {}}, "storage": storage
+        }));
+        assert!(p.iter().any(|m| m.contains("exactly one source")), "{p:?}");
     }
 
     #[test]

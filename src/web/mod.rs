@@ -110,6 +110,16 @@ where
         .route("/ui/activity", get(pages::activity))
         .route("/ui/images", get(pages::images))
         .route("/ui/storage", get(pages::storage))
+        .route("/ui/backups", get(pages::backups))
+        .route("/ui/backups/schedules", post(pages::create_schedule))
+        .route(
+            "/ui/backups/schedules/{ns}/{name}/suspend",
+            post(pages::suspend_schedule),
+        )
+        .route(
+            "/ui/backups/schedules/{ns}/{name}/delete",
+            post(pages::delete_schedule),
+        )
         .route("/ui/images/{name}/delete", post(pages::delete_image))
         .route("/ui/networks", get(pages::networks))
         .route(
@@ -127,6 +137,14 @@ where
         .route(
             "/ui/vms/{ns}/{name}/deletebackup",
             post(pages::delete_backup),
+        )
+        .route(
+            "/ui/vms/{ns}/{name}/verifybackup",
+            post(pages::verify_backup),
+        )
+        .route(
+            "/ui/vms/{ns}/{name}/restorebackup",
+            post(pages::restore_backup),
         )
         .route("/ui/vms/{ns}/{name}/restore", post(pages::restore_snapshot))
         .route(

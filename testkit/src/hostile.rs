@@ -1589,6 +1589,21 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
             "does not support",
         ),
         (
+            "dv-backup-traversing-name",
+            json!({"source": {"backup": {"name": "../../etc", "volume": "root"}}, "storage": size}),
+            "backup.name",
+        ),
+        (
+            "dv-backup-traversing-volume",
+            json!({"source": {"backup": {"name": "b1", "volume": "../../shadow"}}, "storage": size}),
+            "backup.volume",
+        ),
+        (
+            "dv-backup-with-a-path",
+            json!({"source": {"backup": {"name": "b1", "volume": "root", "path": "/etc/shadow"}}, "storage": size}),
+            "path",
+        ),
+        (
             "dv-upload-with-fields",
             json!({"source": {"upload": {"path": "/etc/shadow"}}, "storage": size}),
             "upload",
@@ -2182,6 +2197,70 @@ pub fn cases(setup: &Setup) -> Vec<Case> {
                 "dashboard-deletebackup-traversal",
                 "/ui/vms/default/hostile-base/deletebackup",
                 form(&[("backup", "../../etc/passwd")]),
+                &[404],
+            ),
+            (
+                "dashboard-verifybackup-traversal",
+                "/ui/vms/default/hostile-base/verifybackup",
+                form(&[("backup", "../../etc/passwd")]),
+                &[404],
+            ),
+            (
+                "dashboard-restorebackup-traversal",
+                "/ui/vms/default/hostile-base/restorebackup",
+                form(&[("backup", "../x"), ("as", "../../etc")]),
+                &[404],
+            ),
+            (
+                "dashboard-restorebackup-missing-backup",
+                "/ui/vms/default/hostile-base/restorebackup",
+                form(&[("backup", "nosuch"), ("as", "copy")]),
+                &[404],
+            ),
+            (
+                "dashboard-schedule-traversal-name",
+                "/ui/backups/schedules",
+                form(&[
+                    ("name", "../../etc"),
+                    ("target", "nas"),
+                    ("vms", "a"),
+                    ("every", "1h"),
+                ]),
+                &[422],
+            ),
+            (
+                "dashboard-schedule-huge-keep",
+                "/ui/backups/schedules",
+                form(&[
+                    ("name", "s"),
+                    ("target", "nas"),
+                    ("vms", "a"),
+                    ("every", "1h"),
+                    ("keep_last", "99999999999"),
+                ]),
+                &[422],
+            ),
+            (
+                "dashboard-schedule-every-nanosecond",
+                "/ui/backups/schedules",
+                form(&[
+                    ("name", "s"),
+                    ("target", "nas"),
+                    ("vms", "a"),
+                    ("every", "1ns"),
+                ]),
+                &[422],
+            ),
+            (
+                "dashboard-schedule-suspend-traversal",
+                "/ui/backups/schedules/..%2F..%2Fetc/x/suspend",
+                form(&[("suspend", "true")]),
+                &[400, 404, 422],
+            ),
+            (
+                "dashboard-schedule-delete-missing",
+                "/ui/backups/schedules/default/nosuch/delete",
+                form(&[]),
                 &[404],
             ),
             (

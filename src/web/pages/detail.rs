@@ -6,8 +6,8 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::{
-    Chrome, condition_status, labels_text, load_vm, or_dash, printable_status, render, vmi_ip,
-    vmi_status,
+    BackupRow, Chrome, backup_rows, condition_status, labels_text, load_vm, or_dash,
+    printable_status, render, vmi_ip, vmi_status,
 };
 use crate::types::kubevirt::{
     self, ConditionType, Phase, VirtualMachine, VirtualMachineInstance, Volume,
@@ -97,74 +97,6 @@ struct DetailTpl {
     backups: Vec<BackupRow>,
     /// The backup targets the nodes mount, for "Back up now".
     backup_targets: Vec<String>,
-}
-
-/// One of the VM's backups, as its section lists it.
-pub struct BackupRow {
-    name: String,
-    target: String,
-    /// `Full`, `Incremental`, or empty until known.
-    kind: String,
-    /// `Done: ...`, `Running: copied ... (NN%)`, `Failed: why`.
-    state: String,
-    /// Its size on the target, in MiB, once done.
-    size: String,
-    /// Where it is: `TARGET:NS/VM/FOLDER`, for `edgevirt backup verify|restore`.
-    path: String,
-    created: String,
-}
-
-/// The VM's backups, newest first.
-fn backup_rows(
-    all: &[crate::types::backup::VirtualMachineBackup],
-    ns: &str,
-    vm: &str,
-) -> Vec<BackupRow> {
-    let mut rows: Vec<BackupRow> = all
-        .iter()
-        .filter(|b| b.namespace() == ns && b.spec.source.name == vm && !b.deleting())
-        .map(|b| {
-            let st = b.status.clone().unwrap_or_default();
-            let msg = |t: &str| {
-                st.conditions
-                    .iter()
-                    .find(|c| c.type_ == t)
-                    .and_then(|c| c.message.clone())
-                    .unwrap_or_default()
-            };
-            let state = if b.succeeded() {
-                "Done".to_string()
-            } else if b.finished() {
-                format!("Failed: {}", msg("Failure"))
-            } else {
-                format!("Running: {}", msg("Progressing"))
-            };
-            let target = b.spec.pvc_name.clone().unwrap_or_default();
-            BackupRow {
-                name: b.name().to_string(),
-                path: st
-                    .path
-                    .as_ref()
-                    .map(|p| format!("{target}:{p}"))
-                    .unwrap_or_default(),
-                target,
-                kind: st.type_.clone().unwrap_or_default(),
-                state,
-                size: st
-                    .size_bytes
-                    .map(|b| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64))
-                    .unwrap_or_default(),
-                created: b
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map(|t| t.0.to_string())
-                    .unwrap_or_default(),
-            }
-        })
-        .collect();
-    rows.sort_by(|a, b| b.created.cmp(&a.created));
-    rows
 }
 
 /// One of the VM's snapshots, as its section lists it.
@@ -631,6 +563,20 @@ fn done_notice(action: &str, name: &str) -> Option<String> {
                 "A backup of {name} is being taken; it is listed under Backups with its progress."
             ));
         }
+        "verifybackup" => {
+            return Some(
+                "The node that holds the backup re-reads it and its parents against their \
+                 manifests; the answer shows under Backups (reload)."
+                    .to_string(),
+            );
+        }
+        "restored" => {
+            return Some(format!(
+                "{name} is being restored from a backup: the node that holds it verifies the \
+                 backup and reads its disks out (the DataVolumes show the progress), then {name} \
+                 starts."
+            ));
+        }
         "deletebackup" => {
             return Some(
                 "The backup is deleted; its folder goes within seconds (the backups built on it \
@@ -705,8 +651,9 @@ pub async fn vm_detail(
             .all::<crate::types::backup::VirtualMachineBackup>()
             .await
             .unwrap_or_default(),
-        &ns,
-        &name,
+        |b: &crate::types::backup::VirtualMachineBackup| {
+            b.namespace() == ns && b.spec.source.name == name
+        },
     );
     let mut backup_targets: Vec<String> = st
         .store

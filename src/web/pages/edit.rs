@@ -12,6 +12,7 @@ use super::{
     render_status, url_encode, vm_path,
 };
 use crate::http::auth::Principal;
+use crate::types::Meta;
 use crate::web::{Api, S, WebUser, api_message};
 
 #[derive(Template)]
@@ -627,20 +628,8 @@ pub async fn delete_backup(
     if let Some(r) = super::viewer_refused(&u, "delete backups") {
         return r;
     }
-    let found = match crate::types::check_name("backup", &f.backup) {
-        Ok(()) => st
-            .store
-            .get_typed::<crate::types::backup::VirtualMachineBackup>(&ns, &f.backup)
-            .await
-            .ok()
-            .flatten(),
-        Err(_) => None,
-    };
-    if found.is_none_or(|b| b.spec.source.name != name) {
-        return error_page(
-            StatusCode::NOT_FOUND,
-            &format!("VM {name} has no backup {:?}", f.backup),
-        );
+    if let Err(r) = own_backup(&st, &ns, &name, &f.backup).await {
+        return r;
     }
     tracing::info!(namespace = %ns, vm = %name, backup = %f.backup, user = %p.user, "deleting a backup");
     let uri = format!("{}/{}", backups_uri(&ns), url_encode(&f.backup));
@@ -651,6 +640,223 @@ pub async fn delete_backup(
         (&ns, &name, "deletebackup"),
     )
     .await
+}
+
+/// One of the VM's backups (404 when the name is anything else).
+async fn own_backup(
+    st: &crate::http::AppState,
+    ns: &str,
+    vm: &str,
+    backup: &str,
+) -> Result<crate::types::backup::VirtualMachineBackup, Response> {
+    let found = match crate::types::check_name("backup", backup) {
+        Ok(()) => st
+            .store
+            .get_typed::<crate::types::backup::VirtualMachineBackup>(ns, backup)
+            .await
+            .ok()
+            .flatten(),
+        Err(_) => None,
+    };
+    match found {
+        Some(b) if b.spec.source.name == vm && !b.deleting() => Ok(b),
+        _ => Err(error_page(
+            StatusCode::NOT_FOUND,
+            &format!("VM {vm} has no backup {backup:?}"),
+        )),
+    }
+}
+
+/// A completed backup, else 409 saying why there is nothing to work on yet.
+fn completed(
+    b: crate::types::backup::VirtualMachineBackup,
+) -> Result<crate::types::backup::VirtualMachineBackup, Response> {
+    if b.succeeded() {
+        return Ok(b);
+    }
+    Err(error_page(
+        StatusCode::CONFLICT,
+        &format!(
+            "backup {} has not completed (it failed or still runs): there is nothing to work \
+             on yet",
+            b.name()
+        ),
+    ))
+}
+
+/// `POST /ui/vms/{ns}/{name}/verifybackup`: ask the node that holds the backup to re-read it
+/// and its parents against their manifests (the `edgevirt.io/verify` annotation); the answer
+/// is its `Verified` condition, on this page.
+pub async fn verify_backup(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    Path((ns, name)): Path<(String, String)>,
+    Form(f): Form<BackupForm>,
+) -> Response {
+    if let Some(r) = super::viewer_refused(&u, "verify backups") {
+        return r;
+    }
+    if let Err(r) = own_backup(&st, &ns, &name, &f.backup)
+        .await
+        .and_then(completed)
+    {
+        return r;
+    }
+    tracing::info!(namespace = %ns, vm = %name, backup = %f.backup, user = %p.user, "asking for a backup's verification");
+    let uri = format!("{}/{}", backups_uri(&ns), url_encode(&f.backup));
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        crate::types::backup::VERIFY_ANNOTATION: crate::types::now()}}});
+    let (code, v) = api
+        .call(
+            &p,
+            Method::PATCH,
+            &uri,
+            "application/merge-patch+json",
+            patch.to_string(),
+        )
+        .await;
+    if !code.is_success() {
+        return error_page(code, &api_message(&v));
+    }
+    Redirect::to(&format!("{}?done=verifybackup", detail_url(&ns, &name))).into_response()
+}
+
+/// The restore form: the backup and the new VM's name.
+#[derive(Deserialize)]
+pub struct RestoreBackupForm {
+    #[serde(default)]
+    backup: String,
+    #[serde(default, rename = "as")]
+    as_name: String,
+}
+
+/// `POST /ui/vms/{ns}/{name}/restorebackup`: the backup as a new VM named `as`, on the node
+/// that took it (it mounts the target): one DataVolume per volume with a `backup` source
+/// (the node verifies the chain, then reads the disk out of it), and the VM as it was backed
+/// up, without its MAC addresses and firmware identity, so both can run.
+pub async fn restore_backup(
+    State(st): S,
+    Extension(u): Extension<WebUser>,
+    Extension(p): Extension<Principal>,
+    Extension(api): Extension<Api>,
+    Path((ns, name)): Path<(String, String)>,
+    Form(f): Form<RestoreBackupForm>,
+) -> Response {
+    if let Some(r) = super::viewer_refused(&u, "restore backups") {
+        return r;
+    }
+    let b = match own_backup(&st, &ns, &name, &f.backup)
+        .await
+        .and_then(completed)
+    {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let new = f.as_name.trim();
+    if let Err(e) = crate::types::check_name("the new VM's name", new) {
+        return error_page(StatusCode::UNPROCESSABLE_ENTITY, &e.0);
+    }
+    let bst = b.status.clone().unwrap_or_default();
+    let Some(old) = bst.virtual_machine.as_ref() else {
+        return error_page(
+            StatusCode::CONFLICT,
+            &format!(
+                "backup {} records no VM to restore: restore its folder with `edgevirt backup \
+                 restore FOLDER --as {new}` on a host that mounts the target",
+                b.name()
+            ),
+        );
+    };
+    if load_raw_vm(&st, &ns, new).await.is_ok() {
+        return error_page(
+            StatusCode::CONFLICT,
+            &format!("VM {ns}/{new} exists already: choose another name"),
+        );
+    }
+    let mut dvs = vec![];
+    for v in &bst.included_volumes {
+        let dv = format!("{new}-{}", v.volume_name);
+        if let Err(e) = crate::types::check_name("DataVolume name", &dv) {
+            return error_page(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &format!("{}: choose a shorter VM name", e.0),
+            );
+        }
+        let Some(size) = v.virtual_size else {
+            return error_page(
+                StatusCode::CONFLICT,
+                &format!(
+                    "backup {} records no size for volume {}",
+                    b.name(),
+                    v.volume_name
+                ),
+            );
+        };
+        dvs.push((v.volume_name.clone(), dv, size));
+    }
+    let dv_uri = format!(
+        "/apis/cdi.kubevirt.io/v1beta1/namespaces/{}/datavolumes",
+        url_encode(&ns)
+    );
+    tracing::info!(namespace = %ns, vm = %name, backup = %b.name(), new = %new, user = %p.user, "restoring a backup as a new VM");
+    let mut made: Vec<String> = vec![];
+    let mut fail = None;
+    for (volume, dv, size) in &dvs {
+        let body = serde_json::json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+            "metadata": {"name": dv, "namespace": ns},
+            "spec": {"source": {"backup": {"name": b.name(), "volume": volume}},
+                     "storage": {"resources": {"requests": {"storage": size.to_string()}}}},
+        });
+        let (code, v) = api
+            .call(
+                &p,
+                Method::POST,
+                &dv_uri,
+                "application/json",
+                body.to_string(),
+            )
+            .await;
+        if !code.is_success() {
+            fail = Some((code, api_message(&v)));
+            break;
+        }
+        made.push(dv.clone());
+    }
+    if fail.is_none() {
+        let pairs: Vec<(String, String)> =
+            dvs.iter().map(|(v, d, _)| (v.clone(), d.clone())).collect();
+        let node = b.annotation(crate::types::backup::NODE_ANNOTATION);
+        let vm = crate::types::backup::restored_vm(old, &ns, new, &pairs, node, false);
+        let uri = format!(
+            "/apis/kubevirt.io/v1/namespaces/{}/virtualmachines",
+            url_encode(&ns)
+        );
+        let (code, v) = api
+            .call(&p, Method::POST, &uri, "application/json", vm.to_string())
+            .await;
+        if !code.is_success() {
+            fail = Some((code, api_message(&v)));
+        }
+    }
+    if let Some((code, msg)) = fail {
+        // Nothing half made stays behind.
+        for dv in made {
+            let _ = api
+                .call(
+                    &p,
+                    Method::DELETE,
+                    &format!("{dv_uri}/{}", url_encode(&dv)),
+                    "application/json",
+                    "",
+                )
+                .await;
+        }
+        return error_page(code, &msg);
+    }
+    Redirect::to(&format!("{}?done=restored", detail_url(&ns, new))).into_response()
 }
 
 async fn own_snapshot(

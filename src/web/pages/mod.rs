@@ -21,10 +21,11 @@ use crate::types::kubevirt::{
     self, Condition, ConditionType, VirtualMachine, VirtualMachineInstance,
     VirtualMachineInstanceStatus,
 };
-use crate::types::{Kind, Typed};
+use crate::types::{Kind, Meta, Typed};
 
 mod account;
 mod admin;
+mod backups;
 mod consoles;
 mod create;
 mod detail;
@@ -44,12 +45,13 @@ pub use admin::{
     admin, clear_lockouts, create_join_token, create_token, create_user, delete_join_token,
     delete_token, delete_user,
 };
+pub use backups::{backups, create_schedule, delete_schedule, suspend_schedule};
 pub use consoles::{console, serial};
 pub use create::{create_from_form, create_from_yaml, new_vm};
 pub use detail::{vm_detail, vm_status};
 pub use edit::{
     add_disk, back_up_now, delete_backup, delete_snapshot, detach, edit_vm, eject, grow,
-    restore_snapshot, save_vm, take_snapshot, vm_action, vm_migrate,
+    restore_backup, restore_snapshot, save_vm, take_snapshot, verify_backup, vm_action, vm_migrate,
 };
 pub use images::{delete_image, images};
 pub use login::{login, login_page, logout};
@@ -281,6 +283,102 @@ async fn load_vm(
         .await
         .map_err(|e| internal(e.to_string()))?;
     Ok((raw, vm, vmi))
+}
+
+/// A backup, as the VM page and the Backups page list it.
+pub struct BackupRow {
+    name: String,
+    /// Its VM (`ns/name`) and the VM's page.
+    vm: String,
+    link: String,
+    target: String,
+    /// `Full`, `Incremental`, or empty until known.
+    kind: String,
+    /// `Done: ...`, `Running: copied ... (NN%)`, `Failed: why`.
+    state: String,
+    /// Its size on the target, in MiB, once done.
+    size: String,
+    /// Where it is: `TARGET:NS/VM/FOLDER`, for `edgevirt backup verify|restore`.
+    path: String,
+    created: String,
+    /// Done: it can be verified and restored.
+    done: bool,
+    /// The last verification: `Whole (time): ...`, `Damaged (time): ...`, `Verifying...`,
+    /// or empty.
+    verified: String,
+}
+
+/// The backups `keep` picks (none being deleted), newest first.
+fn backup_rows(
+    all: &[crate::types::backup::VirtualMachineBackup],
+    keep: impl Fn(&crate::types::backup::VirtualMachineBackup) -> bool,
+) -> Vec<BackupRow> {
+    let mut rows: Vec<BackupRow> = all
+        .iter()
+        .filter(|b| keep(b) && !b.deleting())
+        .map(|b| {
+            let st = b.status.clone().unwrap_or_default();
+            let msg = |t: &str| {
+                st.conditions
+                    .iter()
+                    .find(|c| c.type_ == t)
+                    .and_then(|c| c.message.clone())
+                    .unwrap_or_default()
+            };
+            let state = if b.succeeded() {
+                "Done".to_string()
+            } else if b.finished() {
+                format!("Failed: {}", msg("Failure"))
+            } else {
+                format!("Running: {}", msg("Progressing"))
+            };
+            let target = b.spec.pvc_name.clone().unwrap_or_default();
+            let asked = b.annotation(crate::types::backup::VERIFY_ANNOTATION);
+            let verified = match st.conditions.iter().find(|c| c.type_ == "Verified") {
+                _ if asked.is_some() && asked != st.verify_request.as_deref() => {
+                    "Verifying...".to_string()
+                }
+                Some(c) => format!(
+                    "{} ({}): {}",
+                    if c.status == "True" {
+                        "Whole"
+                    } else {
+                        "Damaged"
+                    },
+                    c.last_probe_time.as_deref().unwrap_or(""),
+                    c.message.as_deref().unwrap_or("")
+                ),
+                None => String::new(),
+            };
+            BackupRow {
+                vm: format!("{}/{}", b.namespace(), b.spec.source.name),
+                link: detail_url(b.namespace(), &b.spec.source.name),
+                done: b.succeeded(),
+                verified,
+                name: b.name().to_string(),
+                path: st
+                    .path
+                    .as_ref()
+                    .map(|p| format!("{target}:{p}"))
+                    .unwrap_or_default(),
+                target,
+                kind: st.type_.clone().unwrap_or_default(),
+                state,
+                size: st
+                    .size_bytes
+                    .map(|b| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64))
+                    .unwrap_or_default(),
+                created: b
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0.to_string())
+                    .unwrap_or_default(),
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| b.created.cmp(&a.created));
+    rows
 }
 
 #[cfg(test)]

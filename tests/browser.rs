@@ -359,6 +359,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         "/ui/nodes/testnode",
         "/ui/images",
         "/ui/storage",
+        "/ui/backups",
         "/ui/account",
         "/ui/admin",
     ] {
@@ -584,6 +585,7 @@ async fn dashboard_in_chromium_from_login_to_delete() {
         ("/ui/images", "19-phone-images"),
         ("/ui/account", "20-phone-account"),
         ("/ui/storage", "21-phone-storage"),
+        ("/ui/backups", "21a-phone-backups"),
     ] {
         c.goto(&format!("{}{page}", a.url)).await.unwrap();
         let m = c

@@ -666,7 +666,7 @@ async fn write_disk(
             // A chain of qcow2 files whose backing files the verification checked against
             // the manifest: read whole, as the guest saw the disk.
             let (top, virtual_size) =
-                super::backup::restore_source(agent, dv.namespace(), backup, volume).await?;
+                super::backup_files::restore_source(agent, dv.namespace(), backup, volume).await?;
             write_image(&top, "qcow2", virtual_size, tmp, size, prealloc).await
         }
         Fill::Clone(sns, sname) => {

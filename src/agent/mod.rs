@@ -6,6 +6,7 @@
 
 pub mod accel;
 pub mod backup;
+pub mod backup_files;
 mod console;
 mod datavolume;
 mod direct;
@@ -113,6 +114,10 @@ pub struct Agent {
     pub guest: Mutex<guest::GuestWorks>,
     /// Wakes the DataVolume filler: an instance waits for a disk.
     pub wake_fills: tokio::sync::Notify,
+    /// Held while a push backup (a snapshot's copy or a backup's) starts and runs: each
+    /// first aborts a job an earlier life of this agent left on the domain, which must
+    /// never be the other task's.
+    pub push_jobs: tokio::sync::Mutex<()>,
 }
 
 impl Agent {
@@ -235,6 +240,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         prepare_retry: Default::default(),
         guest: Default::default(),
         wake_fills: Default::default(),
+        push_jobs: Default::default(),
     });
     prepare::ensure_network(&agent).await?;
     register(&agent, &facts).await?;

@@ -400,6 +400,7 @@ async fn capture_live(
         }
     }
     backup.push_str("</disks></domainbackup>");
+    let _one_job = agent.push_jobs.lock().await;
     abort_leftover_job(agent, dom).await;
     let mut indications = vec![indication::ONLINE.to_string()];
     let mut frozen = None;

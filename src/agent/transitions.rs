@@ -78,6 +78,7 @@ fn world() -> World {
         disks: crate::registry::Cache::new(dir.path().join("images/registry"), Default::default()),
         prepare_retry: Default::default(),
         wake_fills: Default::default(),
+        push_jobs: Default::default(),
         guest: Default::default(),
     });
     World {

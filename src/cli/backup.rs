@@ -187,7 +187,7 @@ pub async fn run(a: BackupArgs) -> anyhow::Result<()> {
             println!("virtualmachinebackup {name} deleted");
         }
         BackupCmd::Verify { folder } => {
-            let (m, chain, problems) = crate::agent::backup::verify(&folder).await?;
+            let (m, chain, problems) = crate::agent::backup_files::verify(&folder).await?;
             if !problems.is_empty() {
                 for p in &problems {
                     eprintln!("{p}");
@@ -232,7 +232,7 @@ async fn restore(
     let bar = indicatif::ProgressBar::new_spinner();
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar.set_message(format!("verifying {}", folder.display()));
-    let (m, _, problems) = crate::agent::backup::verify(folder).await?;
+    let (m, _, problems) = crate::agent::backup_files::verify(folder).await?;
     bar.finish_and_clear();
     if !problems.is_empty() {
         for p in &problems {

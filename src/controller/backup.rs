@@ -28,11 +28,39 @@ async fn fail(ctx: &Context, ns: &str, name: &str, why: String) -> Result<Action
     Ok(Action::Done)
 }
 
+/// A deleted backup waits for its node to remove its folder (its finalizer). When that node
+/// is gone (its Node deleted), nothing ever will: the object goes, its folder stays on the
+/// target, and the log says where. While the node exists, look again now and then.
+async fn release_if_node_gone(ctx: &Context, b: &VirtualMachineBackup) -> Result<Action, Error> {
+    if !b.has_finalizer(FILES_FINALIZER) {
+        return Ok(Action::Done);
+    }
+    if let Some(node) = b.annotation(NODE_ANNOTATION)
+        && ctx.store.get_typed::<Node>("", node).await?.is_some()
+    {
+        return Ok(Action::RequeueAfter(Duration::from_secs(30)));
+    }
+    let (ns, name) = (b.namespace(), b.name());
+    tracing::warn!(namespace = %ns, backup = %name, node = ?b.annotation(NODE_ANNOTATION),
+        target = ?b.spec.pvc_name, folder = ?b.status.as_ref().and_then(|s| s.path.as_deref()),
+        "the node that holds a deleted backup is gone: its folder stays on the target (remove it by hand)");
+    update_if_there(ctx, ns, name, |b: &mut VirtualMachineBackup| {
+        if let Some(f) = b.metadata.finalizers.as_mut() {
+            f.retain(|x| x != FILES_FINALIZER);
+        }
+    })
+    .await?;
+    Ok(Action::Done)
+}
+
 pub async fn reconcile_backup(ctx: &Context, ns: &str, name: &str) -> Result<Action, Error> {
     let Some(b) = read::<VirtualMachineBackup>(ctx, ns, name).await? else {
         return Ok(Action::Done);
     };
-    if b.deleting() || b.finished() || b.annotation(NODE_ANNOTATION).is_some() {
+    if b.deleting() {
+        return release_if_node_gone(ctx, &b).await;
+    }
+    if b.finished() || b.annotation(NODE_ANNOTATION).is_some() {
         // Finished, or the node's agent has it.
         return Ok(Action::Done);
     }

@@ -1544,6 +1544,28 @@ async fn a_backup_goes_to_the_node_that_holds_the_disks_and_mounts_the_target() 
         .unwrap();
     let again: VirtualMachineBackup = s.get_typed("default", "ok").await.unwrap().unwrap();
     assert_eq!(again.status, ok.status);
+    // Deleted, it waits for its node to remove the folder; once the node is gone, it goes.
+    assert!(again.has_finalizer(FILES_FINALIZER));
+    s.delete(Kind::VirtualMachineBackup, "default", "ok", None)
+        .await
+        .unwrap();
+    let action = backup::reconcile_backup(&ctx, "default", "ok")
+        .await
+        .unwrap();
+    assert!(matches!(action, crate::controller::Action::RequeueAfter(_)));
+    let waiting: VirtualMachineBackup = s.get_typed("default", "ok").await.unwrap().unwrap();
+    assert!(waiting.deleting(), "kept for node n1");
+    s.delete(Kind::Node, "", "n1", None).await.unwrap();
+    backup::reconcile_backup(&ctx, "default", "ok")
+        .await
+        .unwrap();
+    assert!(
+        s.get_typed::<VirtualMachineBackup>("default", "ok")
+            .await
+            .unwrap()
+            .is_none(),
+        "its node is gone: nothing holds it"
+    );
 }
 
 /// A schedule against a fake clock: it runs when due and not before, and once its backups

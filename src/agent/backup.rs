@@ -138,21 +138,21 @@ async fn verify_on_request(agent: &Agent, b: &VirtualMachineBackup) -> anyhow::R
         verify(&dir.join(folder)).await
     }
     .await;
-    let (ok, msg) = match r {
-        Ok((m, chain, problems)) if problems.is_empty() => {
-            let files: usize = m.disks.len();
-            (
-                true,
-                format!(
-                    "whole: {files} disk file(s) of a chain of {chain} backup(s) match the manifest"
-                ),
-            )
-        }
-        Ok((_, _, problems)) => (false, problems.join("; ")),
-        Err(e) => (false, format!("{e:#}")),
+    // Whole, damaged (the problems found), or not checked at all (why).
+    let (ok, reason, msg) = match r {
+        Ok((m, chain, problems)) if problems.is_empty() => (
+            true,
+            "Verified",
+            format!(
+                "whole: the {} disk file(s) of this backup and of every parent in its chain \
+                 of {chain} backup(s) match their manifests",
+                m.disks.len()
+            ),
+        ),
+        Ok((_, _, problems)) => (false, "Damaged", problems.join("; ")),
+        Err(e) => (false, "VerifyFailed", format!("could not verify: {e:#}")),
     };
     tracing::info!(namespace = %ns, backup = %name, ok, result = %msg, "backup verified");
-    let reason = if ok { "Verified" } else { "Damaged" };
     set_condition(&mut st.conditions, "Verified", ok, reason, &msg);
     if let Some(c) = st.conditions.iter_mut().find(|c| c.type_ == "Verified") {
         c.last_probe_time = Some(now());

@@ -340,10 +340,10 @@ fn backup_rows(
                 }
                 Some(c) => format!(
                     "{} ({}): {}",
-                    if c.status == "True" {
-                        "Whole"
-                    } else {
-                        "Damaged"
+                    match (c.status.as_str(), c.reason.as_deref()) {
+                        ("True", _) => "Whole",
+                        (_, Some("Damaged")) => "Damaged",
+                        _ => "Not verified",
                     },
                     c.last_probe_time.as_deref().unwrap_or(""),
                     c.message.as_deref().unwrap_or("")

@@ -133,21 +133,11 @@ pub(super) async fn backing_of(path: &Path) -> anyhow::Result<Option<String>> {
     Ok(v["backing-filename"].as_str().map(str::to_string))
 }
 
-pub(super) async fn qemu_img_info(path: &Path) -> anyhow::Result<Value> {
-    let out = tokio::process::Command::new("qemu-img")
-        .args(["info", "--output=json", "-f", "qcow2"])
-        .arg(path)
-        .output()
+/// `qemu-img info` of a backup file (always qcow2), the error naming the file.
+async fn qemu_img_info(path: &Path) -> anyhow::Result<Value> {
+    crate::virt::image::info(path, Some("qcow2"))
         .await
-        .context("running qemu-img info")?;
-    if !out.status.success() {
-        bail!(
-            "qemu-img info {}: {}",
-            path.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(serde_json::from_slice(&out.stdout)?)
+        .map_err(|e| anyhow!("{}: {e}", path.display()))
 }
 
 /// A disk image's size as the guest sees it.

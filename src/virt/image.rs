@@ -10,24 +10,7 @@ use serde_json::Value;
 /// read as that format and never probed (a guest can write any header into a raw disk).
 /// Files in use by a running QEMU are read without taking its lock (`-U`).
 pub async fn inspect(path: &Path, format: Option<&str>) -> Result<(String, u64), String> {
-    let mut cmd = tokio::process::Command::new("qemu-img");
-    cmd.args(["info", "--output=json", "-U"]);
-    if let Some(f) = format {
-        cmd.args(["-f", f]);
-    }
-    let out = cmd
-        .arg(path)
-        .output()
-        .await
-        .map_err(|e| format!("running qemu-img: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "qemu-img cannot read the image: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let info: Value =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("qemu-img output: {e}"))?;
+    let info = info(path, format).await?;
     if info.get("backing-filename").is_some() || info.get("full-backing-filename").is_some() {
         return Err("the image has a backing file; flatten it first (qemu-img convert)".into());
     }
@@ -44,6 +27,29 @@ pub async fn inspect(path: &Path, format: Option<&str>) -> Result<(String, u64),
         ));
     }
     Ok((format, info["virtual-size"].as_u64().unwrap_or(0)))
+}
+
+/// What `qemu-img info --output=json` says of a file, read as `format` when given (never
+/// probed then), without taking a running QEMU's lock (`-U`). The error does not name the
+/// path: callers that may show it to users add what they choose.
+pub async fn info(path: &Path, format: Option<&str>) -> Result<Value, String> {
+    let mut cmd = tokio::process::Command::new("qemu-img");
+    cmd.args(["info", "--output=json", "-U"]);
+    if let Some(f) = format {
+        cmd.args(["-f", f]);
+    }
+    let out = cmd
+        .arg(path)
+        .output()
+        .await
+        .map_err(|e| format!("running qemu-img: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "qemu-img cannot read the image: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("qemu-img output: {e}"))
 }
 
 /// Where a CD or DVD image's volume descriptors start: sector 16 of 2048 bytes. Its first

@@ -6,7 +6,7 @@ use askama::Template;
 use axum::Form;
 use axum::extract::{Extension, Path, State};
 use axum::http::{Method, StatusCode};
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::Response;
 use serde::Deserialize;
 
 use super::{BackupRow, Chrome, all, backup_rows, error_page, human_bytes, render, url_encode};
@@ -14,7 +14,7 @@ use crate::http::auth::Principal;
 use crate::types::Meta;
 use crate::types::backup::{BackupSchedule, VirtualMachineBackup};
 use crate::types::edgevirt::Node;
-use crate::web::{Api, S, WebUser, api_message};
+use crate::web::{Api, S, WebUser};
 
 /// A backup target as one node mounts it.
 pub struct TargetRow {
@@ -270,19 +270,14 @@ pub async fn create_schedule(
         "spec": {"target": f.target.trim(), "vms": vms, "every": f.every.trim(), "keep": keep},
     });
     tracing::info!(namespace = %ns, schedule = %f.name.trim(), user = %p.user, "creating a backup schedule");
-    let (code, v) = api
-        .call(
-            &p,
-            Method::POST,
-            &schedules_uri(ns),
-            "application/json",
-            body.to_string(),
-        )
-        .await;
-    if !code.is_success() {
-        return error_page(code, &api_message(&v));
-    }
-    Redirect::to("/ui/backups?done=created").into_response()
+    let uri = schedules_uri(ns);
+    let call = (
+        Method::POST,
+        uri.as_str(),
+        "application/json",
+        body.to_string(),
+    );
+    super::api_then(&api, &p, call, "/ui/backups?done=created").await
 }
 
 #[derive(Deserialize)]
@@ -315,21 +310,11 @@ pub async fn suspend_schedule(
     };
     let uri = format!("{}/{}", schedules_uri(&ns), url_encode(&name));
     let patch = serde_json::json!({"spec": {"suspend": on}});
-    let (code, v) = api
-        .call(
-            &p,
-            Method::PATCH,
-            &uri,
-            "application/merge-patch+json",
-            patch.to_string(),
-        )
-        .await;
-    if !code.is_success() {
-        return error_page(code, &api_message(&v));
-    }
-    tracing::info!(namespace = %ns, schedule = %name, suspend = on, user = %p.user, "backup schedule suspended or resumed");
+    tracing::info!(namespace = %ns, schedule = %name, suspend = on, user = %p.user, "suspending or resuming a backup schedule");
     let done = if on { "suspended" } else { "resumed" };
-    Redirect::to(&format!("/ui/backups?done={done}")).into_response()
+    let merge = "application/merge-patch+json";
+    let call = (Method::PATCH, uri.as_str(), merge, patch.to_string());
+    super::api_then(&api, &p, call, &format!("/ui/backups?done={done}")).await
 }
 
 /// `POST /ui/backups/schedules/{ns}/{name}/delete`
@@ -343,12 +328,12 @@ pub async fn delete_schedule(
         return r;
     }
     let uri = format!("{}/{}", schedules_uri(&ns), url_encode(&name));
-    let (code, v) = api
-        .call(&p, Method::DELETE, &uri, "application/json", "")
-        .await;
-    if !code.is_success() {
-        return error_page(code, &api_message(&v));
-    }
-    tracing::info!(namespace = %ns, schedule = %name, user = %p.user, "backup schedule deleted");
-    Redirect::to("/ui/backups?done=deleted").into_response()
+    tracing::info!(namespace = %ns, schedule = %name, user = %p.user, "deleting a backup schedule");
+    let call = (
+        Method::DELETE,
+        uri.as_str(),
+        "application/json",
+        String::new(),
+    );
+    super::api_then(&api, &p, call, "/ui/backups?done=deleted").await
 }

@@ -448,11 +448,8 @@ async fn api_then_back(
     (method, uri, body): (Method, String, String),
     (ns, name, done): (&str, &str, &str),
 ) -> Response {
-    let (code, v) = api.call(p, method, &uri, "application/json", body).await;
-    if !code.is_success() {
-        return error_page(code, &api_message(&v));
-    }
-    Redirect::to(&format!("{}?done={done}", detail_url(ns, name))).into_response()
+    let to = format!("{}?done={done}", detail_url(ns, name));
+    super::api_then(api, p, (method, &uri, "application/json", body), &to).await
 }
 
 /// The snapshot kinds of namespace `ns`, as the API serves them.
@@ -708,19 +705,15 @@ pub async fn verify_backup(
     let uri = format!("{}/{}", backups_uri(&ns), url_encode(&f.backup));
     let patch = serde_json::json!({"metadata": {"annotations": {
         crate::types::backup::VERIFY_ANNOTATION: crate::types::now()}}});
-    let (code, v) = api
-        .call(
-            &p,
-            Method::PATCH,
-            &uri,
-            "application/merge-patch+json",
-            patch.to_string(),
-        )
-        .await;
-    if !code.is_success() {
-        return error_page(code, &api_message(&v));
-    }
-    Redirect::to(&format!("{}?done=verifybackup", detail_url(&ns, &name))).into_response()
+    let to = format!("{}?done=verifybackup", detail_url(&ns, &name));
+    let merge = "application/merge-patch+json";
+    super::api_then(
+        &api,
+        &p,
+        (Method::PATCH, &uri, merge, patch.to_string()),
+        &to,
+    )
+    .await
 }
 
 /// The restore form: the backup and the new VM's name.

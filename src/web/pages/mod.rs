@@ -285,6 +285,21 @@ async fn load_vm(
     Ok((raw, vm, vmi))
 }
 
+/// A call to the API as the signed-in user (a body of `content_type`), then a redirect to
+/// `to`; the API's refusal as the page to show.
+async fn api_then(
+    api: &crate::web::Api,
+    p: &crate::http::auth::Principal,
+    (method, uri, content_type, body): (axum::http::Method, &str, &str, String),
+    to: &str,
+) -> Response {
+    let (code, v) = api.call(p, method, uri, content_type, body).await;
+    if !code.is_success() {
+        return error_page(code, &crate::web::api_message(&v));
+    }
+    axum::response::Redirect::to(to).into_response()
+}
+
 /// A backup, as the VM page and the Backups page list it.
 pub struct BackupRow {
     name: String,

@@ -18,6 +18,7 @@
 //! backup is defined again from the manifest when its bitmaps are still whole in the disks,
 //! else the backup is full.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,13 +46,14 @@ const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// Back up, every few seconds, until cancelled.
 pub async fn run(agent: Arc<Agent>, cancel: CancellationToken) {
     let mut swept: Option<Instant> = None;
+    let verifying = Arc::new(std::sync::Mutex::new(HashSet::new()));
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_secs(2)) => {}
         }
         let sweep_now = swept.is_none_or(|t| t.elapsed() >= SWEEP_EVERY);
-        match round(&agent, sweep_now).await {
+        match round(&agent, sweep_now, &verifying).await {
             Ok(()) if sweep_now => swept = Some(Instant::now()),
             Ok(()) => {}
             Err(e) => tracing::debug!(error = %e, "backup round failed; trying again"),
@@ -59,7 +61,10 @@ pub async fn run(agent: Arc<Agent>, cancel: CancellationToken) {
     }
 }
 
-async fn round(agent: &Agent, sweep_now: bool) -> anyhow::Result<()> {
+/// The uids of the backups whose verification runs now, each in a task of its own.
+type Verifying = Arc<std::sync::Mutex<HashSet<String>>>;
+
+async fn round(agent: &Arc<Agent>, sweep_now: bool, verifying: &Verifying) -> anyhow::Result<()> {
     if agent.cfg.backup_targets.is_empty() {
         return Ok(());
     }
@@ -85,7 +90,7 @@ async fn round(agent: &Agent, sweep_now: bool) -> anyhow::Result<()> {
                 && let Some(asked) = o.annotation(VERIFY_ANNOTATION)
                 && o.status.as_ref().and_then(|s| s.verify_request.as_deref()) != Some(asked)
             {
-                verify_on_request(agent, o).await?;
+                verify_aside(agent, o, verifying);
             }
             continue;
         }
@@ -99,6 +104,7 @@ async fn round(agent: &Agent, sweep_now: bool) -> anyhow::Result<()> {
 async fn remove_backup(agent: &Agent, b: &VirtualMachineBackup) -> anyhow::Result<()> {
     let (ns, name) = (b.namespace(), b.name());
     if let Some((dir, folder)) = folder_of(agent, b)? {
+        let _merging = agent.backup_chains.write().await;
         merge_away(&dir, &folder).await?;
         tracing::info!(namespace = %ns, backup = %name, folder = %folder, "removed a deleted backup's folder");
     }
@@ -120,6 +126,33 @@ async fn remove_backup(agent: &Agent, b: &VirtualMachineBackup) -> anyhow::Resul
         )
         .await?;
     Ok(())
+}
+
+/// Verify a backup in a task of its own (a chain of large disks takes minutes to re-read,
+/// and backups go on meanwhile), unless its verification already runs.
+fn verify_aside(agent: &Arc<Agent>, b: &VirtualMachineBackup, verifying: &Verifying) {
+    let uid = b.uid().to_string();
+    if !verifying
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(uid.clone())
+    {
+        return;
+    }
+    let (agent, b, verifying) = (agent.clone(), b.clone(), verifying.clone());
+    tokio::spawn(async move {
+        let r = {
+            let _reading = agent.backup_chains.read().await;
+            verify_on_request(&agent, &b).await
+        };
+        if let Err(e) = r {
+            tracing::warn!(namespace = %b.namespace(), backup = %b.name(), error = %e, "answering a verification failed; trying again");
+        }
+        verifying
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&uid);
+    });
 }
 
 /// A backup asked to be verified (its `edgevirt.io/verify` changed): re-read it and its

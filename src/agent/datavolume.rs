@@ -559,7 +559,12 @@ async fn fill(agent: &Agent, stored: &Stored<DataVolume>) -> anyhow::Result<()> 
     };
     let tmp = dir.join(format!(".{stem}.filling"));
     let download = dir.join(format!(".{stem}.download"));
-    let r = write_disk(agent, dv, &how, &tmp, &download, &base).await;
+    // A conversion's percentage goes into the status every few seconds.
+    let (progress, mut seen) = tokio::sync::watch::channel(0.0);
+    let r = tokio::select! {
+        r = write_disk(agent, dv, &how, &tmp, &download, &base, &progress) => r,
+        () = report_progress(agent, dv, &base, &mut seen) => unreachable!("it reports until the fill ends"),
+    };
     let _ = tokio::fs::remove_file(&download).await;
     let r = match r {
         Ok(()) => tokio::fs::rename(&tmp, &path).await.map_err(Into::into),
@@ -620,6 +625,7 @@ async fn write_disk(
     tmp: &Path,
     download: &Path,
     base: &DataVolumeStatus,
+    progress: &Progress,
 ) -> anyhow::Result<()> {
     let size = dv
         .spec
@@ -646,12 +652,21 @@ async fn write_disk(
                 .disks
                 .pull(image, PullPolicy::IfNotPresent, &DockerConfig::default())
                 .await?;
-            convert(&disk.path, &disk.format, tmp, size, prealloc).await
+            convert(
+                &disk.path,
+                &disk.format,
+                tmp,
+                size,
+                prealloc,
+                Some(progress),
+            )
+            .await
         }
         Fill::Http(url) => {
             http_download(agent, dv, url, download, size, base).await?;
             let format = sniff(download).await?;
-            convert(download, format, tmp, size, prealloc).await
+            // The download reported its own progress.
+            convert(download, format, tmp, size, prealloc, None).await
         }
         Fill::Upload => {
             let image = dv.annotation(UPLOAD_IMAGE_ANNOTATION).context(
@@ -660,14 +675,25 @@ async fn write_disk(
             // Fetched from the controller once (on an all-in-one host it is the
             // controller's own file: never removed here).
             let (path, format) = super::local_image(agent, image).await?;
-            convert(&path, &format, tmp, size, prealloc).await
+            convert(&path, &format, tmp, size, prealloc, Some(progress)).await
         }
         Fill::Backup(backup, volume) => {
             // A chain of qcow2 files whose backing files the verification checked against
-            // the manifest: read whole, as the guest saw the disk.
+            // the manifest: read whole, as the guest saw the disk, while no deleted backup
+            // of it is merged away.
+            let _reading = agent.backup_chains.read().await;
             let (top, virtual_size) =
                 super::backup_files::restore_source(agent, dv.namespace(), backup, volume).await?;
-            write_image(&top, "qcow2", virtual_size, tmp, size, prealloc).await
+            write_image(
+                &top,
+                "qcow2",
+                virtual_size,
+                tmp,
+                size,
+                prealloc,
+                Some(progress),
+            )
+            .await
         }
         Fill::Clone(sns, sname) => {
             let src = agent
@@ -690,7 +716,7 @@ async fn write_disk(
             if !from.filled() {
                 bail!("the source DataVolume {sns}/{sname} has not been filled yet");
             }
-            convert(from.disk(), "qcow2", tmp, size, prealloc).await
+            convert(from.disk(), "qcow2", tmp, size, prealloc, Some(progress)).await
         }
     }
 }
@@ -720,11 +746,12 @@ async fn convert(
     tmp: &Path,
     size: u64,
     prealloc: bool,
+    progress: Option<&Progress>,
 ) -> anyhow::Result<()> {
     let (format, virtual_size) = crate::virt::image::inspect(from, Some(format))
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    write_image(from, &format, virtual_size, tmp, size, prealloc).await
+    write_image(from, &format, virtual_size, tmp, size, prealloc, progress).await
 }
 
 /// Write the image `from` (of `virtual_size` bytes) into `tmp` as qcow2 of `size` bytes.
@@ -735,6 +762,7 @@ async fn write_image(
     tmp: &Path,
     size: u64,
     prealloc: bool,
+    progress: Option<&Progress>,
 ) -> anyhow::Result<()> {
     if virtual_size > size {
         bail!(
@@ -742,14 +770,14 @@ async fn write_image(
              DataVolume asks for ({size} bytes)"
         );
     }
-    let mut args: Vec<String> = vec!["convert".into(), "-q".into(), "-f".into(), format.into()];
+    let mut args: Vec<String> = vec!["convert".into(), "-p".into(), "-f".into(), format.into()];
     args.extend(["-O".into(), "qcow2".into()]);
     if prealloc {
         args.extend(["-o".into(), "preallocation=falloc".into()]);
     }
     args.push(from.to_string_lossy().into_owned());
     args.push(tmp.to_string_lossy().into_owned());
-    super::run_tool("qemu-img", &args).await?;
+    convert_with_progress(&args, progress).await?;
     if virtual_size < size {
         super::run_tool(
             "qemu-img",
@@ -765,6 +793,80 @@ async fn write_image(
         .await?;
     }
     Ok(())
+}
+
+/// The percentage of a conversion under way.
+type Progress = tokio::sync::watch::Sender<f64>;
+
+/// Write each new percentage into the DataVolume's status, at most every two seconds;
+/// never returns (the fill it reports on ends it).
+async fn report_progress(
+    agent: &Agent,
+    dv: &DataVolume,
+    base: &DataVolumeStatus,
+    seen: &mut tokio::sync::watch::Receiver<f64>,
+) {
+    while seen.changed().await.is_ok() {
+        let pct = *seen.borrow_and_update();
+        let st = DataVolumeStatus {
+            progress: Some(format!("{pct:.2}%")),
+            ..base.clone()
+        };
+        set_status(agent, dv, &st).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    std::future::pending().await
+}
+
+/// Run `qemu-img` with `args` (a `convert -p`), handing each percentage it prints to
+/// `progress`.
+async fn convert_with_progress(args: &[String], progress: Option<&Progress>) -> anyhow::Result<()> {
+    use tokio::io::AsyncReadExt;
+    let mut child = tokio::process::Command::new("qemu-img")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("running qemu-img")?;
+    let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
+    let read_out = async {
+        let Some(out) = out.as_mut() else { return };
+        let (mut buf, mut pending) = ([0u8; 512], String::new());
+        while let Ok(n @ 1..) = out.read(&mut buf).await {
+            pending.push_str(&String::from_utf8_lossy(&buf[..n]));
+            if let Some(end) = pending.rfind('\r') {
+                if let (Some(p), Some(tx)) = (last_percentage(&pending[..end]), progress) {
+                    tx.send_replace(p);
+                }
+                pending.drain(..=end);
+            }
+        }
+    };
+    let read_err = async {
+        let mut s = String::new();
+        if let Some(e) = err.as_mut() {
+            let _ = e.read_to_string(&mut s).await;
+        }
+        s
+    };
+    let ((), stderr, status) = tokio::join!(read_out, read_err, child.wait());
+    if !status.context("running qemu-img")?.success() {
+        bail!("qemu-img convert failed: {}", stderr.trim());
+    }
+    if let Some(tx) = progress {
+        tx.send_replace(100.0);
+    }
+    Ok(())
+}
+
+/// The last percentage in what `qemu-img convert -p` printed: `    (12.34/100%)` parts,
+/// each ended by a carriage return.
+fn last_percentage(printed: &str) -> Option<f64> {
+    printed.rsplit('\r').find_map(|part| {
+        let p = part.trim().strip_prefix('(')?.strip_suffix("/100%)")?;
+        p.parse().ok().filter(|p: &f64| (0.0..=100.0).contains(p))
+    })
 }
 
 /// Download `url` into `to`, writing the progress into the DataVolume's status every few
@@ -835,6 +937,75 @@ async fn http_download(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_conversions_percentage_is_read_from_what_qemu_img_prints() {
+        assert_eq!(last_percentage("    (0.00/100%)"), Some(0.0));
+        assert_eq!(
+            last_percentage("    (0.00/100%)\r    (1.01/100%)\r    (37.50/100%)"),
+            Some(37.5)
+        );
+        // A part cut off by the read is not a percentage; the one before it is.
+        assert_eq!(last_percentage("    (12.00/100%)\r    (13."), Some(12.0));
+        for not in [
+            "",
+            "\r",
+            "    (abc/100%)",
+            "    (150.00/100%)",
+            "qemu-img: error",
+        ] {
+            assert_eq!(last_percentage(not), None, "{not:?}");
+        }
+    }
+
+    /// A real `qemu-img convert -p`: the percentages reach 100 and the copy is whole.
+    #[tokio::test]
+    async fn a_conversion_reports_its_progress() {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, dst) = (dir.path().join("a.raw"), dir.path().join("b.qcow2"));
+        let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 251) as u8).collect();
+        std::fs::write(&src, &data).unwrap();
+        let (tx, mut rx) = tokio::sync::watch::channel(-1.0);
+        write_image(&src, "raw", 4 << 20, &dst, 8 << 20, false, Some(&tx))
+            .await
+            .unwrap();
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(*rx.borrow_and_update(), 100.0);
+        let back = dir.path().join("c.raw");
+        super::super::run_tool(
+            "qemu-img",
+            &[
+                "convert",
+                "-O",
+                "raw",
+                &dst.to_string_lossy(),
+                &back.to_string_lossy(),
+            ],
+        )
+        .await
+        .unwrap();
+        let back = std::fs::read(&back).unwrap();
+        assert_eq!(back.len(), 8 << 20, "grown to the DataVolume's size");
+        assert_eq!(&back[..4 << 20], &data[..]);
+        // A source qemu-img cannot read: its message, and no 100%.
+        let (tx, rx) = tokio::sync::watch::channel(-1.0);
+        let e = write_image(
+            &dir.path().join("none"),
+            "raw",
+            1,
+            &dst,
+            8 << 20,
+            false,
+            Some(&tx),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            format!("{e:#}").contains("qemu-img convert failed"),
+            "{e:#}"
+        );
+        assert!(*rx.borrow() < 100.0);
+    }
 
     #[test]
     fn markers_name_their_datavolume_and_uid() {

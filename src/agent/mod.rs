@@ -118,6 +118,10 @@ pub struct Agent {
     /// first aborts a job an earlier life of this agent left on the domain, which must
     /// never be the other task's.
     pub push_jobs: tokio::sync::Mutex<()>,
+    /// Backup folders being read (a verification, a restore) against one being merged away
+    /// (a deleted backup, whose children are rebased meanwhile): readers share it, a merge
+    /// waits for them and holds it alone.
+    pub backup_chains: tokio::sync::RwLock<()>,
 }
 
 impl Agent {
@@ -241,6 +245,7 @@ pub async fn run(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
         guest: Default::default(),
         wake_fills: Default::default(),
         push_jobs: Default::default(),
+        backup_chains: Default::default(),
     });
     prepare::ensure_network(&agent).await?;
     register(&agent, &facts).await?;

@@ -79,6 +79,7 @@ fn world() -> World {
         prepare_retry: Default::default(),
         wake_fills: Default::default(),
         push_jobs: Default::default(),
+        backup_chains: Default::default(),
         guest: Default::default(),
     });
     World {

@@ -1060,7 +1060,10 @@ fn io_threads(
         Some("shared") => 1,
         Some("auto") => (pooled.len() as u32).clamp(1, 2 * vcpus.max(1)),
         Some("supplementalPool") => supplemental.unwrap_or(1),
-        _ => 0,
+        // Unset: KubeVirt leaves these disks in QEMU's main loop, where their I/O (and a
+        // backup's copy) waits on the vCPUs for QEMU's big lock. edgevirt gives them one
+        // shared I/O thread, as Proxmox does for new disks (docs/kubevirt-fields.md).
+        _ => u32::from(!pooled.is_empty()),
     };
     let mut out = vec![None; virtio.len()];
     if pool > 0 {

@@ -295,9 +295,14 @@ fn devices_tcg() {
 fn io_threads_are_shared_pooled_or_dedicated() {
     let v = [true, true, true, false];
     let none = [false; 4];
+    // Unset: one shared thread (KubeVirt would leave the disks in QEMU's main loop).
     assert_eq!(
         io_threads(None, None, 2, &v, &none),
-        (0, vec![None, None, None, None])
+        (1, vec![Some(1), Some(1), Some(1), None])
+    );
+    assert_eq!(
+        io_threads(None, None, 2, &[false], &[false]),
+        (0, vec![None])
     );
     assert_eq!(
         io_threads(Some("shared"), None, 2, &v, &none),
@@ -310,7 +315,7 @@ fn io_threads_are_shared_pooled_or_dedicated() {
     );
     assert_eq!(
         io_threads(None, None, 1, &v, &[false, true, false, false]),
-        (1, vec![None, Some(1), None, None])
+        (2, vec![Some(1), Some(2), Some(1), None])
     );
     // supplementalPool: a pool of the size asked for, then the dedicated threads.
     assert_eq!(

@@ -3346,26 +3346,32 @@ async fn backups_full_then_incremental_verify_and_restore_as_a_new_vm() {
     let s3_dir = small.path.join(s3["status"]["path"].as_str().unwrap());
     let (ok, out) = ev_cli(&a, &["backup", "verify", s3_dir.to_str().unwrap()]);
     assert!(ok, "{out}");
-    let raw = target.path().join("data.raw");
-    assert!(
-        std::process::Command::new("qemu-img")
-            .args(["convert", "-f", "qcow2", "-O", "raw"])
-            .arg(s3_dir.join("1.qcow2"))
+    // The data disk as a backup's chain reads it, whole.
+    let chain_sum = |dir: &std::path::Path| {
+        let raw = target.path().join("data.raw");
+        assert!(
+            std::process::Command::new("qemu-img")
+                .args(["convert", "-f", "qcow2", "-O", "raw"])
+                .arg(dir.join("1.qcow2"))
+                .arg(&raw)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let out = std::process::Command::new("sha256sum")
             .arg(&raw)
-            .status()
-            .unwrap()
-            .success()
-    );
-    let out = std::process::Command::new("sha256sum")
-        .arg(&raw)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(&raw);
-    assert_eq!(
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&raw);
         String::from_utf8_lossy(&out.stdout)
             .split_whitespace()
-            .next(),
-        Some(now_sum.as_str()),
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(
+        chain_sum(&s3_dir),
+        now_sum,
         "the backup taken after the kill reads as the guest's disk"
     );
     let fs = virsh(&[
@@ -3380,6 +3386,47 @@ async fn backups_full_then_incremental_verify_and_restore_as_a_new_vm() {
     // The original ran on throughout.
     assert_eq!(domid(&dom).as_deref(), Some(id.as_str()));
     assert!(guest_uptime(&dom).unwrap() > up_before);
+
+    // A restart: the new domain knows no checkpoint, while the disk keeps the last one's
+    // bitmap. The next backup defines that checkpoint again and counts from it: an
+    // incremental on s3, as small as what was written, that reads as the guest's disk.
+    let uid = a.vmi("bob").await.unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(a.action("bob", "restart").await, 202);
+    let vmi = a.wait_running("bob", Some(&uid), BOOT).await;
+    let dom = vmi["status"]["domainName"].as_str().unwrap().to_string();
+    wait_for("the restarted guest's agent", BOOT, || async {
+        Some(sh(&dom, "echo up")).filter(|s| s.trim() == "up")
+    })
+    .await;
+    write(&dom, 48, 8);
+    let now_sum = data_sum(&dom);
+    let (ok, out) = ev_cli(
+        &a,
+        &[
+            "backup", "create", "bob", "--target", "small", "--name", "s4",
+        ],
+    );
+    assert!(ok, "{out}");
+    let (_, s4) = a.get(&format!("{BACKUPS}/s4")).await;
+    assert_eq!(s4["status"]["type"], "Incremental", "{s4}");
+    let s3_name = s3_dir.file_name().unwrap().to_str().unwrap();
+    assert_eq!(s4["status"]["parent"], s3_name, "{s4}");
+    let size = s4["status"]["sizeBytes"].as_u64().unwrap();
+    assert!(
+        size < 40 << 20,
+        "8 MiB written, {size} bytes backed up: {s4}"
+    );
+    let s4_dir = small.path.join(s4["status"]["path"].as_str().unwrap());
+    let (ok, out) = ev_cli(&a, &["backup", "verify", s4_dir.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert_eq!(
+        chain_sum(&s4_dir),
+        now_sum,
+        "the backup taken after the restart reads as the guest's disk"
+    );
     a.delete(&format!("{VMS}/bob")).await;
 }
 

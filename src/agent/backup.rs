@@ -306,8 +306,10 @@ async fn back_up(agent: &Agent, b: &VirtualMachineBackup) -> anyhow::Result<()> 
     tracing::info!(namespace = %ns, backup = %name, "backup starting");
     let outcome = take(agent, b, &mut st).await;
     st.copy_ms = Some(t0.elapsed().as_millis() as u64);
+    let mut stale = None;
     match outcome {
-        Ok(()) => {
+        Ok(older) => {
+            stale = older;
             st.completion_time = Some(now());
             let msg = format!(
                 "{} backup of {} written to {}",
@@ -325,15 +327,23 @@ async fn back_up(agent: &Agent, b: &VirtualMachineBackup) -> anyhow::Result<()> 
             failed(&mut st, &why);
         }
     }
-    set_status(agent, b, &st).await
+    set_status(agent, b, &st).await?;
+    // Only the newest checkpoint is kept: the next backup counts from it. Deleted once the
+    // backup is recorded, which does not need it; one a crash leaves here is a leftover the
+    // next backup deletes.
+    if let Some((dom, ck)) = stale {
+        forget_checkpoint(agent, &dom, &ck).await;
+    }
+    Ok(())
 }
 
-/// The copy itself; fills in `st` as it goes.
+/// The copy itself; fills in `st` as it goes. Gives back the checkpoint (domain, name)
+/// that the new one replaces.
 async fn take(
     agent: &Agent,
     b: &VirtualMachineBackup,
     st: &mut VirtualMachineBackupStatus,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<(String, String)>> {
     let ns = b.namespace();
     let vm_name = b.spec.source.name.as_str();
     let target = b.spec.pvc_name.clone().unwrap_or_default();
@@ -413,32 +423,14 @@ async fn take(
         .then(|| parent.map(|p| p.name.clone()))
         .flatten();
     let finish = async {
-        // Each disk's file is flushed and hashed at once, and the disks side by side.
+        // Each disk's file is flushed and hashed at once, and the disks side by side. (An
+        // incremental's files already name their parents' files: made so by `copy`.)
         let disks = futures::future::try_join_all(volumes.iter().enumerate().map(
             |(i, (volume, claim))| {
-                let (part, parent_name) = (&part, &parent_name);
+                let part = &part;
                 async move {
                     let file = format!("{i}.qcow2");
                     let path = part.join(&file);
-                    if let Some(p) = parent_name {
-                        // The parent's file of the same volume, relative to this folder.
-                        let backing = format!("../{p}/{file}");
-                        super::run_tool(
-                            "qemu-img",
-                            &[
-                                "rebase",
-                                "-u",
-                                "-f",
-                                "qcow2",
-                                "-F",
-                                "qcow2",
-                                "-b",
-                                &backing,
-                                &path.to_string_lossy(),
-                            ],
-                        )
-                        .await?;
-                    }
                     let ((bytes, blake3), virtual_size) =
                         tokio::try_join!(seal(&path), virtual_size(&path))?;
                     anyhow::Ok(ManifestDisk {
@@ -503,12 +495,10 @@ async fn take(
             return Err(with_space(e, &dir));
         }
     };
-    // Only the newest checkpoint is kept: the next backup counts from it.
-    if let (Some((dom, _)), Some(p)) = (&live, parent)
-        && let Some(ck) = &p.checkpoint
-    {
-        forget_checkpoint(agent, dom, ck).await;
-    }
+    let stale = match (&live, parent) {
+        (Some((dom, _)), Some(p)) => p.checkpoint.clone().map(|ck| (dom.clone(), ck)),
+        _ => None,
+    };
     st.type_ = Some(kind.to_string());
     st.checkpoint_name = checkpoint;
     st.parent = parent_name;
@@ -523,7 +513,24 @@ async fn take(
             .map(|d| d.virtual_size);
     }
     st.virtual_machine = Some(manifest.virtual_machine.clone());
-    Ok(())
+    Ok(stale)
+}
+
+/// A checkpoint's XML as it was recorded, without its parent and its domain: a domain
+/// started again (a restart, a migration) knows no checkpoint and has a uuid of its own,
+/// and libvirt refuses to define a checkpoint again whose parent it does not know or whose
+/// domain has another uuid. The checkpoint's bitmap, in the disk, counts the writes since
+/// its own moment, which is all the next backup needs.
+fn root_checkpoint(xml: &str) -> String {
+    let mut xml = xml.to_string();
+    for (open, close) in [("<parent>", "</parent>"), ("<domain ", "</domain>")] {
+        if let (Some(a), Some(b)) = (xml.find(open), xml.rfind(close))
+            && a < b
+        {
+            xml.replace_range(a..b + close.len(), "");
+        }
+    }
+    xml
 }
 
 /// A failure on a target that filled up says so.
@@ -597,7 +604,7 @@ async fn copy(
                     if hv.checkpoints(&d)?.contains(&ck) {
                         return Ok(Some(ck));
                     }
-                    match hv.checkpoint_redefine(&d, &x) {
+                    match hv.checkpoint_redefine(&d, &root_checkpoint(&x)) {
                         Ok(()) => Ok(Some(ck)),
                         Err(e) => {
                             tracing::info!(domain = %d, checkpoint = %ck, error = %e, "the last backup's checkpoint is gone: this backup is full");
@@ -656,23 +663,59 @@ async fn copy(
     }
     backup.push_str("</disks></domainbackup>");
     ck_xml.push_str("</disks></domaincheckpoint>");
-    let mut frozen = None;
+    // The target files are made while the guest freezes: libvirt would make them after, with
+    // QEMU jobs of its own, while the guest waits. An incremental's file names the parent's
+    // file of its disk as its backing file (relative: the folder moves as a whole), which
+    // neither libvirt nor QEMU opens or rewrites: QEMU is told the file has no backing.
+    let parent_folder = parent_ck.as_ref().and(parent).map(|p| p.name.clone());
+    let creating = async {
+        for (target, file) in &wanted {
+            let (hv, d, t) = (hv.clone(), dom.clone(), target.clone());
+            let size = tokio::task::spawn_blocking(move || hv.disk_capacity(&d, &t)).await??;
+            let mut args: Vec<String> =
+                vec!["create".into(), "-q".into(), "-f".into(), "qcow2".into()];
+            if let (Some(p), Some(name)) = (&parent_folder, file.file_name()) {
+                let backing = format!("../{p}/{}", name.to_string_lossy());
+                args.extend([
+                    "-u".into(),
+                    "-F".into(),
+                    "qcow2".into(),
+                    "-b".into(),
+                    backing,
+                ]);
+            }
+            args.extend([file.to_string_lossy().into_owned(), size.to_string()]);
+            super::run_tool("qemu-img", &args).await?;
+        }
+        anyhow::Ok(())
+    };
     let t_freeze = Instant::now();
-    if *state == DomainState::Running && b.spec.skip_quiesce != Some(true) {
+    let freezing = async {
+        if *state != DomainState::Running || b.spec.skip_quiesce == Some(true) {
+            return None;
+        }
         let t0 = Instant::now();
         match super::snapshot::guest_agent(agent, dom, r#"{"execute":"guest-fsfreeze-freeze"}"#)
             .await
         {
-            Ok(_) => frozen = Some(t0),
+            Ok(_) => Some(t0),
             Err(e) => {
-                tracing::info!(domain = %dom, reason = %e, "no guest agent froze the filesystems: the backup is crash-consistent")
+                tracing::info!(domain = %dom, reason = %e, "no guest agent froze the filesystems: the backup is crash-consistent");
+                None
             }
         }
+    };
+    let (created, frozen) = tokio::join!(creating, freezing);
+    if let Err(e) = created {
+        if frozen.is_some() {
+            super::snapshot::thaw(agent, dom).await;
+        }
+        return Err(e.context("making the backup's files"));
     }
     let (t_begin, freeze_ms) = (Instant::now(), t_freeze.elapsed().as_millis());
     let begun = {
         let (hv, d, x, c) = (hv.clone(), dom.clone(), backup, ck_xml);
-        tokio::task::spawn_blocking(move || hv.backup_begin(&d, &x, Some(&c))).await
+        tokio::task::spawn_blocking(move || hv.backup_begin(&d, &x, Some(&c), true)).await
     };
     let begin_ms = t_begin.elapsed().as_millis();
     let kind = if parent_ck.is_some() {
@@ -726,5 +769,38 @@ fn human(bytes: u64) -> String {
         format!("{:.1} GiB", bytes as f64 / (1024.0 * MIB))
     } else {
         format!("{:.1} MiB", bytes as f64 / MIB)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_is_defined_again_without_its_parent() {
+        let xml = "<domaincheckpoint>\n  <name>edgevirt-b</name>\n  <parent>\n    \
+                   <name>edgevirt-a</name>\n  </parent>\n  <creationTime>1</creationTime>\n\
+                   <disks><disk name='vda' checkpoint='bitmap' bitmap='edgevirt-b'/></disks>\n\
+                   <domain type='kvm'><uuid>u</uuid><devices><disk/></devices></domain>\n\
+                   </domaincheckpoint>";
+        let root = root_checkpoint(xml);
+        assert!(
+            !root.contains("parent") && !root.contains("edgevirt-a"),
+            "{root}"
+        );
+        assert!(
+            !root.contains("<domain ") && !root.contains("<uuid>"),
+            "{root}"
+        );
+        assert!(root.contains("<name>edgevirt-b</name>") && root.contains("<creationTime>1"));
+        assert!(root.contains("bitmap='edgevirt-b'/></disks>"), "{root}");
+        assert!(root.ends_with("</domaincheckpoint>"), "{root}");
+        // One without a parent, or a malformed one, is left as it is.
+        for same in [
+            "<domaincheckpoint><name>x</name></domaincheckpoint>",
+            "</parent><parent>",
+        ] {
+            assert_eq!(root_checkpoint(same), same);
+        }
     }
 }

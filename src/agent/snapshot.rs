@@ -418,7 +418,7 @@ async fn capture_live(
     }
     let begun = {
         let (hv, d, x) = (agent.hv.clone(), dom.to_string(), backup.clone());
-        tokio::task::spawn_blocking(move || hv.backup_begin(&d, &x, None)).await
+        tokio::task::spawn_blocking(move || hv.backup_begin(&d, &x, None, false)).await
     };
     let mut frozen_ms = None;
     if let Some(t0) = frozen {
@@ -456,7 +456,10 @@ pub(super) async fn poll_backup(
     files: &[&Path],
 ) -> anyhow::Result<Option<(u64, u64)>> {
     // A local libvirt call: polling often costs little and ends the copy sooner.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    tokio::join!(
+        tokio::time::sleep(Duration::from_millis(10)),
+        start_writeback(files)
+    );
     match job(agent, dom).await? {
         Job::Running { processed, total } => Ok(Some((processed, total))),
         Job::Completed => Ok(None),
@@ -470,6 +473,32 @@ pub(super) async fn poll_backup(
             Ok(None)
         }
     }
+}
+
+/// Start writing to disk what QEMU has copied into `files` so far, without waiting for it.
+/// The host would otherwise hold all of it in its page cache (a GiB is far below the
+/// kernel's background threshold) until the flush at the end, which then writes it all
+/// while the backup waits; this way the disk writes while QEMU copies.
+async fn start_writeback(files: &[&Path]) {
+    let files: Vec<PathBuf> = files.iter().map(|f| f.to_path_buf()).collect();
+    let _ = tokio::task::spawn_blocking(move || {
+        for f in files {
+            let Ok(file) = std::fs::File::open(&f) else {
+                continue;
+            };
+            // SAFETY: a plain system call on a descriptor that `file` keeps open; offset 0
+            // and length 0 mean the whole file, and WRITE only starts the writes.
+            unsafe {
+                libc::sync_file_range(
+                    std::os::fd::AsRawFd::as_raw_fd(&file),
+                    0,
+                    0,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                )
+            };
+        }
+    })
+    .await;
 }
 
 async fn job(agent: &Agent, dom: &str) -> anyhow::Result<Job> {

@@ -168,9 +168,22 @@ pub trait Hypervisor: Send + Sync + 'static {
     /// they were at this moment, into new files while the guest runs on.
     /// With `checkpoint` (`<domaincheckpoint>` XML), a checkpoint starts at the same
     /// instant: a dirty bitmap in each named disk that a later incremental backup counts from.
-    fn backup_begin(&self, name: &str, xml: &str, checkpoint: Option<&str>) -> Result<()> {
-        let _ = (name, xml, checkpoint);
+    /// With `reuse`, the target files exist already (qcow2, each of its disk's size);
+    /// otherwise libvirt creates them.
+    fn backup_begin(
+        &self,
+        name: &str,
+        xml: &str,
+        checkpoint: Option<&str>,
+        reuse: bool,
+    ) -> Result<()> {
+        let _ = (name, xml, checkpoint, reuse);
         Err(Error::Libvirt("this backend cannot back up disks".into()))
+    }
+    /// The size the guest sees of the domain's disk `target` (`vda`), in bytes.
+    fn disk_capacity(&self, name: &str, target: &str) -> Result<u64> {
+        let _ = (name, target);
+        Err(Error::Libvirt("this backend cannot size disks".into()))
     }
     /// The names of the domain's checkpoints.
     fn checkpoints(&self, name: &str) -> Result<Vec<String>> {

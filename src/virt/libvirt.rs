@@ -236,18 +236,47 @@ impl Hypervisor for Libvirt {
         Ok(())
     }
 
-    fn backup_begin(&self, name: &str, xml: &str, checkpoint: Option<&str>) -> Result<()> {
+    fn backup_begin(
+        &self,
+        name: &str,
+        xml: &str,
+        checkpoint: Option<&str>,
+        reuse: bool,
+    ) -> Result<()> {
         let d = self.domain(name)?;
         let xml = cstring(xml)?;
         let ck = checkpoint.map(cstring).transpose()?;
         let ck_ptr = ck.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+        let flags = if reuse {
+            sys::VIR_DOMAIN_BACKUP_BEGIN_REUSE_EXTERNAL
+        } else {
+            0
+        };
         // SAFETY: `d` is a live domain handle and `xml` (and `ck` when given) NUL-terminated
         // strings, all valid for the duration of the call; NULL asks for no checkpoint.
-        let r = unsafe { sys::virDomainBackupBegin(d.as_ptr(), xml.as_ptr(), ck_ptr, 0) };
+        let r = unsafe { sys::virDomainBackupBegin(d.as_ptr(), xml.as_ptr(), ck_ptr, flags) };
         if r < 0 {
             return Err(last_error());
         }
         Ok(())
+    }
+
+    fn disk_capacity(&self, name: &str, target: &str) -> Result<u64> {
+        let d = self.domain(name)?;
+        let target = cstring(target)?;
+        let mut info = sys::virDomainBlockInfo {
+            capacity: 0,
+            allocation: 0,
+            physical: 0,
+        };
+        // SAFETY: `d` is live, `target` NUL-terminated and `info` a struct libvirt fills in;
+        // all outlive the call. (The `virt` crate's `block_info` reads its struct even when
+        // the call failed, so it is not used.)
+        let r = unsafe { sys::virDomainGetBlockInfo(d.as_ptr(), target.as_ptr(), &mut info, 0) };
+        if r < 0 {
+            return Err(last_error());
+        }
+        Ok(info.capacity)
     }
 
     fn checkpoints(&self, name: &str) -> Result<Vec<String>> {

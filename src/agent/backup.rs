@@ -61,8 +61,11 @@ pub async fn run(agent: Arc<Agent>, cancel: CancellationToken) {
     }
 }
 
-/// The uids of the backups whose verification runs now, each in a task of its own.
-type Verifying = Arc<std::sync::Mutex<HashSet<String>>>;
+/// The verifications (backup uid, the request's value) started, each in a task of its own:
+/// one running or answered is not started again by a round that listed the backup before
+/// the answer was written. One that failed to answer leaves, to be tried again; the others
+/// leave with their backup.
+type Verifying = Arc<std::sync::Mutex<HashSet<(String, String)>>>;
 
 async fn round(agent: &Arc<Agent>, sweep_now: bool, verifying: &Verifying) -> anyhow::Result<()> {
     if agent.cfg.backup_targets.is_empty() {
@@ -74,6 +77,10 @@ async fn round(agent: &Arc<Agent>, sweep_now: bool, verifying: &Verifying) -> an
     if sweep_now {
         sweep(agent, &all).await;
     }
+    verifying
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|(uid, _)| all.iter().any(|b| b.obj.uid() == uid));
     for b in &all {
         let o = &b.obj;
         if o.annotation(NODE_ANNOTATION) != Some(here) {
@@ -90,7 +97,7 @@ async fn round(agent: &Arc<Agent>, sweep_now: bool, verifying: &Verifying) -> an
                 && let Some(asked) = o.annotation(VERIFY_ANNOTATION)
                 && o.status.as_ref().and_then(|s| s.verify_request.as_deref()) != Some(asked)
             {
-                verify_aside(agent, o, verifying);
+                verify_aside(agent, o, asked, verifying);
             }
             continue;
         }
@@ -130,12 +137,12 @@ async fn remove_backup(agent: &Agent, b: &VirtualMachineBackup) -> anyhow::Resul
 
 /// Verify a backup in a task of its own (a chain of large disks takes minutes to re-read,
 /// and backups go on meanwhile), unless its verification already runs.
-fn verify_aside(agent: &Arc<Agent>, b: &VirtualMachineBackup, verifying: &Verifying) {
-    let uid = b.uid().to_string();
+fn verify_aside(agent: &Arc<Agent>, b: &VirtualMachineBackup, asked: &str, verifying: &Verifying) {
+    let key = (b.uid().to_string(), asked.to_string());
     if !verifying
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(uid.clone())
+        .insert(key.clone())
     {
         return;
     }
@@ -147,11 +154,11 @@ fn verify_aside(agent: &Arc<Agent>, b: &VirtualMachineBackup, verifying: &Verify
         };
         if let Err(e) = r {
             tracing::warn!(namespace = %b.namespace(), backup = %b.name(), error = %e, "answering a verification failed; trying again");
+            verifying
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&key);
         }
-        verifying
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&uid);
     });
 }
 

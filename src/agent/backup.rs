@@ -672,8 +672,9 @@ async fn copy(
     ck_xml.push_str("</disks></domaincheckpoint>");
     // The target files are made while the guest freezes: libvirt would make them after, with
     // QEMU jobs of its own, while the guest waits. An incremental's file names the parent's
-    // file of its disk as its backing file (relative: the folder moves as a whole), which
-    // neither libvirt nor QEMU opens or rewrites: QEMU is told the file has no backing.
+    // file of its disk as its backing file (relative: the folder moves as a whole). libvirt
+    // attaches a target with a backing of its own choosing, so that header is never opened
+    // or rewritten (verify checks it; the e2e test restores through it).
     let parent_folder = parent_ck.as_ref().and(parent).map(|p| p.name.clone());
     let creating = async {
         for (target, file) in &wanted {

@@ -57,6 +57,8 @@ pub struct Settings {
     pub stats_interval: Duration,
     /// Where other agents send migrations directly (`--migration-address`).
     pub migration_address: Option<String>,
+    /// The API listener's timeouts and connection caps.
+    pub limits: crate::http::conn::Limits,
 }
 
 /// What the first start writes for the administrator.
@@ -64,6 +66,21 @@ pub const INITIAL_ADMIN_FILE: &str = "initial-admin";
 
 pub async fn run(s: Settings) -> anyhow::Result<()> {
     return_large_frees_to_the_os();
+    let nofile = raise_file_limit();
+    if s.role != Role::Agent {
+        s.limits
+            .check(nofile)
+            .map_err(|e| anyhow::anyhow!("connection limits: {e}"))?;
+        tracing::info!(
+            nofile,
+            max_connections = s.limits.max_connections,
+            max_unauthenticated = s.limits.max_unauthenticated,
+            per_address = s.limits.max_unauthenticated_per_address,
+            header_read_timeout_s = s.limits.header_read_timeout.as_secs(),
+            idle_timeout_s = s.limits.idle_timeout.as_secs(),
+            "connection limits"
+        );
+    }
     tls::install_crypto_provider();
     crate::cpu::policy::set_cluster_default(&s.cpu_model);
     std::fs::create_dir_all(&s.data_dir)
@@ -106,6 +123,22 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
             crate::agent::run(cfg, cancel).await
         }
         Role::Controller | Role::All => serve_controller(s, cancel).await,
+    }
+}
+
+/// Raise the soft limit of open files to the hard one (as Go programs do at start: the
+/// soft 1,024 is a relic of select(2), which nothing here uses); the limit in force.
+pub fn raise_file_limit() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) => {
+            if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+                hard
+            } else {
+                soft
+            }
+        }
+        Err(_) => 1024,
     }
 }
 
@@ -241,6 +274,10 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
         state.cert_pin = Some(tls::pem_sha256(&pem)?);
     }
     state.console_ticket_ttl = Some(s.console_ticket_ttl);
+    state.websocket_max_message = s.limits.websocket_max_message;
+    let conns = crate::http::conn::Tracker::new(s.limits.clone());
+    state.conns = Some(conns.clone());
+    let bursts = state.bursts.clone();
     if s.role == Role::All {
         state.local_node = Some(http::LocalNode {
             name: s.node_name.clone(),
@@ -249,9 +286,7 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
     }
     let app = crate::shell::router(state).layer(tower_http::trace::TraceLayer::new_for_http());
 
-    let listener = std::net::TcpListener::bind(s.listen)
-        .with_context(|| format!("listening on {}", s.listen))?;
-    listener.set_nonblocking(true)?;
+    let listener = crate::shell::listen::bind(s.listen)?;
     let local = listener.local_addr()?;
     println!(
         "edgevirt {} ({:?} role) serving the API on {scheme}://{local}",
@@ -297,40 +332,13 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
         tasks.spawn(async move { crate::agent::run(cfg, cancel).await });
     }
     {
-        let cancel = cancel.clone();
+        let tls = tls_files
+            .as_ref()
+            .map(|(cert, key)| tls::server_config(cert, key))
+            .transpose()?;
+        let (tracker, bursts, cancel) = (conns, bursts, cancel.clone());
         tasks.spawn(async move {
-            match tls_files {
-                None => {
-                    use axum::serve::ListenerExt;
-                    // TCP_NODELAY: console frames are many websocket messages; without it each
-                    // waits for the peer's delayed ACK.
-                    let l = tokio::net::TcpListener::from_std(listener)?.tap_io(|t| {
-                        let _ = t.set_nodelay(true);
-                    });
-                    axum::serve(l, app.into_make_service_with_connect_info::<SocketAddr>())
-                        .with_graceful_shutdown(async move { cancel.cancelled().await })
-                        .await?;
-                }
-                Some((cert, key)) => {
-                    let cfg = axum_server::tls_rustls::RustlsConfig::from_pem_file(&cert, &key)
-                        .await
-                        .context("loading the TLS certificate")?;
-                    let handle = axum_server::Handle::new();
-                    let h2 = handle.clone();
-                    tokio::spawn(async move {
-                        cancel.cancelled().await;
-                        h2.graceful_shutdown(Some(Duration::from_secs(5)));
-                    });
-                    let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(cfg)
-                        .acceptor(axum_server::accept::NoDelayAcceptor::new());
-                    axum_server::from_tcp(listener)?
-                        .acceptor(acceptor)
-                        .handle(handle)
-                        .serve(app.into_make_service_with_connect_info::<SocketAddr>())
-                        .await?;
-                }
-            }
-            Ok(())
+            crate::shell::listen::serve(listener, app, tls, tracker, bursts, cancel).await
         });
     }
     systemd_notify(cancel.clone());

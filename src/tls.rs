@@ -175,6 +175,35 @@ pub fn ephemeral_server_config(
     Ok((std::sync::Arc::new(cfg), pin))
 }
 
+/// The API's server configuration from a PEM certificate chain and key, offering HTTP/2
+/// and HTTP/1.1 by ALPN.
+pub fn server_config(
+    cert: &Path,
+    key: &Path,
+) -> anyhow::Result<std::sync::Arc<rustls::ServerConfig>> {
+    use anyhow::Context as _;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .with_context(|| format!("reading the certificate {}", cert.display()))?;
+    anyhow::ensure!(
+        !chain.is_empty(),
+        "{}: no certificate in it",
+        cert.display()
+    );
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("reading the key {}", key.display()))?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .context("loading the TLS certificate")?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(std::sync::Arc::new(cfg))
+}
+
 #[cfg(test)]
 mod tests {
     use super::same_secret;

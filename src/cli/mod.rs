@@ -183,6 +183,35 @@ struct ServeArgs {
     /// [default: the address of the route to the controller; none when that is loopback]
     #[arg(long, env = "EDGEVIRT_MIGRATION_ADDRESS")]
     migration_address: Option<String>,
+    /// Seconds a new connection has for its TLS handshake and first request head, and a
+    /// kept-alive one for a next request it began to send [default: 10].
+    #[arg(long, env = "EDGEVIRT_HEADER_READ_TIMEOUT")]
+    header_read_timeout: Option<u64>,
+    /// Seconds a connection with no request in flight stays open, and a response may wait
+    /// for the client to read it [default: 120]. Consoles and tunnels are not cut.
+    #[arg(long, env = "EDGEVIRT_IDLE_TIMEOUT")]
+    idle_timeout: Option<u64>,
+    /// Connections at once, logged in or not [default: 16384, lowered to fit the open-file
+    /// limit with 1024 files kept back].
+    #[arg(long, env = "EDGEVIRT_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    /// Connections that have not yet carried an authenticated request (token, session or
+    /// console ticket), in all [default: 1024]. When full, a newcomer evicts the oldest
+    /// idle one of the address holding the most; connections of agents, logged-in users and
+    /// the CLI are not counted here.
+    #[arg(long, env = "EDGEVIRT_MAX_UNAUTHENTICATED")]
+    max_unauthenticated: Option<usize>,
+    /// Of those, per client address (an IPv6 client is its /64) [default: 128]; a newcomer
+    /// past it evicts that address's oldest idle one.
+    #[arg(long, env = "EDGEVIRT_MAX_UNAUTHENTICATED_PER_ADDRESS")]
+    max_unauthenticated_per_address: Option<usize>,
+    /// Concurrent streams on one HTTP/2 connection [default: 256].
+    #[arg(long, env = "EDGEVIRT_HTTP2_MAX_STREAMS")]
+    http2_max_streams: Option<u32>,
+    /// Bytes of the largest WebSocket message a console, agent channel or migration tunnel
+    /// accepts [default: 1048576].
+    #[arg(long, env = "EDGEVIRT_WEBSOCKET_MAX_MESSAGE")]
+    websocket_max_message: Option<usize>,
     /// Seconds a console ticket stays valid (tests shorten it).
     #[arg(
         long,
@@ -223,6 +252,13 @@ struct FileSettings {
     image_gc_grace: Option<u64>,
     stats_interval: Option<u64>,
     migration_address: Option<String>,
+    header_read_timeout: Option<u64>,
+    idle_timeout: Option<u64>,
+    max_connections: Option<usize>,
+    max_unauthenticated: Option<usize>,
+    max_unauthenticated_per_address: Option<usize>,
+    http2_max_streams: Option<u32>,
+    websocket_max_message: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -387,7 +423,39 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
              through the controller"
         );
     }
+    let defaults = crate::http::conn::Limits::for_file_limit(server::raise_file_limit());
+    let limits = crate::http::conn::Limits {
+        header_read_timeout: a
+            .header_read_timeout
+            .or(f.header_read_timeout)
+            .map_or(defaults.header_read_timeout, std::time::Duration::from_secs),
+        idle_timeout: a
+            .idle_timeout
+            .or(f.idle_timeout)
+            .map_or(defaults.idle_timeout, std::time::Duration::from_secs),
+        max_connections: a
+            .max_connections
+            .or(f.max_connections)
+            .unwrap_or(defaults.max_connections),
+        max_unauthenticated: a
+            .max_unauthenticated
+            .or(f.max_unauthenticated)
+            .unwrap_or(defaults.max_unauthenticated),
+        max_unauthenticated_per_address: a
+            .max_unauthenticated_per_address
+            .or(f.max_unauthenticated_per_address)
+            .unwrap_or(defaults.max_unauthenticated_per_address),
+        http2_max_streams: a
+            .http2_max_streams
+            .or(f.http2_max_streams)
+            .unwrap_or(defaults.http2_max_streams),
+        websocket_max_message: a
+            .websocket_max_message
+            .or(f.websocket_max_message)
+            .unwrap_or(defaults.websocket_max_message),
+    };
     Ok(server::Settings {
+        limits,
         role: a.role.or(f.role).unwrap_or(Role::All),
         data_dir: a
             .data_dir
@@ -539,5 +607,32 @@ pub fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every setting the shipped `edgevirt.toml` shows (commented out) is one `serve` reads,
+    /// with a value of the right type: uncommented, the file parses.
+    #[test]
+    fn the_shipped_settings_file_names_only_real_keys() {
+        let text = include_str!("../../packaging/edgevirt.toml");
+        let uncommented: String = text
+            .lines()
+            .filter_map(|l| {
+                let kv = l.strip_prefix('#')?;
+                let key = kv.split_once(" = ")?.0;
+                key.chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_')
+                    .then(|| format!("{kv}\n"))
+            })
+            .collect();
+        assert!(uncommented.contains("max_unauthenticated_per_address = 128"));
+        let f: FileSettings =
+            toml::from_str(&uncommented).unwrap_or_else(|e| panic!("{e}\nin:\n{uncommented}"));
+        assert_eq!(f.header_read_timeout, Some(10));
+        assert_eq!(f.websocket_max_message, Some(1 << 20));
     }
 }

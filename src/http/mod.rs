@@ -1,12 +1,13 @@
 //! What the HTTP layers (api, vnc, web) share, below all of them: the state every handler
 //! gets ([`AppState`]), errors as Kubernetes `Status` objects ([`error`]), principals,
 //! roles, tokens and sessions ([`auth`]), request bodies parsed by content type within
-//! limits ([`body`], [`protobuf`]), and the throttles for logins, `/join` and parsing
-//! ([`throttle`]). The HTTP shell (`crate::shell`) composes the layers' routes into one
+//! limits ([`body`], [`protobuf`]), the throttles for logins, `/join` and parsing
+//! ([`throttle`]), and who may hold a connection for how long ([`conn`]). The HTTP shell (`crate::shell`) composes the layers' routes into one
 //! router and authenticates requests.
 
 pub mod auth;
 pub mod body;
+pub mod conn;
 pub mod error;
 pub mod protobuf;
 pub mod throttle;
@@ -53,6 +54,10 @@ pub struct AppState {
     pub metrics: Arc<crate::metrics::Hub>,
     /// The dashboard's graphs of every VM and node.
     pub graphs: Arc<crate::metrics::graphs::Graphs>,
+    /// The listener's connections (absent in tests that call the router directly).
+    pub conns: Option<Arc<conn::Tracker>>,
+    /// The largest WebSocket message a console or tunnel accepts.
+    pub websocket_max_message: usize,
 }
 
 /// `/join`: ten tries at once from one address, then one every six seconds.
@@ -76,6 +81,8 @@ impl AppState {
             bursts: Default::default(),
             console_ticket_ttl: None,
             metrics: Default::default(),
+            conns: None,
+            websocket_max_message: conn::Limits::default().websocket_max_message,
         }
     }
 

@@ -511,19 +511,37 @@ pub struct Bursts {
 impl Bursts {
     /// Log a failure of kind `what` from `addr`.
     pub fn record(self: &Arc<Self>, what: &'static str, addr: IpAddr, detail: String) {
+        self.record_key(what, Some(addr), detail)
+    }
+
+    /// Log a failure of kind `what` from whichever address, counted with every other
+    /// address's (floods from many addresses at once: connections refused or evicted);
+    /// the detail should name the address.
+    pub fn record_any(self: &Arc<Self>, what: &'static str, detail: String) {
+        self.record_key(what, None, detail)
+    }
+
+    fn record_key(self: &Arc<Self>, what: &'static str, addr: Option<IpAddr>, detail: String) {
         let mut map = self.open.lock().expect("bursts lock");
         // Past this many addresses at once, further ones are counted together.
-        let key = if map.len() >= 1_000 && !map.contains_key(&(what, Some(addr))) {
+        let key = if map.len() >= 1_000 && !map.contains_key(&(what, addr)) {
             (what, None)
         } else {
-            (what, Some(addr))
+            (what, addr)
         };
         if let Some((count, last)) = map.get_mut(&key) {
             *count += 1;
             *last = detail;
             return;
         }
-        tracing::warn!(from = %addr, "{what}: {detail} (further ones from this address in the next minute are counted, not logged)");
+        match key.1 {
+            Some(addr) => {
+                tracing::warn!(from = %addr, "{what}: {detail} (further ones from this address in the next minute are counted, not logged)")
+            }
+            None => tracing::warn!(
+                "{what}: {detail} (further ones in the next minute, from any address, are counted, not logged)"
+            ),
+        }
         map.insert(key, (0, detail));
         drop(map);
         let me = self.clone();

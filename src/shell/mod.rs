@@ -13,8 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::http::auth::{self, Principal, Role};
-use crate::http::body;
 use crate::http::error::ApiError;
+use crate::http::{body, conn};
 use crate::vnc::VncState;
 use crate::{api, vnc, web};
 
@@ -188,6 +188,7 @@ async fn authenticate(State(st): S, mut req: Request, next: Next) -> Response {
                             user: s.user.clone(),
                             role,
                         });
+                        conn::authenticated(req.extensions());
                         as_actor(s.user, next, req).await
                     }
                     None => ApiError::unauthorized().into_response(),
@@ -211,6 +212,7 @@ async fn authenticate(State(st): S, mut req: Request, next: Next) -> Response {
                     user: user.clone(),
                     role,
                 });
+                conn::authenticated(req.extensions());
                 as_actor(user, next, req).await
             }
             None => ApiError::unauthorized().into_response(),
@@ -239,6 +241,7 @@ fn read_only_refusal(role: Role, user: &str, req: &Request) -> Option<Response> 
     })
 }
 
+pub mod listen;
 mod observe;
 #[cfg(test)]
 mod tests;

@@ -499,6 +499,7 @@ async fn websocket(
     Path((kind, ns, name)): Path<(String, String, String)>,
     Query(q): Query<WsQuery>,
     headers: HeaderMap,
+    conn: Option<Extension<crate::http::conn::Conn>>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     let Some(kind) = ConsoleKind::parse(&kind) else {
@@ -535,6 +536,10 @@ async fn websocket(
         }
         Ok(_) => {}
         Err(e) => return ApiError::internal(e).into_response(),
+    }
+    // The ticket is this connection's authentication: it leaves the caps on strangers'.
+    if let Some(Extension(c)) = conn {
+        c.0.mark_authenticated();
     }
     let place = match running_vmi(&st, &ns, &name).await {
         Ok((uid, _)) if uid != ticket.vmi_uid => {
@@ -578,11 +583,11 @@ async fn websocket(
         .join(&key, ticket.connection, &ticket.user, kind);
     tracing::info!(user = %ticket.user, namespace = %key.0, name = %key.1, kind = kind.as_str(), connection = viewer.id, control = viewer.control.load(Ordering::SeqCst), "console connected");
     let consoles = st.consoles.clone();
-    ws.protocols(["binary"])
+    bounded(ws, &st)
+        .protocols(["binary"])
         // What viewers send is small (input events, update requests): a small read buffer
         // keeps idle connections cheap.
         .read_buffer_size(8 << 10)
-        .max_message_size(1 << 20)
         .on_upgrade(move |socket| async move {
             let v = (kind == ConsoleKind::Vnc).then(|| viewer.clone());
             let r = match target {
@@ -595,6 +600,13 @@ async fn websocket(
                 Err(e) => tracing::info!(namespace = %key.0, name = %key.1, connection = viewer.id, error = %e, "console closed"),
             }
         })
+}
+
+/// A websocket whose messages and frames from the peer are at most the configured size
+/// (`websocket_max_message`): consoles, agents' channels and migration tunnels.
+pub(crate) fn bounded(ws: WebSocketUpgrade, st: &AppState) -> WebSocketUpgrade {
+    ws.max_message_size(st.websocket_max_message)
+        .max_frame_size(st.websocket_max_message)
 }
 
 /// What a viewer's websocket is joined to.

@@ -139,7 +139,7 @@ pub async fn channel(
         return ApiError::forbidden("only a node's agent opens an agent channel").into_response();
     };
     let channels = st.channels.clone();
-    ws.on_upgrade(move |socket| async move {
+    super::bounded(ws, &st).on_upgrade(move |socket| async move {
         let (tx, mut rx) = mpsc::unbounded_channel::<String>();
         let generation = channels.generation.fetch_add(1, Ordering::SeqCst);
         // A newer channel of the same node replaces an older one (the agent restarted).
@@ -199,7 +199,7 @@ pub async fn stream(
     let Some(pending) = pending else {
         return ApiError::not_found("no console stream is waiting under that id").into_response();
     };
-    ws.on_upgrade(move |socket| async move {
+    super::bounded(ws, &st).on_upgrade(move |socket| async move {
         let _ = pending.tx.send(socket);
     })
 }

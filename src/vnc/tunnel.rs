@@ -114,7 +114,7 @@ pub async fn tunnel(
     };
     let key = (m["metadata"]["uid"].as_str().unwrap_or("").to_string(), n);
     let tunnels = st.tunnels.clone();
-    ws.on_upgrade(move |socket| async move {
+    super::bounded(ws, &st).on_upgrade(move |socket| async move {
         let peer = tunnels.waiting.lock().unwrap().remove(&key);
         match peer {
             Some(tx) => {

@@ -253,6 +253,7 @@ async fn require_session(State(st): S, req: Request, next: Next) -> Response {
     } else {
         body
     };
+    crate::http::conn::authenticated(&parts.extensions);
     parts.extensions.insert(Principal {
         user: session.user.clone(),
         role,

@@ -3228,3 +3228,171 @@ impl Runner<'_> {
         p
     }
 }
+
+// ------------------------------------------------------------------------------ connections
+
+/// What a half-open connection sends before it goes quiet: half a request line (plain
+/// HTTP), or the start of a TLS record that announces a ClientHello it never finishes.
+pub const HALF_REQUEST_LINE: &[u8] = b"GET /apis/kubevirt.io/v1/namesp";
+pub const HALF_CLIENT_HELLO: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01];
+
+/// Raise this process's open-file limit to `want` (the hard one too, as root may); the
+/// soft limit in force afterwards.
+pub fn raise_file_limit(want: u64) -> u64 {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid resource and a pointer to a live struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+        if l.rlim_cur < want {
+            let raised = libc::rlimit {
+                rlim_cur: want,
+                rlim_max: l.rlim_max.max(want),
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                let soft = libc::rlimit {
+                    rlim_cur: l.rlim_max,
+                    rlim_max: l.rlim_max,
+                };
+                libc::setrlimit(libc::RLIMIT_NOFILE, &soft);
+            }
+        }
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+    }
+    l.rlim_cur
+}
+
+/// Open files of process `pid`.
+pub fn open_files(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// How an attack's connections fared.
+#[derive(Debug, Default)]
+pub struct HalfOpen {
+    /// Connections the kernel completed and the server has not closed (as far as seen).
+    pub held: Vec<tokio::net::TcpStream>,
+    /// Connections the server closed while the attack went on (let go of then: a socket
+    /// the server closed holds nothing of the server's, and this process has a file limit
+    /// of its own).
+    pub closed_early: usize,
+    /// Connects that failed or timed out (a full accept queue drops SYNs; this process out
+    /// of descriptors).
+    pub failed: usize,
+    pub first_error: Option<String>,
+}
+
+const RESET: &str = "reset at connect";
+
+/// `n` connections to `to` from `from`, each sending `payload` and then nothing, opened
+/// `batch` at a time; every connect gets `timeout`.
+pub async fn half_open(
+    to: std::net::SocketAddr,
+    from: IpAddr,
+    n: usize,
+    payload: &'static [u8],
+    batch: usize,
+    timeout: Duration,
+) -> HalfOpen {
+    use tokio::io::AsyncWriteExt;
+    let one = || async move {
+        let sock = match from {
+            IpAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+            IpAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+        }
+        .map_err(|e| format!("socket: {e}"))?;
+        // The port is picked at connect, per destination: bound first, every source
+        // address would share one range of ports.
+        {
+            use std::os::fd::AsRawFd;
+            let one: libc::c_int = 1;
+            // SAFETY: setsockopt on a socket this closure owns, with a live int.
+            unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::IPPROTO_IP,
+                    libc::IP_BIND_ADDRESS_NO_PORT,
+                    (&one as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+        }
+        sock.bind(std::net::SocketAddr::new(from, 0))
+            .map_err(|e| format!("bind: {e}"))?;
+        let mut s = tokio::time::timeout(timeout, sock.connect(to))
+            .await
+            .map_err(|_| "connect timed out".to_string())?
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::ConnectionReset {
+                    RESET.to_string()
+                } else {
+                    format!("connect: {e}")
+                }
+            })?;
+        // A write to a connection the server already closed may fail: it still counts as
+        // connected (the server saw and dropped it).
+        let _ = s.write_all(payload).await;
+        Ok::<_, String>(s)
+    };
+    let mut h = HalfOpen::default();
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(batch);
+        left -= k;
+        for r in futures::future::join_all((0..k).map(|_| one())).await {
+            match r {
+                Ok(s) => h.held.push(s),
+                // Accepted by the kernel and reset by the server before the connect
+                // returned: refused.
+                Err(e) if e == RESET => h.closed_early += 1,
+                Err(e) => {
+                    h.failed += 1;
+                    h.first_error.get_or_insert(e);
+                }
+            }
+        }
+        let before = h.held.len();
+        h.held.retain(still_open);
+        h.closed_early += before - h.held.len();
+    }
+    h
+}
+
+/// Whether the server has left `s` open, without waiting: what it sent (a TLS alert, a
+/// 408) is read on to the end of file or the reset.
+fn still_open(s: &tokio::net::TcpStream) -> bool {
+    let mut b = [0u8; 256];
+    loop {
+        match s.try_read(&mut b) {
+            Ok(0) => return false,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Of `conns`, how many the server has closed (a read gives end of file or an error
+/// rather than blocking), waiting at most `wait` for each still open.
+pub async fn closed_by_server(conns: &mut [tokio::net::TcpStream], wait: Duration) -> usize {
+    use tokio::io::AsyncReadExt;
+    let mut closed = 0;
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut buf = [0u8; 64];
+    for c in conns.iter_mut() {
+        loop {
+            match tokio::time::timeout_at(deadline, c.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    closed += 1;
+                    break;
+                }
+                // An answer (a TLS alert, a 408): read on to the close.
+                Ok(Ok(_)) => continue,
+                Err(_) => break,
+            }
+        }
+    }
+    closed
+}

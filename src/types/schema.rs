@@ -3,7 +3,7 @@
 //! only when KubeVirt does not (a typo, or a field from somewhere else).
 //!
 //! `kubevirt-fields.txt` is derived from KubeVirt's OpenAPI document
-//! (`../shared/kubevirt/swagger.json`, at the commit its README names): one line per
+//! (`tests/fixtures/kubevirt/swagger.json`, at the commit its README names): one line per
 //! definition reachable from the VM, VMI, migration, instancetype and preference specs, the definition's name and then
 //! its fields, `field=definition` where the field holds an object of another definition (or a
 //! list or map of them). The test `the_field_file_matches_kubevirts_schema` keeps it in step
@@ -85,10 +85,13 @@ pub(crate) mod tests {
     use serde_json::Value;
     use std::collections::BTreeMap;
 
-    /// KubeVirt's OpenAPI document, from `../shared/kubevirt` beside the repository.
+    /// The repository's copy of KubeVirt's OpenAPI document (the test kit checks it is the
+    /// project's reference copy, where that is laid beside the repository).
+    const SWAGGER: &str = "tests/fixtures/kubevirt/swagger.json";
+
+    /// KubeVirt's OpenAPI document, from the repository's copy.
     pub(crate) fn swagger() -> Value {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/kubevirt/swagger.json");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(SWAGGER);
         let text = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         serde_json::from_str(&text).unwrap()
@@ -183,7 +186,7 @@ pub(crate) mod tests {
         }
         assert!(
             FIELDS == want,
-            "src/types/kubevirt-fields.txt is not what ../shared/kubevirt/swagger.json gives; \
+            "src/types/kubevirt-fields.txt is not what tests/fixtures/kubevirt/swagger.json gives; \
              run this test with EDGEVIRT_WRITE_KUBEVIRT_FIELDS=1 to rewrite it"
         );
     }

@@ -60,3 +60,31 @@ pub fn exe() -> &'static Path {
 pub fn repo_root() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
+
+#[cfg(test)]
+mod tests {
+    /// The repository's copy of KubeVirt's OpenAPI document (which `src/types/schema.rs`
+    /// reads) is the reference the project keeps beside the repository, when that is there
+    /// (CI lays it out; a bare clone has none, and then the copy alone is used).
+    #[test]
+    fn the_kubevirt_schema_copy_is_the_reference() {
+        let copy = super::repo_root().join("tests/fixtures/kubevirt/swagger.json");
+        let reference = super::repo_root().join("../shared/kubevirt/swagger.json");
+        let have = std::fs::read(&copy).unwrap_or_else(|e| panic!("{}: {e}", copy.display()));
+        let Ok(want) = std::fs::read(&reference) else {
+            println!(
+                "no {}: the repository's copy alone is used",
+                reference.display()
+            );
+            return;
+        };
+        assert!(
+            have == want,
+            "{} differs from {}: copy it over, update the commit in \
+             tests/fixtures/kubevirt/README.md and rewrite src/types/kubevirt-fields.txt \
+             (EDGEVIRT_WRITE_KUBEVIRT_FIELDS=1 cargo test --lib types::schema)",
+            copy.display(),
+            reference.display()
+        );
+    }
+}

@@ -691,6 +691,7 @@ fn cpu_secs(pid: u32) -> f64 {
     // after ')': state is field 3, utime 14, stime 15 (1-based in proc(5))
     let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
         + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf reads a constant of the system; no pointers are involved.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     ticks / hz
 }

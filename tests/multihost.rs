@@ -1806,6 +1806,7 @@ async fn vms_join_the_site_lan_and_its_vlans_and_keep_them_across_migration() {
         || async { lan.pings("c1", &lan_ip).then_some(()) },
     )
     .await;
+    // SAFETY: kill(2) of a child this test started and has not reaped yet.
     unsafe { libc::kill(pinger.id() as i32, libc::SIGINT) };
     let out = pinger.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();

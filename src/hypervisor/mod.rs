@@ -5,6 +5,8 @@
 //!
 //! All trait methods block; async callers run them on `spawn_blocking`.
 
+// A hypervisor in memory for the agent's and the CPU policy's unit tests; not in a build.
+#[cfg(test)]
 pub mod fake;
 
 use serde::{Deserialize, Serialize};

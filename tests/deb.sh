@@ -61,7 +61,9 @@ for dep in libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils 
 done
 for f in ./usr/bin/edgevirt ./usr/lib/systemd/system/edgevirt.service ./etc/edgevirt/edgevirt.toml \
          ./usr/share/doc/edgevirt/copyright ./usr/share/doc/edgevirt/changelog.Debian.gz \
-         ./usr/share/doc/edgevirt/examples/prometheus/edgevirt-rules.yml; do
+         ./usr/share/doc/edgevirt/examples/prometheus/edgevirt-rules.yml \
+         ./usr/share/doc/edgevirt/README.md ./usr/share/doc/edgevirt/architecture.md \
+         ./usr/share/doc/edgevirt/guide/day-to-day.md ./usr/share/doc/edgevirt/guide/api.md; do
     grep -q " $f\$" <<<"$contents" || die "the package lacks $f"
 done
 # Each output is read whole before grep looks at it: `producer | grep -q` under pipefail

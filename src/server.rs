@@ -59,6 +59,9 @@ pub struct Settings {
     pub migration_address: Option<String>,
     /// The API listener's timeouts and connection caps.
     pub limits: crate::http::conn::Limits,
+    /// The open-file limit in force ([`raise_file_limit`], called once, before the
+    /// limits' defaults are worked out from it).
+    pub nofile: u64,
 }
 
 /// What the first start writes for the administrator.
@@ -66,7 +69,7 @@ pub const INITIAL_ADMIN_FILE: &str = "initial-admin";
 
 pub async fn run(s: Settings) -> anyhow::Result<()> {
     return_large_frees_to_the_os();
-    let nofile = raise_file_limit();
+    let nofile = s.nofile;
     if s.role != Role::Agent {
         s.limits
             .check(nofile)
@@ -276,7 +279,6 @@ async fn serve_controller(s: Settings, cancel: CancellationToken) -> anyhow::Res
     state.console_ticket_ttl = Some(s.console_ticket_ttl);
     state.websocket_max_message = s.limits.websocket_max_message;
     let conns = crate::http::conn::Tracker::new(s.limits.clone());
-    state.conns = Some(conns.clone());
     let bursts = state.bursts.clone();
     if s.role == Role::All {
         state.local_node = Some(http::LocalNode {

@@ -423,7 +423,8 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
              through the controller"
         );
     }
-    let defaults = crate::http::conn::Limits::for_file_limit(server::raise_file_limit());
+    let nofile = server::raise_file_limit();
+    let defaults = crate::http::conn::Limits::for_file_limit(nofile);
     let limits = crate::http::conn::Limits {
         header_read_timeout: a
             .header_read_timeout
@@ -456,6 +457,7 @@ fn serve_settings(a: ServeArgs) -> anyhow::Result<server::Settings> {
     };
     Ok(server::Settings {
         limits,
+        nofile,
         role: a.role.or(f.role).unwrap_or(Role::All),
         data_dir: a
             .data_dir

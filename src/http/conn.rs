@@ -161,7 +161,6 @@ pub struct Counts {
     pub unauthenticated: usize,
     pub refused: u64,
     pub evicted: u64,
-    pub timed_out: u64,
 }
 
 /// Every connection of one listener.
@@ -171,7 +170,6 @@ pub struct Tracker {
     next_id: AtomicU64,
     refused: AtomicU64,
     evicted: AtomicU64,
-    timed_out: AtomicU64,
     inner: Mutex<Inner>,
 }
 
@@ -226,7 +224,6 @@ impl Tracker {
             next_id: AtomicU64::new(1),
             refused: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
-            timed_out: AtomicU64::new(0),
             inner: Mutex::new(Inner::default()),
         })
     }
@@ -240,7 +237,7 @@ impl Tracker {
     }
 
     /// The instant of a tracker time.
-    pub fn instant(&self, t: u64) -> Instant {
+    fn instant(&self, t: u64) -> Instant {
         self.epoch + Duration::from_millis(t.saturating_sub(1))
     }
 
@@ -251,7 +248,6 @@ impl Tracker {
             unauthenticated: g.unauthenticated,
             refused: self.refused.load(Ordering::Relaxed),
             evicted: self.evicted.load(Ordering::Relaxed),
-            timed_out: self.timed_out.load(Ordering::Relaxed),
         }
     }
 
@@ -471,12 +467,7 @@ impl ConnState {
     /// When to look at this connection again, or why to close it now.
     pub fn due(&self) -> Result<Instant, Expiry> {
         let t = &self.tracker;
-        let at = self.due_at(t.now());
-        if let Err(e) = at {
-            t.timed_out.fetch_add(1, Ordering::Relaxed);
-            return Err(e);
-        }
-        at.map(|ms| t.instant(ms))
+        self.due_at(t.now()).map(|ms| t.instant(ms))
     }
 
     fn due_at(&self, now: u64) -> Result<u64, Expiry> {

@@ -2,8 +2,8 @@
 //! gets ([`AppState`]), errors as Kubernetes `Status` objects ([`error`]), principals,
 //! roles, tokens and sessions ([`auth`]), request bodies parsed by content type within
 //! limits ([`body`], [`protobuf`]), the throttles for logins, `/join` and parsing
-//! ([`throttle`]), and who may hold a connection for how long ([`conn`]). The HTTP shell (`crate::shell`) composes the layers' routes into one
-//! router and authenticates requests.
+//! ([`throttle`]), and who may hold a connection for how long ([`conn`]). The HTTP shell
+//! (`crate::shell`) composes the layers' routes into one router and authenticates requests.
 
 pub mod auth;
 pub mod body;
@@ -54,8 +54,6 @@ pub struct AppState {
     pub metrics: Arc<crate::metrics::Hub>,
     /// The dashboard's graphs of every VM and node.
     pub graphs: Arc<crate::metrics::graphs::Graphs>,
-    /// The listener's connections (absent in tests that call the router directly).
-    pub conns: Option<Arc<conn::Tracker>>,
     /// The largest WebSocket message a console or tunnel accepts.
     pub websocket_max_message: usize,
 }
@@ -81,7 +79,6 @@ impl AppState {
             bursts: Default::default(),
             console_ticket_ttl: None,
             metrics: Default::default(),
-            conns: None,
             websocket_max_message: conn::Limits::default().websocket_max_message,
         }
     }

@@ -3237,34 +3237,6 @@ impl Runner<'_> {
 pub const HALF_REQUEST_LINE: &[u8] = b"GET /apis/kubevirt.io/v1/namesp";
 pub const HALF_CLIENT_HELLO: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01];
 
-/// Raise this process's open-file limit to `want` (the hard one too, as root may); the
-/// soft limit in force afterwards.
-pub fn raise_file_limit(want: u64) -> u64 {
-    let mut l = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid resource and a pointer to a live struct.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
-        if l.rlim_cur < want {
-            let raised = libc::rlimit {
-                rlim_cur: want,
-                rlim_max: l.rlim_max.max(want),
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
-                let soft = libc::rlimit {
-                    rlim_cur: l.rlim_max,
-                    rlim_max: l.rlim_max,
-                };
-                libc::setrlimit(libc::RLIMIT_NOFILE, &soft);
-            }
-        }
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
-    }
-    l.rlim_cur
-}
-
 /// Open files of process `pid`.
 pub fn open_files(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
